@@ -1,0 +1,192 @@
+"""routes.yaml: the file admins edit. Lanes, their replicas and policies, and public model aliases.
+
+Everything is validated on load with pydantic; an error names the offending key path, e.g.
+``lanes.dsv41.replicas.0: not an http(s) URL``. A config object is immutable once loaded: a reload
+builds a new one and swaps it in whole.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """routes.yaml could not be used; the message names the key path."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Timeouts(_Strict):
+    connect: float = Field(2.0, gt=0, description="seconds to open a TCP connection to a replica")
+    first_byte: float = Field(120.0, gt=0, description="seconds until the upstream's response headers")
+    idle: float = Field(60.0, gt=0, description="seconds allowed between two chunks of a stream")
+
+
+class RenderConfig(_Strict):
+    """How the lane's engine renders a request (issue: renderer)."""
+
+    template: str | None = Field("deepseek_v4.1", description="chat_templates/<name>.jinja; null = no known template")
+    tokenizer_path: str | None = None
+    effort_map: dict[str, int] | None = None
+    default_effort: str | int | None = None
+    thinking: bool = True
+    drop_thinking: bool = True
+    # How the request carries thinking/effort to this engine.
+    carry: list[Literal["reasoning_effort", "chat_template_kwargs", "thinking"]] = Field(
+        default_factory=lambda: ["reasoning_effort", "chat_template_kwargs"]
+    )
+
+
+LimitPolicy = Literal["reject", "drop_oldest", "clamp", "escape"]
+
+
+class Limits(_Strict):
+    max_images: int | None = Field(None, ge=0)
+    images_policy: Literal["reject", "drop_oldest"] = "reject"
+    max_top_logprobs: int | None = Field(None, ge=0)
+    top_logprobs_policy: Literal["reject", "clamp"] = "reject"
+    max_context_tokens: int | None = Field(None, gt=0)
+    max_output_tokens: int | None = Field(None, gt=0)
+    placeholder_tokens: list[str] = Field(default_factory=list)
+    placeholder_policy: Literal["reject", "escape"] = "reject"
+    max_request_bytes: int | None = Field(None, gt=0)
+    max_messages: int | None = Field(None, gt=0)
+
+
+class CacheModel(_Strict):
+    """What the gateway knows about the lane's prefix cache, to predict hits."""
+
+    block_size: int = Field(1, ge=1, description="cached tokens come in whole blocks of this many tokens")
+    prefill_tokens_per_s: float = Field(20000.0, gt=0, description="to turn tokens lost into seconds lost")
+
+
+class Override(_Strict):
+    reason: str = Field(min_length=1)
+
+
+class EmulatedUpstream(_Strict):
+    """Demo lanes: `gateway demo` starts the built-in emulator on each replica's port."""
+
+    flavour: Literal["vllm", "sglang"] = "vllm"
+    knobs: dict[str, Any] = Field(default_factory=dict)
+
+
+class Lane(_Strict):
+    engine: Literal["sglang", "vllm", "openai"] = "vllm"
+    replicas: list[str] = Field(min_length=1)
+    upstream_model: str = Field(min_length=1)
+    api_key_env: str | None = Field(None, description="name of the environment variable holding the upstream key")
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    render: RenderConfig = Field(default_factory=RenderConfig)
+    limits: Limits = Field(default_factory=Limits)
+    effort_policy: Literal["pin", "warn", "off"] = "pin"
+    cache: CacheModel = Field(default_factory=CacheModel)
+    routing: Literal["round_robin", "least_inflight", "conversation_affinity"] = "conversation_affinity"
+    qualification: Literal["required", "not_required"] = "required"
+    override: Override | None = None
+    emulator: EmulatedUpstream | None = None
+
+    @field_validator("replicas")
+    @classmethod
+    def _urls(cls, replicas: list[str]) -> list[str]:
+        out = []
+        for i, url in enumerate(replicas):
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"replicas.{i}: {url!r} is not an http(s) URL")
+            out.append(url.rstrip("/"))
+        if len(set(out)) != len(out):
+            raise ValueError("the same replica URL is listed twice")
+        return out
+
+    def upstream_api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+
+class ClientKeys(_Strict):
+    """Client API keys, by reference only: never the keys themselves."""
+
+    env: str | None = Field(None, description="env var with comma-separated keys")
+    hashed_file: str | None = Field(None, description="file of sha256 hex digests, one per line")
+
+
+class GatewaySection(_Strict):
+    max_request_bytes: int = Field(32 * 1024 * 1024, gt=0)
+    conversation_header: str = "X-Conversation-Id"
+    client_keys: ClientKeys | None = None
+    admin_key_env: str | None = None
+
+
+class RoutesConfig(_Strict):
+    gateway: GatewaySection = Field(default_factory=GatewaySection)
+    lanes: dict[str, Lane] = Field(min_length=1)
+    models: dict[str, str] = Field(min_length=1, description="public model name -> lane name")
+
+    @model_validator(mode="after")
+    def _aliases_point_at_lanes(self) -> "RoutesConfig":
+        for alias, lane in self.models.items():
+            if lane not in self.lanes:
+                raise ValueError(f"models.{alias}: lane {lane!r} is not defined under lanes")
+        return self
+
+    def lane_for(self, model: str) -> tuple[str, Lane] | None:
+        name = self.models.get(model)
+        return (name, self.lanes[name]) if name is not None else None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML that refuses duplicate keys (a duplicated alias must not silently win)."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, Any] = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise ConfigError(f"duplicate key {key!r} (line {key_node.start_mark.line + 1})")
+        seen[key] = loader.construct_object(value_node, deep=deep)
+    return seen
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def parse_routes(text: str, source: str = "routes.yaml") -> RoutesConfig:
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping with 'lanes' and 'models'")
+    try:
+        return RoutesConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: " + "; ".join(_describe(err) for err in exc.errors())) from None
+
+
+def load_routes(path: str | Path) -> RoutesConfig:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return parse_routes(text, str(path))
+
+
+def _describe(err: Any) -> str:
+    where = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    msg = msg.removeprefix("Value error, ")
+    return f"{where}: {msg}" if where else msg

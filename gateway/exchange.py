@@ -1,0 +1,99 @@
+"""One request's journey through the gateway: what was asked, where it went, what came back, when.
+
+The proxy fills it in on the hot path with plain attribute writes (cheap); everything that
+needs thought (render, drift, records, metrics) reads it after the response has ended.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class GeneratedOutput:
+    """What the model produced, accumulated from the relayed response."""
+
+    reasoning: list[str] = field(default_factory=list)
+    content: list[str] = field(default_factory=list)
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    finish_reason: str | None = None
+
+    def add_tool_call_delta(self, delta: dict[str, Any]) -> None:
+        index = delta.get("index", len(self.tool_calls))
+        call = self.tool_calls.setdefault(
+            index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+        )
+        if delta.get("id"):
+            call["id"] = delta["id"]
+        fn = delta.get("function") or {}
+        if fn.get("name"):
+            call["function"]["name"] += fn["name"]
+        if fn.get("arguments"):
+            call["function"]["arguments"] += fn["arguments"]
+
+    def as_message(self) -> dict[str, Any]:
+        """The assistant message a client would append to its history for the next turn."""
+        msg: dict[str, Any] = {"role": "assistant", "content": "".join(self.content)}
+        if self.reasoning:
+            msg["reasoning_content"] = "".join(self.reasoning)
+        if self.tool_calls:
+            msg["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        return msg
+
+
+@dataclass
+class Exchange:
+    request_id: str
+    path: str = "/v1/chat/completions"
+    started_wall: float = field(default_factory=time.time)
+    started: float = field(default_factory=time.perf_counter)
+
+    public_model: str | None = None
+    lane: str | None = None
+    replica: str | None = None
+    stream: bool = False
+    client_wants_usage: bool = False
+    body: dict[str, Any] | None = None
+    body_bytes: int = 0
+
+    status: int = 0
+    error_code: str | None = None
+    error_message: str | None = None
+    upstream_error: str | None = None
+    retries: int = 0
+    cancelled: bool = False
+
+    # Policies on the hot path (limits, effort pinning) write what they did here.
+    conversation_id: str | None = None
+    conversation_source: str | None = None
+    turn: int | None = None
+    effort_requested: Any = None
+    effort_applied: Any = None
+    effort_action: str | None = None
+    thinking_requested: bool | None = None
+    thinking_applied: bool | None = None
+    limits_fired: list[str] = field(default_factory=list)
+    response_headers: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, Any] = field(default_factory=dict)
+
+    # Timings, perf_counter seconds.
+    t_forwarded: float | None = None
+    t_first_byte: float | None = None
+    t_first_token: float | None = None
+    t_last_token: float | None = None
+    t_end: float | None = None
+    token_chunk_times: list[float] = field(default_factory=list)
+
+    usage: dict[str, Any] | None = None
+    generated: GeneratedOutput = field(default_factory=GeneratedOutput)
+
+    def fire_limit(self, name: str) -> None:
+        if name not in self.limits_fired:
+            self.limits_fired.append(name)
+
+    def fail(self, status: int, code: str | None, message: str) -> None:
+        self.status = status
+        self.error_code = code
+        self.error_message = message

@@ -1,0 +1,154 @@
+"""The hot path of /v1/chat/completions and /v1/completions: parse, route, police, forward.
+
+Only cheap steps run here; render, drift and records run after the response, beside it.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any, Awaitable, Callable
+
+import orjson
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from .errors import GatewayError, invalid_request
+from .exchange import Exchange
+from .proxy import ClientGone, forward
+from .runtime import LaneRuntime, Runtime
+from .validate import check_chat, check_completion
+
+log = logging.getLogger("gateway.pipeline")
+
+Gate = Callable[[Exchange, LaneRuntime], Awaitable[None]]
+
+# Fields only the gateway understands; engines would ignore or reject them.
+_GATEWAY_ONLY_FIELDS = ("prompt_cache_key",)
+
+
+class Pipeline:
+    def __init__(self, runtime: Runtime, max_request_bytes: int) -> None:
+        self.runtime = runtime
+        self.max_request_bytes = max_request_bytes
+        self.gates: list[Gate] = []  # e.g. qualification; run after routing, before policies
+
+    async def chat(self, request: Request) -> Response:
+        return await self._handle(request, "/v1/chat/completions", check_chat)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._handle(request, "/v1/completions", check_completion)
+
+    async def _handle(self, request: Request, path: str, check: Callable[[dict], None]) -> Response:
+        ex = Exchange(request_id=_request_id(request), path=path)
+        snapshot = self.runtime.snapshot  # this request's config, whatever reloads happen meanwhile
+        lane: LaneRuntime | None = None
+        ended = False
+
+        def end() -> None:
+            nonlocal ended
+            if not ended:
+                ended = True
+                if lane is not None:
+                    lane.inflight -= 1
+                self.runtime.finish(ex, lane)
+
+        try:
+            body = await self._read_body(request, snapshot.config.gateway.max_request_bytes)
+            ex.body_bytes = len(body)
+            data = _parse_object(body)
+            model = data.get("model")
+            if not isinstance(model, str) or not model:
+                raise invalid_request("'model' is required and must be a string", param="model",
+                                      code="missing_required_parameter" if model is None else "invalid_type")
+            ex.public_model = model
+            check(data)
+            ex.stream = bool(data.get("stream"))
+            ex.body = data
+            lane = snapshot.resolve(model)
+            if lane is None:
+                raise GatewayError(404, f"The model '{model[:200]}' does not exist or you do not have access to it.",
+                                   param="model", code="model_not_found")
+            lane.inflight += 1
+            ex.lane = lane.name
+            for gate in self.gates:
+                await gate(ex, lane)
+            for policy in self.runtime.policies:
+                await policy.apply(ex, lane, data)
+            upstream_body = self._upstream_body(ex, lane, data)
+            response = await forward(ex, lane, path, upstream_body, request.receive, end)
+        except GatewayError as exc:
+            ex.fail(exc.status, exc.code, exc.message)
+            response = Response(exc.json_bytes(), status_code=exc.status, media_type="application/json",
+                                headers=exc.headers)
+            end()
+        except (ClientGone, ClientDisconnect):
+            ex.cancelled = True
+            ex.fail(499, "client_disconnected", "the client went away before the answer")
+            response = Response(b"", status_code=499)
+            end()
+        except Exception:
+            log.exception("request %s failed inside the gateway", ex.request_id)
+            ex.fail(500, "internal_error", "internal gateway error")
+            err = GatewayError(500, "The gateway failed to handle this request; it has been logged.",
+                               code="internal_error")
+            response = Response(err.json_bytes(), status_code=500, media_type="application/json")
+            end()
+        headers = response.headers
+        headers["X-Request-Id"] = ex.request_id
+        for k, v in ex.response_headers.items():
+            headers[k] = v
+        return response
+
+    async def _read_body(self, request: Request, limit: int) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            try:
+                if int(declared) > limit:
+                    raise _too_large(limit)
+            except ValueError:
+                raise invalid_request("invalid Content-Length header") from None
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _upstream_body(self, ex: Exchange, lane: LaneRuntime, data: dict[str, Any]) -> bytes:
+        out = dict(data)
+        out["model"] = lane.config.upstream_model
+        for name in _GATEWAY_ONLY_FIELDS:
+            out.pop(name, None)
+        if ex.stream:
+            so = dict(out.get("stream_options") or {})
+            ex.client_wants_usage = bool(so.get("include_usage"))
+            # Always ask for usage: the cached-token count lives there.
+            so["include_usage"] = True
+            out["stream_options"] = so
+        return orjson.dumps(out)
+
+
+def _parse_object(body: bytes) -> dict[str, Any]:
+    if not body:
+        raise invalid_request("the request body is empty; expected a JSON object", code="invalid_json")
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise invalid_request(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise invalid_request("the request body must be a JSON object", code="invalid_json")
+    return data
+
+
+def _too_large(limit: int) -> GatewayError:
+    return GatewayError(413, f"the request body exceeds the limit of {limit} bytes", code="request_too_large")
+
+
+def _request_id(request: Request) -> str:
+    rid = request.headers.get("x-request-id")
+    if rid and len(rid) <= 128 and rid.isascii() and rid.isprintable():
+        return rid
+    return "gw-" + uuid.uuid4().hex

@@ -1,0 +1,27 @@
+"""Process settings: where routes.yaml is, which state backend, where records go. From env or CLI."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else default
+
+
+@dataclass
+class Settings:
+    routes_path: Path = field(default_factory=lambda: Path(_env("GATEWAY_ROUTES", "routes.yaml")))
+    redis_url: str | None = field(default_factory=lambda: _env("GATEWAY_REDIS_URL"))
+    data_dir: Path = field(default_factory=lambda: Path(_env("GATEWAY_DATA_DIR", "var")))
+    host: str = field(default_factory=lambda: _env("GATEWAY_HOST", "127.0.0.1") or "127.0.0.1")
+    port: int = field(default_factory=lambda: int(_env("GATEWAY_PORT", "8080") or 8080))
+    production: bool = field(default_factory=lambda: _env("GATEWAY_PRODUCTION", "0") == "1")
+    watch_routes: bool = field(default_factory=lambda: _env("GATEWAY_WATCH_ROUTES", "1") == "1")
+    log_level: str = field(default_factory=lambda: _env("GATEWAY_LOG_LEVEL", "info") or "info")
+    # Analysis (render, drift) runs in this many worker threads beside the request path.
+    analysis_threads: int = field(default_factory=lambda: int(_env("GATEWAY_ANALYSIS_THREADS", "1") or 1))
+    capture_bodies: bool = field(default_factory=lambda: _env("GATEWAY_CAPTURE", "0") == "1")
