@@ -18,17 +18,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .config import ConfigError, load_routes
+from .aftermath import Aftermath
 from .errors import GatewayError, error_body
+from .features import install_all
 from .pipeline import Pipeline
 from .runtime import Runtime, watch_routes
 from .settings import Settings
 
 log = logging.getLogger("gateway")
 
-# Features (state store, analysis, records, metrics, admin, qualification) register here; each gets
-# the Gateway at start-up and may add routes, policies, finishers and gates.
-Feature = Callable[["Gateway"], None]
-FEATURES: list[Feature] = []
 
 
 class JSONResponse(Response):
@@ -49,6 +47,8 @@ class Gateway:
             raise
         self.runtime = Runtime(config, settings.routes_path)
         self.pipeline = Pipeline(self.runtime, config.gateway.max_request_bytes)
+        self.aftermath = Aftermath()
+        self.runtime.finishers.append(self.aftermath)
         self.routes: list[Route] = []
         self.startup: list[Callable[[], Any]] = []
         self.shutdown: list[Callable[[], Any]] = []
@@ -146,8 +146,7 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 def create_app(settings: Settings | None = None) -> Starlette:
     settings = settings or Settings()
     gw = Gateway(settings)
-    for feature in FEATURES:
-        feature(gw)
+    install_all(gw)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -158,6 +157,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             tasks.append(asyncio.create_task(watch_routes(gw.runtime, stop)))
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signal.SIGHUP, gw.runtime.reload_from_disk)
+        gw.aftermath.start()
         for fn in gw.startup:
             result = fn()
             if asyncio.iscoroutine(result):
@@ -168,6 +168,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             stop.set()
             for t in tasks:
                 t.cancel()
+            await gw.aftermath.stop()
             for fn in gw.shutdown:
                 result = fn()
                 if asyncio.iscoroutine(result):

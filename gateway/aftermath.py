@@ -1,0 +1,93 @@
+"""What happens after a response has ended: analysis first, then the sinks that read its results.
+
+The hot path only enqueues the finished Exchange; a few worker tasks drain the queue. When the
+queue is full (a burst far beyond what analysis can keep up with) the exchange skips analysis
+but still reaches the sinks, so records and counters are never lost, and the skip is counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from typing import Any, Awaitable, Callable
+
+from .exchange import Exchange
+from .runtime import LaneRuntime
+
+log = logging.getLogger("gateway.aftermath")
+
+Step = Callable[[Exchange, LaneRuntime | None], Awaitable[None] | None]
+
+
+class Aftermath:
+    """A Finisher (see runtime.py): analyzers run in order, then sinks, per exchange."""
+
+    def __init__(self, workers: int = 2, max_queue: int = 10_000) -> None:
+        self.analyzers: list[Step] = []  # e.g. render + drift verdict (writes ex.annotations)
+        self.sinks: list[Step] = []  # e.g. request record, metrics, alerts (read ex.annotations)
+        self.skipped_analysis = 0
+        self.processed = 0
+        self._queue: asyncio.Queue[tuple[Exchange, LaneRuntime | None]] | None = None
+        self._workers: list[asyncio.Task[None]] = []
+        self._n_workers = workers
+        self._max_queue = max_queue
+        self._idle = asyncio.Event()
+
+    def start(self) -> None:
+        self._queue = asyncio.Queue(self._max_queue)
+        self._workers = [asyncio.create_task(self._work()) for _ in range(self._n_workers)]
+
+    async def stop(self) -> None:
+        await self.drain(timeout=5.0)
+        for w in self._workers:
+            w.cancel()
+
+    def exchange_ended(self, ex: Exchange, lane: LaneRuntime | None) -> None:
+        if self._queue is None:  # not started (e.g. a unit test): do the cheap part inline
+            asyncio.get_event_loop().create_task(self._run_sinks(ex, lane))
+            return
+        try:
+            self._queue.put_nowait((ex, lane))
+        except asyncio.QueueFull:
+            self.skipped_analysis += 1
+            ex.annotations["analysis_skipped"] = "queue_full"
+            asyncio.get_event_loop().create_task(self._run_sinks(ex, lane))
+
+    async def drain(self, timeout: float = 10.0) -> bool:
+        """Wait until everything queued so far has been processed (tests and shutdown)."""
+        if self._queue is None:
+            return True
+        try:
+            await asyncio.wait_for(self._queue.join(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    async def _work(self) -> None:
+        assert self._queue is not None
+        while True:
+            ex, lane = await self._queue.get()
+            try:
+                for step in self.analyzers:
+                    await _call(step, ex, lane)
+                await self._run_sinks(ex, lane)
+                self.processed += 1
+            except Exception:
+                log.exception("aftermath of %s failed", ex.request_id)
+            finally:
+                self._queue.task_done()
+
+    async def _run_sinks(self, ex: Exchange, lane: LaneRuntime | None) -> None:
+        for sink in self.sinks:
+            try:
+                await _call(sink, ex, lane)
+            except Exception:
+                log.exception("sink %r failed for %s", sink, ex.request_id)
+
+
+async def _call(step: Step, ex: Exchange, lane: LaneRuntime | None) -> Any:
+    result = step(ex, lane)
+    if inspect.isawaitable(result):
+        return await result
+    return result
