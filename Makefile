@@ -1,0 +1,29 @@
+# Two commands on a fresh machine: `make run` (the gateway on its embedded demo) and `make test`.
+VENV ?= .venv
+PYTHON ?= python3
+BIN = $(VENV)/bin
+
+.PHONY: install run test test-engine bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+install: $(BIN)/.installed
+
+run: install
+	$(BIN)/gateway demo
+
+test: install
+	$(BIN)/pytest -q
+
+test-engine: install
+	$(BIN)/pytest -q -m engine
+
+bench: install
+	$(BIN)/python bench/overhead.py
+
+clean:
+	rm -rf $(VENV) var .pytest_cache
