@@ -1,0 +1,77 @@
+"""`python -m gateway.emulator`: every knob is a flag (`--ttft-ms 50`), or give `--config-json '{...}'`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+import orjson
+from aiohttp import web
+
+from .config import EmulatorConfig, default_field, knob_names, knob_type
+from .server import create_app
+
+
+_CHOICES = {
+    "flavour": ["vllm", "sglang"],
+    "tokenizer": ["simple", "dsv41"],
+    "reasoning_field": ["reasoning", "reasoning_content", "both"],
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gateway.emulator", description="SGLang/vLLM-like upstream emulator")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--config-json", default=None, help="JSON object of knobs, applied before the flags")
+    p.add_argument("--flavor", dest="flavour", default=None, help=argparse.SUPPRESS)
+    for name in knob_names():
+        flag = "--" + name.replace("_", "-")
+        kind = knob_type(name)
+        default = default_field(name)
+        if kind is bool:
+            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=f"default {default}")
+        elif kind is tuple:
+            p.add_argument(flag, dest=name, action="append", default=None, help="repeatable")
+        elif name in _CHOICES:
+            p.add_argument(flag, dest=name, choices=_CHOICES[name], default=None, help=f"default {default}")
+        else:
+            p.add_argument(flag, dest=name, type=kind, default=None, help=f"default {default}")
+    return p
+
+
+def config_from_args(argv: Sequence[str] | None = None) -> tuple[EmulatorConfig, str, int]:
+    args = build_parser().parse_args(argv)
+    config = EmulatorConfig()
+    if args.config_json:
+        config = config.merged(orjson.loads(args.config_json))
+    flags = {name: getattr(args, name) for name in knob_names() if getattr(args, name, None) is not None}
+    config = config.merged(flags)
+    return config, args.host, args.port
+
+
+def run(config: EmulatorConfig, host: str = "127.0.0.1", port: int = 8100) -> None:
+    """Serve until SIGINT/SIGTERM, on uvloop when it is installed."""
+    try:
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover
+        loop = asyncio.new_event_loop()
+    app = create_app(config)
+    print(f"emulator ({config.flavour}, model {config.model}) listening on http://{host}:{port}", file=sys.stderr, flush=True)
+    # handler_cancellation: a client that goes away cancels its handler at once, which is how the
+    # emulator sees (and records) disconnects while it is waiting, not only when a write fails.
+    web.run_app(app, host=host, port=port, access_log=None, handler_cancellation=True, print=None, loop=loop)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config, host, port = config_from_args(argv)
+    except ValueError as exc:
+        print(f"emulator: {exc}", file=sys.stderr)
+        return 2
+    run(config, host, port)
+    return 0

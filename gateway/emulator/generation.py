@@ -1,0 +1,224 @@
+"""What the emulated model says: a deterministic plan of reasoning, content and tool-call pieces.
+
+One piece is one token and one stream chunk. Chat content pieces are "w0", " w1", ... so the text a
+client reassembles splits back into the same words (the simple tokenizer's tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import xxhash
+
+from .config import EmulatorConfig
+
+_VOCAB = tuple(
+    """the a of to and in is it that for on with as was at by this be from or an are not have
+    cache prefix token block model lane stream chunk route render template engine server request
+    answer reason think check value result weather city river mountain forest ocean garden window
+    bridge market station engine signal vector matrix kernel thread socket buffer packet latency
+    quick slow bright quiet gentle steady rapid calm clear simple careful honest useful modern
+    write read build test measure compare explain follow return handle update select compute
+    first second next last early later often always never maybe perhaps indeed therefore however
+    blue green amber silver golden purple crimson violet orange yellow black white grey brown
+    north south east west upper lower inner outer middle central remote local global partial
+    apple bread cheese honey lemon mango olive pepper rice salt sugar tea water wine yogurt
+    alpha beta gamma delta epsilon zeta theta lambda sigma omega kappa iota
+    one two three four five six seven eight nine ten hundred thousand""".split()
+)
+
+
+@dataclass(slots=True)
+class ToolCallPlan:
+    name: str
+    arguments: str  # the whole JSON text
+    fragments: list[str]  # vLLM-style argument fragments; "".join(fragments) == arguments
+    stream_id: str  # call_<24 hex>, both engines while streaming
+    final_id: str  # vLLM non-streaming uses chatcmpl-tool-<32 hex>
+
+
+@dataclass(slots=True)
+class Plan:
+    reasoning: list[str]
+    content: list[str]
+    tool_call: ToolCallPlan | None
+    finish_reason: str
+    tool_tokens: int
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.reasoning) + len(self.content) + self.tool_tokens
+
+    @property
+    def reasoning_text(self) -> str:
+        return "".join(self.reasoning)
+
+    @property
+    def content_text(self) -> str:
+        return "".join(self.content)
+
+    def assistant_message(self) -> dict[str, Any]:
+        """The assistant message as an append-only client sends it back next turn."""
+        msg: dict[str, Any] = {"role": "assistant", "content": self.content_text}
+        if self.reasoning:
+            msg["reasoning_content"] = self.reasoning_text
+        if self.tool_call is not None:
+            tc = self.tool_call
+            msg["tool_calls"] = [
+                {"id": tc.stream_id, "type": "function", "function": {"name": tc.name, "arguments": tc.arguments}}
+            ]
+        return msg
+
+
+def thinking_enabled(body: dict[str, Any], cfg: EmulatorConfig) -> bool:
+    kwargs = body.get("chat_template_kwargs")
+    if isinstance(kwargs, dict):
+        for key in ("thinking", "enable_thinking"):
+            if key in kwargs and kwargs[key] is not None:
+                return bool(kwargs[key])
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        return str(effort).lower() != "none"
+    return cfg.default_thinking
+
+
+def requested_max_tokens(body: dict[str, Any]) -> int | None:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return max(0, value)
+    return None
+
+
+def _rng(body: dict[str, Any], prompt_digest: int, cfg: EmulatorConfig) -> random.Random:
+    seed = body.get("seed")
+    temperature = body.get("temperature")
+    nonce = 0
+    if seed is None and isinstance(temperature, (int, float)) and temperature > 0:
+        nonce = random.getrandbits(64)  # sampling without a seed: free to vary
+    key = f"{cfg.seed}|{cfg.output_salt}|{seed}|{nonce}".encode()
+    return random.Random(xxhash.xxh3_64_intdigest(key, prompt_digest))
+
+
+def _pieces(rng: random.Random, n: int, lead_space: bool) -> list[str]:
+    words = rng.choices(_VOCAB, k=n)
+    if not lead_space and words:
+        return [words[0], *(" " + w for w in words[1:])]
+    return [" " + w for w in words]
+
+
+def _last_user_text(body: dict[str, Any]) -> str:
+    for m in reversed(body.get("messages") or ()):
+        if isinstance(m, dict) and m.get("role") == "user":
+            c = m.get("content")
+            if isinstance(c, str):
+                return c
+            if isinstance(c, list):
+                return " ".join(str(p.get("text") or "") for p in c if isinstance(p, dict))
+            return ""
+    return str(body.get("prompt") or "")
+
+
+def _chosen_tool(body: dict[str, Any]) -> dict[str, Any] | None:
+    tools = body.get("tools")
+    messages = body.get("messages") or []
+    if not tools or not isinstance(tools, list) or not messages:
+        return None
+    last = messages[-1]
+    if not isinstance(last, dict) or last.get("role") != "user":
+        return None
+    choice = body.get("tool_choice")
+    if choice == "none":
+        return None
+    if isinstance(choice, dict):
+        wanted = (choice.get("function") or {}).get("name")
+        for t in tools:
+            if isinstance(t, dict) and (t.get("function") or {}).get("name") == wanted:
+                return t
+    first = tools[0]
+    return first if isinstance(first, dict) else None
+
+
+def _value_for(schema: Any, rng: random.Random, depth: int = 0) -> Any:
+    if not isinstance(schema, dict):
+        return rng.choice(_VOCAB)
+    if "enum" in schema and schema["enum"]:
+        return schema["enum"][0]
+    if "const" in schema:
+        return schema["const"]
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "string")
+    if kind == "integer":
+        return rng.randint(1, 100)
+    if kind == "number":
+        return round(rng.random() * 100, 2)
+    if kind == "boolean":
+        return True
+    if kind == "array":
+        return [_value_for(schema.get("items"), rng, depth + 1)] if depth < 3 else []
+    if kind == "object":
+        return _object_for(schema, rng, depth + 1) if depth < 3 else {}
+    return rng.choice(_VOCAB)
+
+
+def _object_for(schema: dict[str, Any], rng: random.Random, depth: int = 0) -> dict[str, Any]:
+    props = schema.get("properties") or {}
+    required = schema.get("required") or []
+    return {name: _value_for(props.get(name), rng, depth) for name in required if isinstance(name, str)}
+
+
+def _tool_call(tool: dict[str, Any], rng: random.Random) -> ToolCallPlan:
+    fn = tool.get("function") or {}
+    name = str(fn.get("name") or "tool")
+    params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
+    args = _object_for(params, rng)
+    # json.dumps default separators, as DeepSeek's parsers re-serialise arguments.
+    pairs = [orjson.dumps(k).decode() + ": " + _dumps_spaced(v) for k, v in args.items()]
+    arguments = "{" + ", ".join(pairs) + "}"
+    fragments = ["{"] + [(", " if i else "") + p for i, p in enumerate(pairs)] + ["}"]
+    return ToolCallPlan(
+        name=name,
+        arguments=arguments,
+        fragments=fragments,
+        stream_id=f"call_{rng.getrandbits(96):024x}",
+        final_id=f"chatcmpl-tool-{rng.getrandbits(128):032x}",
+    )
+
+
+def _dumps_spaced(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)  # the stdlib gives Python's ", " / ": " spacing
+
+
+def plan_chat(body: dict[str, Any], prompt_digest: int, cfg: EmulatorConfig) -> Plan:
+    max_tokens = requested_max_tokens(body)
+    ignore_eos = bool(body.get("ignore_eos"))
+    last_user = _last_user_text(body)
+    if not ignore_eos and any(s and s in last_user for s in cfg.empty_output_prompts):
+        return Plan([], [], None, "stop", 0)  # the model emitted EOS at once
+    rng = _rng(body, prompt_digest, cfg)
+    n_reason = cfg.reasoning_tokens if thinking_enabled(body, cfg) else 0
+    n_content = max_tokens if max_tokens is not None else cfg.output_tokens
+    reasoning = _pieces(rng, n_reason, lead_space=False)
+    content = _pieces(rng, n_content, lead_space=False)
+    tool = _chosen_tool(body)
+    if tool is not None:
+        call = _tool_call(tool, rng)
+        tool_tokens = len((call.name + " " + call.arguments).split())
+        return Plan(reasoning, content, call, "tool_calls", tool_tokens)
+    finish = "length" if max_tokens is not None else "stop"
+    return Plan(reasoning, content, None, finish, 0)
+
+
+def plan_completion(body: dict[str, Any], prompt_digest: int, cfg: EmulatorConfig) -> Plan:
+    max_tokens = requested_max_tokens(body)
+    if not body.get("ignore_eos") and any(s and s in _last_user_text(body) for s in cfg.empty_output_prompts):
+        return Plan([], [], None, "stop", 0)
+    rng = _rng(body, prompt_digest, cfg)
+    n = max_tokens if max_tokens is not None else cfg.output_tokens
+    # Leading spaces: prompt + generated text re-tokenizes as prompt tokens + generated tokens.
+    return Plan([], _pieces(rng, n, lead_space=True), None, "length" if max_tokens is not None else "stop", 0)

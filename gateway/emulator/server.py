@@ -1,0 +1,486 @@
+"""The emulator's HTTP side: aiohttp handlers, stream pacing, fault injection and the admin endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from typing import Any
+
+import orjson
+import xxhash
+from aiohttp import web
+
+from . import shapes
+from .cache import PrefixCache, salt_seed, token_bytes
+from .config import EmulatorConfig
+from .generation import Plan, plan_chat, plan_completion, requested_max_tokens
+from .stats import RequestRecord, Stats
+from .tokens import TokenizeGenerated, TokenizePrompt, count_images, tokenizers_for
+
+_JSON = "application/json"
+_MAX_BODY = 512 * 1024 * 1024  # agent conversations reach several MB; never 413 like aiohttp's 1 MB default
+
+
+class _Rejected(Exception):
+    """A request the engine refuses before generating: carries the ready response."""
+
+    def __init__(self, response: web.Response) -> None:
+        self.response = response
+
+
+class Emulator:
+    """State of one emulated engine (config, prefix cache, stats) plus its request handlers."""
+
+    def __init__(
+        self,
+        config: EmulatorConfig | None = None,
+        *,
+        tokenize_prompt: TokenizePrompt | None = None,
+        tokenize_generated: TokenizeGenerated | None = None,
+    ) -> None:
+        self.config = config or EmulatorConfig()
+        self.config.validate()
+        self._initial = self.config
+        default_prompt, default_generated = (
+            (None, None) if tokenize_prompt and tokenize_generated else tokenizers_for(self.config.tokenizer)
+        )
+        self.tokenize_prompt: TokenizePrompt = tokenize_prompt or default_prompt  # type: ignore[assignment]
+        self.tokenize_generated: TokenizeGenerated = tokenize_generated or default_generated  # type: ignore[assignment]
+        self.cache = PrefixCache(self.config.eff_block_size, self.config.cache_blocks)
+        self.stats = Stats(self.config.recent_requests)
+        self._fail_rng = random.Random(self.config.seed)
+
+    # -- app ---------------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=_MAX_BODY)
+        r = app.router
+        r.add_post("/v1/chat/completions", self.chat_completions)
+        r.add_post("/v1/completions", self.completions)
+        r.add_get("/v1/models", self.models)
+        r.add_get("/health", self.health)
+        r.add_post("/tokenize", self.tokenize)
+        r.add_post("/v1/tokenize", self.tokenize)
+        r.add_get("/emulator/stats", self.get_stats)
+        r.add_post("/emulator/reset", self.reset)
+        r.add_get("/emulator/config", self.get_config)
+        r.add_post("/emulator/config", self.post_config)
+        app["emulator"] = self
+        return app
+
+    def set_config(self, config: EmulatorConfig) -> None:
+        config.validate()
+        old = self.config
+        self.config = config
+        if config.eff_block_size != old.eff_block_size:
+            self.cache = PrefixCache(config.eff_block_size, config.cache_blocks)  # old hashes mean nothing now
+        elif config.cache_blocks != old.cache_blocks:
+            self.cache.resize(config.cache_blocks)
+        if config.recent_requests != old.recent_requests:
+            self.stats.recent = type(self.stats.recent)(self.stats.recent, maxlen=config.recent_requests)
+        if config.seed != old.seed:
+            self._fail_rng = random.Random(config.seed)
+
+    def cache_json(self) -> dict[str, Any]:
+        c = self.cache
+        return {
+            "block_size": c.block_size, "blocks_used": c.used_blocks, "capacity_blocks": c.capacity,
+            "evictions": c.evictions,
+        }
+
+    # -- admin endpoints ---------------------------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)  # both engines answer an empty 200
+
+    async def models(self, request: web.Request) -> web.Response:
+        c = self.config
+        return _json(shapes.models_body(c.flavour, c.model, c.eff_model_root, c.max_model_len))
+
+    async def get_stats(self, request: web.Request) -> web.Response:
+        return _json(self.stats.to_json(self.cache_json()))
+
+    async def reset(self, request: web.Request) -> web.Response:
+        if request.query.get("config") in ("1", "true"):
+            self.set_config(self._initial)
+        self.cache.clear()
+        self.stats.reset(self.config.recent_requests)
+        self._fail_rng = random.Random(self.config.seed)
+        return _json({"ok": True, "config": self.config.to_dict()})
+
+    async def get_config(self, request: web.Request) -> web.Response:
+        return _json(self.config.to_dict())
+
+    async def post_config(self, request: web.Request) -> web.Response:
+        try:
+            self.set_config(self.config.merged(orjson.loads(await request.read() or b"{}")))
+        except (ValueError, orjson.JSONDecodeError) as exc:
+            return _json({"error": {"message": str(exc), "type": "emulator_config_error"}}, 400)
+        return _json(self.config.to_dict())
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = orjson.loads(await request.read() or b"{}")
+        ids = self.tokenize_prompt(body)
+        return _json({"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": ids, "token_strs": None})
+
+    # -- generation endpoints ----------------------------------------------------------------------
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "chat")
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, "completion")
+
+    async def _handle(self, request: web.Request, kind: str) -> web.StreamResponse:
+        raw = await request.read()
+        cfg = self.config
+        patch = request.headers.get("X-Emulator-Config")
+        if patch:
+            try:
+                cfg = cfg.merged(orjson.loads(patch))
+            except (ValueError, orjson.JSONDecodeError) as exc:
+                return _json({"error": {"message": f"X-Emulator-Config: {exc}", "type": "emulator_config_error"}}, 400)
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            body = None
+            decode_error = str(exc)
+        rid = request.headers.get("X-Request-Id") or (
+            str(body.get("request_id") or body.get("rid") or "") if isinstance(body, dict) else ""
+        )
+        rec = RequestRecord(rid or uuid.uuid4().hex, request.path, dict(request.headers), body, len(raw))
+        self.stats.begin(rec)
+        try:
+            if not isinstance(body, dict):
+                msg = f"JSON decode error: {decode_error}" if body is None else "Request body must be a JSON object"
+                self.stats.error(rec, "bad_request", 400)
+                return _error(cfg, 400, msg, "Bad Request")
+            return await self._serve(request, body, cfg, rec, kind, bool(rid))
+        except _Rejected as rej:
+            self.stats.error(rec, "rejected", rej.response.status)
+            return rej.response
+        except (asyncio.CancelledError, ConnectionError):
+            self.stats.cancel(rec)
+            raise
+        finally:
+            self.stats.end(rec)
+
+    def _validate(self, body: dict[str, Any], cfg: EmulatorConfig, kind: str) -> None:
+        fl = cfg.flavour
+        if cfg.strict_model and body.get("model") not in (None, cfg.model):
+            raise _Rejected(_error(cfg, 404, f"The model `{body.get('model')}` does not exist.", "NotFoundError", "model"))
+        if kind == "chat" and not isinstance(body.get("messages"), list):
+            msg = "1 validation error:\n  {'type': 'missing', 'loc': ('body', 'messages'), 'msg': 'Field required'}"
+            raise _Rejected(_error(cfg, 400, msg, "Bad Request"))
+        if fl == "vllm" and body.get("stream_options") is not None and not body.get("stream"):
+            msg = (
+                "1 validation error:\n  {'type': 'value_error', 'loc': ('body',), 'msg': 'Value error, Stream options "
+                "can only be defined when `stream=True`.'}"
+            )
+            raise _Rejected(_error(cfg, 400, msg, "Bad Request"))
+        if cfg.max_images is not None and kind == "chat":
+            n = count_images(body)
+            if n > cfg.max_images:
+                if fl == "sglang":
+                    msg = f"Image count {n} exceeds limit {cfg.max_images} per request."
+                    raise _Rejected(_error(cfg, 400, msg, "BadRequestError"))
+                msg = (
+                    f"At most {cfg.max_images} image(s) may be provided in one prompt. "
+                    "Set `--limit-mm-per-prompt` to increase this limit. (parameter=image)"
+                )
+                raise _Rejected(_error(cfg, 400, msg, "BadRequestError", "image"))
+        top = body.get("top_logprobs") if kind == "chat" else body.get("logprobs")
+        if isinstance(top, int) and not isinstance(top, bool) and top > cfg.eff_max_top_logprobs:
+            limit = cfg.eff_max_top_logprobs
+            if fl == "sglang":
+                raise _Rejected(_error(cfg, 400, f"top_logprobs_num must be in [0, {limit}], got {top}", "BadRequestError"))
+            msg = f"Requested sample logprobs of {top}, which is greater than max allowed: {limit} (parameter=logprobs, value={top})"
+            raise _Rejected(_error(cfg, 400, msg, "BadRequestError", "logprobs"))
+
+    def _check_context(self, body: dict[str, Any], cfg: EmulatorConfig, n_prompt: int) -> None:
+        limit = cfg.max_model_len
+        max_tokens = requested_max_tokens(body)
+        sglang = cfg.flavour == "sglang"
+        if n_prompt >= limit:
+            if sglang:
+                msg = f"The input ({n_prompt} tokens) is longer than the model's context length ({limit} tokens)."
+                raise _Rejected(_error(cfg, 400, msg, "BadRequestError"))
+            out = max_tokens or 0
+            msg = (
+                f"This model's maximum context length is {limit} tokens. However, you requested {out} output tokens "
+                f"and your prompt contains at least {n_prompt} input tokens, for a total of at least "
+                f"{n_prompt + out} tokens. Please reduce the length of the input prompt or the number of requested "
+                f"output tokens. (parameter=input_tokens, value={n_prompt})"
+            )
+            raise _Rejected(_error(cfg, 400, msg, "BadRequestError", "input_tokens"))
+        if max_tokens is not None and n_prompt + max_tokens > limit:
+            if sglang:
+                msg = (
+                    f"Requested token count exceeds the model's maximum context length of {limit} tokens. You requested "
+                    f"a total of {n_prompt + max_tokens} tokens: {n_prompt} tokens from the input messages and "
+                    f"{max_tokens} tokens for the completion. Please reduce the number of tokens in the input messages "
+                    "or the completion to fit within the limit."
+                )
+                raise _Rejected(_error(cfg, 400, msg, "BadRequestError"))
+            param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+            msg = (
+                f"'{param}' is too large: {max_tokens}. This model's maximum context length is {limit} tokens and "
+                f"your request has {n_prompt} input tokens ({max_tokens} > {limit} - {n_prompt}). "
+                f"(parameter={param}, value={max_tokens})"
+            )
+            raise _Rejected(_error(cfg, 400, msg, "BadRequestError", param))
+
+    async def _serve(
+        self, request: web.Request, body: dict[str, Any], cfg: EmulatorConfig, rec: RequestRecord, kind: str,
+        client_id: bool,
+    ) -> web.StreamResponse:
+        if cfg.stall_before_first_byte_s > 0:
+            rec.stage = "stalled_before_first_byte"
+            await asyncio.sleep(cfg.stall_before_first_byte_s)
+        self._validate(body, cfg, kind)
+        prompt = self.tokenize_prompt(body)
+        n_prompt = len(prompt)
+        rec.prompt_tokens = n_prompt
+        self._check_context(body, cfg, n_prompt)
+        if cfg.fail_rate > 0 and self._fail_rng.random() < cfg.fail_rate:
+            self.stats.error(rec, "injected_500", 500)
+            return _error(cfg, 500, "Emulated engine failure (fail_rate)", "InternalServerError")
+
+        cache = self.cache
+        seed = salt_seed(body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None)
+        data = token_bytes(prompt)
+        hashes = cache.hashes(data, seed)
+        cached = cache.cached_tokens(cache.match(data, hashes, seed), n_prompt)
+        rec.cached_tokens = cached
+        self.stats.prompt_tokens += n_prompt
+        self.stats.cached_tokens += cached
+
+        digest = xxhash.xxh3_64_intdigest(data)
+        plan = plan_chat(body, digest, cfg) if kind == "chat" else plan_completion(body, digest, cfg)
+        rec.completion_tokens = plan.completion_tokens
+        ttft = cfg.ttft_ms / 1000.0
+        if cfg.prefill_tps > 0:
+            ttft += (n_prompt - cached) / cfg.prefill_tps
+        job = _Job(self, body, cfg, rec, kind, prompt, data, hashes, seed, cached, plan)
+        job.rid = shapes.response_id(cfg.flavour, kind, rec.request_id if client_id else None)
+        t_start = time.monotonic()
+        if body.get("stream"):
+            return await job.stream(request, t_start + ttft)
+        return await job.respond(request, t_start + ttft)
+
+    def remember_output(self, job: _Job) -> None:
+        """Cache prompt + generated tokens as the next turn of an append-only client will render them."""
+        gen = self.tokenize_generated(job.body, job.plan.assistant_message())
+        if not gen:
+            return
+        full = token_bytes(gen)
+        data = job.data + full
+        self.cache.insert(data, self.cache.hashes(data, job.seed, known=job.hashes), job.seed)
+
+
+class _Job:
+    """One accepted generation request: emits the plan as a stream or a single body."""
+
+    def __init__(
+        self, emu: Emulator, body: dict[str, Any], cfg: EmulatorConfig, rec: RequestRecord, kind: str,
+        prompt: list[int], data: bytes, hashes: list[int], seed: int, cached: int, plan: Plan,
+    ) -> None:
+        self.emu, self.body, self.cfg, self.rec, self.kind = emu, body, cfg, rec, kind
+        self.prompt, self.data, self.hashes, self.seed, self.cached, self.plan = prompt, data, hashes, seed, cached, plan
+        self.rid = ""
+        self.created = int(time.time())
+        self.model = str(body.get("model") or cfg.model)
+
+    def _usage(self, full: bool) -> dict[str, Any]:
+        cfg, plan = self.cfg, self.plan
+        reasoning = len(plan.reasoning) if self.kind == "chat" else None
+        return shapes.usage(
+            cfg.flavour, len(self.prompt), plan.completion_tokens, self.cached, reasoning, report=cfg.cache_report, full=full
+        )
+
+    def _prefilled(self) -> None:
+        self.emu.cache.insert(self.data, self.hashes, self.seed)
+        self.rec.stage = "decode"
+
+    # -- non-streaming -----------------------------------------------------------------------------
+    async def respond(self, request: web.Request, t_first: float) -> web.StreamResponse:
+        cfg, rec, plan = self.cfg, self.rec, self.plan
+        rec.stage = "prefill"
+        await _sleep_until(t_first)
+        self._prefilled()
+        n = plan.completion_tokens
+        wait = (n - 1) / cfg.decode_tps if cfg.decode_tps > 0 and n > 1 else 0.0
+        if cfg.stall_after_chunks is not None and cfg.stall_after_chunks <= n:
+            wait += cfg.stall_s
+        if wait:
+            await asyncio.sleep(wait)
+        if cfg.die_after_chunks is not None:
+            return self._die(request, web.Response(status=200))
+        if cfg.error_after_chunks is not None:
+            self.emu.stats.error(rec, "injected_midstream", 500)
+            return _error(cfg, 500, "Emulated engine failure during generation (error_after_chunks)", "InternalServerError")
+        self.emu.remember_output(self)
+        if self.kind == "chat":
+            out = shapes.chat_response(cfg.flavour, self.rid, self.created, self.model, plan, cfg.eff_reasoning_field, self._usage(True))
+        else:
+            out = shapes.completion_response(cfg.flavour, self.rid, self.created, self.model, plan, self._usage(True))
+        rec.done = True
+        rec.stage = "done"
+        return _json(out, headers={"X-Request-Id": rec.request_id})
+
+    # -- streaming ---------------------------------------------------------------------------------
+    def _events(self) -> tuple[list[bytes], list[int]]:
+        """All data events of the stream and the token slot each is due at (pacing index)."""
+        cfg, plan = self.cfg, self.plan
+        events: list[bytes] = []
+        slots: list[int] = []
+        opts = self.body.get("stream_options") or {}
+        include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+        continuous = cfg.flavour == "vllm" and isinstance(opts, dict) and bool(opts.get("continuous_usage_stats"))
+        n_prompt = len(self.prompt)
+        slot = 0
+
+        if self.kind == "chat":
+            ch = shapes.ChatChunks(cfg.flavour, self.rid, self.created, self.model, cfg.eff_reasoning_field)
+
+            def usage_so_far(k: int) -> None:
+                if continuous:
+                    ch.usage_suffix = orjson.dumps({"prompt_tokens": n_prompt, "completion_tokens": k, "total_tokens": n_prompt + k})
+
+            usage_so_far(0)
+            events.append(ch.role())
+            slots.append(0)
+            pieces: list[bytes] = []
+            for text in plan.reasoning:
+                usage_so_far(len(pieces) + 1)
+                pieces.append(ch.reasoning(text))
+            for text in plan.content:
+                usage_so_far(len(pieces) + 1)
+                pieces.append(ch.content(text))
+            if plan.tool_call is not None:
+                usage_so_far(plan.completion_tokens)
+                pieces += ch.tool_call(plan.tool_call)
+            for p in pieces:
+                events.append(p)
+                slots.append(slot)
+                slot += 1
+            last = max(slot - 1, 0)
+            usage_so_far(plan.completion_tokens)
+            events.append(ch.finish(plan.finish_reason))
+            slots.append(last)
+            ch.usage_suffix = b""
+            if include_usage:
+                events.append(ch.usage(self._usage(False)))
+                slots.append(last)
+        else:
+            cc = shapes.CompletionChunks(cfg.flavour, self.rid, self.created, self.model)
+            for text in plan.content:
+                events.append(cc.text(text))
+                slots.append(slot)
+                slot += 1
+            last = max(slot - 1, 0)
+            events.append(cc.finish(plan.finish_reason))
+            slots.append(last)
+            if include_usage:
+                events.append(cc.usage(self._usage(False)))
+                slots.append(last)
+        return events, slots
+
+    async def stream(self, request: web.Request, t_first: float) -> web.StreamResponse:
+        cfg, rec = self.cfg, self.rec
+        ctype = "text/event-stream" if cfg.flavour == "sglang" else "text/event-stream; charset=utf-8"
+        resp = web.StreamResponse(headers={"Content-Type": ctype, "X-Request-Id": rec.request_id})
+        await resp.prepare(request)  # headers leave at once; the first event waits for prefill
+        events, slots = self._events()
+        rec.stage = "prefill"
+        await _sleep_until(t_first)
+        self._prefilled()
+
+        tps = cfg.decode_tps
+        marks = sorted({k for k in (cfg.die_after_chunks, cfg.error_after_chunks, cfg.stall_after_chunks) if k is not None})
+        stalled = False
+        shift = 0.0  # a mid-stream stall delays the rest of the schedule instead of causing a burst
+        sent, n = 0, len(events)
+        while True:
+            if sent in marks:
+                if sent == cfg.die_after_chunks:
+                    return self._die(request, resp)
+                if sent == cfg.error_after_chunks:
+                    await resp.write(shapes.error_event(cfg.flavour, f"Emulated engine failure after {sent} chunks") + shapes.DONE)
+                    self.emu.stats.error(rec, "injected_midstream", 200)
+                    rec.status = 200
+                    await resp.write_eof()
+                    return resp
+                if sent == cfg.stall_after_chunks and not stalled:
+                    stalled = True
+                    rec.stage = "stalled_mid_stream"
+                    t = time.monotonic()
+                    await asyncio.sleep(cfg.stall_s)
+                    shift += time.monotonic() - t
+                    rec.stage = "decode"
+            if sent >= n:
+                break
+            stop = n
+            for k in marks:
+                if k > sent:
+                    stop = min(stop, k)
+                    break
+            j = sent + 1
+            if tps > 0:
+                due = slots[sent]
+                while j < stop and slots[j] == due:
+                    j += 1
+                await _sleep_until(t_first + shift + due / tps)
+            else:
+                j = stop
+            chunk = b"".join(events[sent:j])
+            if j == n and n not in marks:
+                chunk += shapes.DONE  # last batch: [DONE] rides along, one write less
+            await resp.write(chunk)
+            sent = j
+            rec.chunks_sent = sent
+            if j == n and n not in marks:
+                break
+        if sent == n and n in marks:
+            await resp.write(shapes.DONE)
+        self.emu.remember_output(self)
+        rec.done = True
+        rec.stage = "done"
+        await resp.write_eof()
+        return resp
+
+    def _die(self, request: web.Request, resp: web.StreamResponse) -> web.StreamResponse:
+        """Cut the connection without finishing the response (no terminating chunk, no [DONE]).
+
+        aiohttp then fails to finish `resp` on the closed transport and drops it quietly.
+        """
+        self.rec.died = True
+        self.rec.stage = "died"
+        self.emu.stats.error(self.rec, "injected_die", 200)
+        transport = request.transport
+        if transport is not None:
+            transport.close()  # flushes what was written, then FIN: the client sees a truncated body
+        return resp
+
+
+async def _sleep_until(deadline: float) -> None:
+    # Absolute deadlines, never cumulative sleeps: timer slop does not add up over a long stream.
+    delay = deadline - time.monotonic()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(obj), status=status, content_type=_JSON, headers=headers)
+
+
+def _error(cfg: EmulatorConfig, status: int, message: str, type: str, param: str | None = None) -> web.Response:
+    return _json(shapes.error_body(cfg.flavour, message, type=type, code=status, param=param), status)
+
+
+def create_app(
+    config: EmulatorConfig | None = None,
+    *,
+    tokenize_prompt: TokenizePrompt | None = None,
+    tokenize_generated: TokenizeGenerated | None = None,
+) -> web.Application:
+    return Emulator(config, tokenize_prompt=tokenize_prompt, tokenize_generated=tokenize_generated).app()
