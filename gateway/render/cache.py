@@ -1,0 +1,150 @@
+"""SegmentCache: what earlier turns already produced, under one global byte budget.
+
+Two kinds of entries share one LRU:
+
+* rendered items: (template, item role, member message digests, render context) -> the item's text,
+  its field spans and the text's xxhash64 digest;
+* token ids: (tokenizer, text digest, text length) -> array('I') of ids.
+
+An append-only turn finds every earlier item and its ids here, so it only renders and tokenizes its
+new messages. Losing an entry (eviction, a fresh process) costs time, never correctness: every value
+is a pure function of its key.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_BUDGET_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RenderedItem:
+    text: str
+    fields: tuple[tuple[str, int, int], ...]
+    digest: int
+
+    def nbytes(self) -> int:
+        return sys.getsizeof(self.text) + 72 + 80 * len(self.fields)
+
+
+@dataclass
+class CacheStats:
+    render_hits: int = 0
+    render_misses: int = 0
+    token_hits: int = 0
+    token_misses: int = 0
+    evictions: int = 0
+    bytes: int = 0
+    entries: int = 0
+    budget_bytes: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+class SegmentCache:
+    """Thread-safe LRU of rendered items and token ids, bounded by `budget_bytes`."""
+
+    def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
+        self.budget_bytes = int(budget_bytes)
+        self._lock = threading.Lock()
+        self._data: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
+        self._bytes = 0
+        self.render_hits = 0
+        self.render_misses = 0
+        self.token_hits = 0
+        self.token_misses = 0
+        self.evictions = 0
+
+    # -- generic -------------------------------------------------------------------------------
+    def _get(self, key: Any) -> Any:
+        entry = self._data.get(key)
+        if entry is None:
+            return None
+        self._data.move_to_end(key)
+        return entry[0]
+
+    def _put(self, key: Any, value: Any, size: int) -> None:
+        if size > self.budget_bytes:
+            return
+        old = self._data.pop(key, None)
+        if old is not None:
+            self._bytes -= old[1]
+        self._data[key] = (value, size)
+        self._bytes += size
+        while self._bytes > self.budget_bytes and self._data:
+            _, (_, s) = self._data.popitem(last=False)
+            self._bytes -= s
+            self.evictions += 1
+
+    # -- rendered items ------------------------------------------------------------------------
+    def get_items(self, keys: list[Any]) -> list[RenderedItem | None]:
+        with self._lock:
+            out = [self._get(("r", k)) for k in keys]
+            hits = sum(1 for v in out if v is not None)
+            self.render_hits += hits
+            self.render_misses += len(out) - hits
+            return out
+
+    def put_items(self, pairs: list[tuple[Any, RenderedItem]]) -> None:
+        with self._lock:
+            for k, v in pairs:
+                self._put(("r", k), v, v.nbytes() + 120)
+
+    # -- token ids -----------------------------------------------------------------------------
+    def get_tokens(self, keys: list[Any]) -> list[Any]:
+        with self._lock:
+            out = [self._get(("t", k)) for k in keys]
+            hits = sum(1 for v in out if v is not None)
+            self.token_hits += hits
+            self.token_misses += len(out) - hits
+            return out
+
+    def put_tokens(self, pairs: list[tuple[Any, Any]]) -> None:
+        with self._lock:
+            for k, ids in pairs:
+                self._put(("t", k), ids, 4 * len(ids) + 64 + 120)
+
+    # -- housekeeping --------------------------------------------------------------------------
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+            self._bytes = 0
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def stats(self) -> CacheStats:
+        with self._lock:
+            return CacheStats(self.render_hits, self.render_misses, self.token_hits, self.token_misses,
+                              self.evictions, self._bytes, len(self._data), self.budget_bytes)
+
+    def reset_counters(self) -> None:
+        with self._lock:
+            self.render_hits = self.render_misses = self.token_hits = self.token_misses = 0
+            self.evictions = 0
+
+
+_default: SegmentCache | None = None
+_default_lock = threading.Lock()
+
+
+def default_cache() -> SegmentCache:
+    """The process-wide cache (budget from GATEWAY_RENDER_CACHE_BYTES, default 256 MiB)."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                import os
+
+                _default = SegmentCache(int(os.environ.get("GATEWAY_RENDER_CACHE_BYTES", DEFAULT_BUDGET_BYTES)))
+    return _default

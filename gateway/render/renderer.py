@@ -1,0 +1,640 @@
+"""Render an OpenAI chat request into the exact prompt (text and token ids) a lane's engine builds.
+
+The chat template (chat_templates/<name>.jinja) is the source of truth for every byte. Its macro
+`render_item` renders one output item: one message, or a run of consecutive user/tool messages merged
+into one user turn, together with the generation header the reference attaches to it. The template's
+top level computes each item's context (first item, effort, reasoning kept or dropped, header kind,
+tool-call order) and calls the macro; `Renderer` computes the same context in Python (`_plan`) and
+calls the same macro, once per item it has not seen before. Tests check that the assembled result
+equals the full template render.
+
+Segments are items, so each one starts and ends at a special token (BOS, <｜User｜>, <｜System｜>,
+<｜Assistant｜>, <think>, </think>, EOS): tokenizing segments separately and concatenating equals
+tokenizing the whole prompt. Where a boundary would fall between two plain-text spans (a system
+message followed directly by an assistant message) the two items share one segment.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jinja2
+import orjson
+import xxhash
+
+from .cache import RenderedItem, SegmentCache, default_cache
+from .template import ChatTemplate, load_template
+from .tokenizer import TextTokenizer, load_tokenizer
+
+IMAGE_PLACEHOLDER = "<｜deepseek_image｜>"
+ROLES = ("system", "user", "assistant", "tool", "developer")
+DEFAULT_EFFORT_MAP: Mapping[str, int] = {"low": 25, "high": 50, "xhigh": 75, "max": 100}
+DEFAULT_EFFORT = "high"
+SPECIAL_BOUNDARY_TOKENS = (
+    "<｜begin▁of▁sentence｜>",
+    "<｜end▁of▁sentence｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<｜System｜>",
+    "<think>",
+    "</think>",
+)
+FIELD_NAMES = (
+    "bos", "header", "effort", "content", "tools", "response_format", "tool_result",
+    "reasoning_content", "think_end", "tool_calls", "eos", "generation_header",
+)
+
+# Per-process marker: the template emits it only when the gateway sets `segment_marker`.
+_MARK = "\x00" + secrets.token_hex(6) + "\x00"
+_FM = {"e": _MARK + "e" + _MARK, **{n: _MARK + "f" + n + _MARK for n in FIELD_NAMES}}
+
+
+def xxh64(text: str) -> int:
+    return xxhash.xxh64_intdigest(text.encode("utf-8", "surrogatepass"))
+
+
+# ------------------------------------------------------------------------------------------------
+# Public types
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    template: str = "deepseek_v4.1"  # file name under chat_templates/ without .jinja
+    thinking: bool = True
+    reasoning_effort: str | int | None = None  # raw request value
+    effort_map: Mapping[str, int] | None = None  # None = template default
+    drop_thinking: bool = True
+    tokenizer_path: str | None = None
+
+
+class RenderError(ValueError):
+    """The request cannot be rendered; `param` names the offending field, e.g. messages[3].content[1]."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(f"{param}: {message}" if param else message)
+        self.message = message
+        self.param = param
+
+    def to_gateway_error(self):
+        from gateway.errors import invalid_request
+
+        return invalid_request(f"{self.param}: {self.message}" if self.param else self.message,
+                               param=self.param, code="invalid_prompt")
+
+
+@dataclass
+class Segment:
+    message_index: int  # request index of the (first) message this span renders; -1 = inserted system
+    role: str  # "system", "user", "assistant", "tool", "developer"; "prefix" for an inserted system
+    text: str
+    token_ids: Sequence[int]  # array('I')
+    fields: list[tuple[str, int, int]]  # char spans inside text
+    digest: int  # xxhash64 of text
+    message_indices: tuple[int, ...] = ()  # every request message this span renders
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class Rendered:
+    segments: list[Segment]
+    exact: bool = True  # False: estimated (no known template / tokenizer)
+    render_misses: int = 0  # items rendered by the template for this request (cache misses)
+    token_misses: int = 0  # segments tokenized for this request
+    _prompt: str | None = field(default=None, repr=False)
+    _ids: list[int] | None = field(default=None, repr=False)
+
+    @property
+    def prompt(self) -> str:
+        if self._prompt is None:
+            self._prompt = "".join(s.text for s in self.segments)
+        return self._prompt
+
+    @property
+    def token_ids(self) -> list[int]:
+        if self._ids is None:
+            a = array("I")
+            for s in self.segments:
+                a.extend(s.token_ids) if isinstance(s.token_ids, array) else a.extend(array("I", s.token_ids))
+            self._ids = a.tolist()
+        return self._ids
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.segments)
+
+    def token_spans(self) -> list[tuple[Segment, int, int]]:
+        """(segment, start token, end token) in prompt order."""
+        out, pos = [], 0
+        for s in self.segments:
+            out.append((s, pos, pos + len(s.token_ids)))
+            pos += len(s.token_ids)
+        return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Options and validation
+# ------------------------------------------------------------------------------------------------
+
+
+def _effort_map(options: RenderOptions) -> Mapping[str, int]:
+    return options.effort_map if options.effort_map else DEFAULT_EFFORT_MAP
+
+
+def effective_effort(options: RenderOptions) -> int | None:
+    """The number the prompt carries in thinking mode (None in chat mode); validates in both modes."""
+    emap = _effort_map(options)
+    e = options.reasoning_effort
+    if e is None:
+        e = DEFAULT_EFFORT
+    if type(e) is int and 1 <= e <= 100:
+        value = e
+    elif type(e) is str and e in emap:
+        value = int(emap[e])
+    else:
+        raise RenderError(
+            f"invalid reasoning effort {e!r}; expected an integer 1-100 or one of {', '.join(map(str, emap))}",
+            "reasoning_effort",
+        )
+    return value if options.thinking else None
+
+
+def _check_text(text: str, param: str) -> None:
+    if IMAGE_PLACEHOLDER in text:
+        raise RenderError(
+            f"contains the image placeholder token {IMAGE_PLACEHOLDER}; send images as image_url content parts",
+            param,
+        )
+
+
+def _check_parts(parts: list, param: str) -> None:
+    for j, p in enumerate(parts):
+        pp = f"{param}[{j}]"
+        if not isinstance(p, dict):
+            raise RenderError("content parts must be objects", pp)
+        t = p.get("type")
+        if t == "text":
+            if not isinstance(p.get("text"), str):
+                raise RenderError("a text part needs a string `text`", pp + ".text")
+            _check_text(p["text"], pp + ".text")
+        elif t == "image_url":
+            iu = p.get("image_url")
+            url = iu if isinstance(iu, str) else (iu.get("url") if isinstance(iu, dict) else None)
+            if not isinstance(url, str) or not url:
+                raise RenderError("an image_url part needs image_url.url", pp + ".image_url")
+        elif t == "image":
+            if not any(p.get(k) for k in ("source", "url", "data")):
+                raise RenderError("an image part needs a source, url or data", pp)
+        else:
+            raise RenderError(f"unsupported content part type {t!r} (expected text, image_url or image)", pp + ".type")
+
+
+def _check_content(m: dict, i: int, role: str) -> None:
+    c = m.get("content")
+    param = f"messages[{i}].content"
+    if isinstance(c, str):
+        _check_text(c, param)
+    elif isinstance(c, list):
+        _check_parts(c, param)
+    elif c is None:
+        if role in ("user", "tool", "developer"):
+            raise RenderError(f"a {role} message must have content", param)
+    else:
+        raise RenderError("must be a string or a list of content parts", param)
+    rc = m.get("reasoning_content")
+    if rc is not None:
+        if not isinstance(rc, str):
+            raise RenderError("must be a string", f"messages[{i}].reasoning_content")
+        _check_text(rc, f"messages[{i}].reasoning_content")
+
+
+def _content_text(c: Any) -> str:
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list):
+        return "\n\n".join(p["text"] if p.get("type") == "text" else IMAGE_PLACEHOLDER for p in c)
+    return ""
+
+
+def _normalize_message(m: dict, i: int) -> dict:
+    """Validate one message (roles were checked already) and parse tool-call arguments into dicts."""
+    role = m["role"]
+    _check_content(m, i, role)
+    if role == "developer" and not _content_text(m.get("content")):
+        raise RenderError("a developer message must have non-empty content", f"messages[{i}].content")
+    if role != "assistant":
+        return m
+    tcs = m.get("tool_calls")
+    if tcs is None:
+        return m
+    if not isinstance(tcs, list):
+        raise RenderError("must be a list", f"messages[{i}].tool_calls")
+    new_tcs = []
+    for j, tc in enumerate(tcs):
+        p = f"messages[{i}].tool_calls[{j}]"
+        if not isinstance(tc, dict) or not isinstance(tc.get("function"), dict):
+            raise RenderError("must be an object with a `function` object", p)
+        fn = tc["function"]
+        if not isinstance(fn.get("name"), str):
+            raise RenderError("must be a string", p + ".function.name")
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError as e:
+                raise RenderError(f"is not valid JSON ({e})", p + ".function.arguments") from None
+        if not isinstance(args, dict):
+            raise RenderError("must be a JSON object", p + ".function.arguments")
+        if args is not fn.get("arguments"):
+            tc = {**tc, "function": {**fn, "arguments": args}}
+        new_tcs.append(tc)
+    return {**m, "tool_calls": new_tcs}
+
+
+def _digest_obj(obj: Any) -> int:
+    try:
+        data = orjson.dumps(obj)
+    except TypeError:  # e.g. integers beyond 64 bits
+        data = json.dumps(obj, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    return xxhash.xxh64_intdigest(data)
+
+
+def _tool_call_id(tc: Any) -> Any:
+    if not isinstance(tc, dict):
+        return ""
+    fn = tc.get("function")
+    return tc.get("id") or (fn.get("id", "") if isinstance(fn, dict) else "")
+
+
+# ------------------------------------------------------------------------------------------------
+# The plan: items and their render context (mirrors the template's top level)
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Item:
+    role: str  # template role: system | developer | user (merged user/tool run) | assistant
+    start: int  # position in the effective message list (with an inserted system at 0)
+    end: int  # inclusive
+    first: bool
+    think: bool
+    header: str | None
+    order: tuple  # preceding assistant's tool_call ids (only kept when it can matter)
+
+
+def _plan(roles: list[str], msgs: list[dict], thinking: bool, eff_drop: bool, agp: bool = True) -> list[_Item]:
+    n = len(roles)
+    last_ul = -1
+    for k in range(n - 1, -1, -1):
+        r = roles[k]
+        if r in ("user", "tool", "developer") or (r == "system" and k > 0):
+            last_ul = k
+            break
+
+    def dropped(k: int) -> bool:
+        return eff_drop and roles[k] == "developer" and k < last_ul
+
+    first_kept = next((k for k in range(n) if not dropped(k)), -1)
+    last_ul2 = -1 if (last_ul >= 0 and last_ul == first_kept and roles[last_ul] == "system") else last_ul
+
+    items: list[_Item] = []
+    order: tuple = ()
+    started = False
+    k = 0
+    while k < n:
+        r = roles[k]
+        if r in ("user", "tool"):
+            end = k
+            while end + 1 < n and roles[end + 1] in ("user", "tool"):
+                end += 1
+        else:
+            end = k
+        if not dropped(k):
+            nxt = None
+            for j in range(end + 1, n):
+                if not dropped(j):
+                    nxt = roles[j]
+                    break
+            first = not started
+            userlike = r in ("user", "tool", "developer") or (r == "system" and not first)
+            header = None
+            if userlike and (nxt == "assistant" or (nxt is None and agp)):
+                header = "<think>" if (thinking and (not eff_drop or end >= last_ul2)) else "</think>"
+            think = r == "assistant" and thinking and (not eff_drop or k > last_ul2)
+            item_order: tuple = ()
+            if end > k and any(order):
+                n_tool = 0
+                for j in range(k, end + 1):
+                    if roles[j] == "tool":
+                        n_tool += 1
+                if n_tool > 1:
+                    item_order = order
+            items.append(_Item("user" if r == "tool" else r, k, end, first, think, header, item_order))
+            started = True
+        if r == "assistant":
+            tcs = msgs[k].get("tool_calls")
+            if tcs:
+                order = tuple(_tool_call_id(tc) for tc in tcs)
+        k = end + 1
+    return items
+
+
+def _parse_marked(out: str) -> tuple[int, str, tuple[tuple[str, int, int], ...]]:
+    """Split a marked render of one item into (index, text, fields)."""
+    parts = out.split(_MARK)
+    if len(parts) < 3 or parts[0] or not parts[1].startswith("s"):
+        raise RuntimeError("chat template did not emit the segment marker")
+    idx = int(parts[1][1:])
+    texts: list[str] = []
+    fields: list[tuple[str, int, int]] = []
+    pos = 0
+    cur: tuple[str, int] | None = None
+    for j in range(2, len(parts)):
+        p = parts[j]
+        if j % 2 == 0:
+            if p:
+                texts.append(p)
+                pos += len(p)
+        elif p == "e":
+            if cur is not None:
+                fields.append((cur[0], cur[1], pos))
+                cur = None
+        elif p.startswith("f"):
+            cur = (p[1:], pos)
+        else:
+            raise RuntimeError(f"unexpected marker {p!r} in a single-item render")
+    return idx, "".join(texts), tuple(fields)
+
+
+# ------------------------------------------------------------------------------------------------
+# Renderer
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Prepared:
+    """A validated request, ready to render: effective messages (inserted system first) and plan."""
+
+    options: RenderOptions
+    template: ChatTemplate
+    effort: int | None
+    tools: list | None
+    response_format: Any
+    offset: int  # 1 when an empty system message was inserted at index 0
+    msgs: list[dict]  # raw messages (inserted system included)
+    digests: list[int]
+    items: list[_Item]
+    ctx_digest: int  # digest of tools + response_format (rendered by the first item only)
+
+
+class Renderer:
+    """Renders requests for one lane configuration. Thread-safe; share one per lane."""
+
+    def __init__(self, options_defaults: RenderOptions | None = None, *, cache: SegmentCache | None = None) -> None:
+        self.defaults = options_defaults or RenderOptions()
+        self.cache = cache if cache is not None else default_cache()
+
+    # -- public -----------------------------------------------------------------------------------
+    def render(self, body: dict, options: RenderOptions | None = None) -> Rendered:
+        prep = self._prepare(body, options or self.defaults)
+        tok = load_tokenizer(prep.options.tokenizer_path)
+        rendered, misses = self._render_items(prep)
+        return self._assemble(prep, rendered, tok, misses)
+
+    def render_text(self, body: dict, options: RenderOptions | None = None) -> str:
+        """The prompt text only (no tokenization)."""
+        prep = self._prepare(body, options or self.defaults)
+        return "".join(r.text for r in self._render_items(prep)[0])
+
+    def render_template(self, body: dict, options: RenderOptions | None = None, *, segment_marker: str = "") -> str:
+        """The whole prompt from one full template render (the engine's path); for checks and debugging."""
+        opts = options or self.defaults
+        prep = self._prepare(body, opts)
+        msgs = prep.msgs[prep.offset:]
+        norm = [_normalize_message(m, i) for i, m in enumerate(msgs)]
+        variables = dict(
+            messages=norm,
+            tools=prep.tools,
+            add_generation_prompt=True,
+            thinking=opts.thinking,
+            reasoning_effort=opts.reasoning_effort,
+            drop_thinking=opts.drop_thinking,
+            response_format=prep.response_format,
+        )
+        if opts.effort_map:
+            variables["effort_map"] = dict(opts.effort_map)
+        if segment_marker:
+            variables["segment_marker"] = segment_marker
+        try:
+            return prep.template.render(**variables)
+        except jinja2.TemplateError as e:
+            raise _template_error(e) from None
+
+    def render_generated(self, body: dict, assistant_message: dict, options: RenderOptions | None = None) -> Segment:
+        """The text the model generated for `body`, as rendered when appended as the next message.
+
+        Thinking mode: reasoning + "</think>" + content + DSML tool calls + EOS; chat mode: content +
+        DSML + EOS (the prompt already ends in "</think>").
+        """
+        opts = options or self.defaults
+        prep = self._prepare(body, opts)
+        n = len(body["messages"])
+        m = dict(assistant_message)
+        m["role"] = "assistant"
+        norm = _normalize_message(m, n)
+        c = self._context(prep, _Item("assistant", len(prep.msgs), len(prep.msgs), False, opts.thinking, None, ()))
+        item = self._call_macro(prep.template, "assistant", n, [norm], c)
+        tok = load_tokenizer(opts.tokenizer_path)
+        key = (tok.path, item.digest, len(item.text))
+        ids = self.cache.get_tokens([key])[0]
+        if ids is None:
+            ids = tok.encode(item.text)
+            self.cache.put_tokens([(key, ids)])
+        return Segment(n, "assistant", item.text, ids, list(item.fields), item.digest, (n,))
+
+    # -- preparation ------------------------------------------------------------------------------
+    def _prepare(self, body: dict, opts: RenderOptions) -> _Prepared:
+        if not isinstance(body, dict):
+            raise RenderError("the request body must be a JSON object", None)
+        effort = effective_effort(opts)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise RenderError("must be a non-empty list of messages", "messages")
+        tools = body.get("tools")
+        if tools is not None:
+            if not isinstance(tools, list):
+                raise RenderError("must be a list", "tools")
+            for j, t in enumerate(tools):
+                if not isinstance(t, dict) or not isinstance(t.get("function"), dict):
+                    raise RenderError("must be an object with a `function` object", f"tools[{j}]")
+        tools = tools or None
+        rf = body.get("response_format") or None
+        roles = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict):
+                raise RenderError("must be an object", f"messages[{i}]")
+            r = m.get("role")
+            if r not in ROLES:
+                raise RenderError(f"unsupported role {r!r} (expected one of {', '.join(ROLES)})", f"messages[{i}].role")
+            roles.append(r)
+        offset = 0
+        msgs = messages
+        if (tools or rf) and roles[0] != "system":
+            offset = 1
+            msgs = [{"role": "system", "content": ""}, *messages]
+            roles = ["system", *roles]
+        digests = [_digest_obj(m) for m in msgs]
+        eff_drop = bool(opts.thinking and opts.drop_thinking and not tools)
+        items = _plan(roles, msgs, bool(opts.thinking), eff_drop)
+        # Messages that render nothing (dropped developer messages) are still validated, as the
+        # reference validates every message.
+        covered = 0
+        for it in items:
+            for k in range(covered, it.start):
+                if k >= offset:
+                    _normalize_message(msgs[k], k - offset)
+            covered = it.end + 1
+        for k in range(covered, len(msgs)):
+            if k >= offset:
+                _normalize_message(msgs[k], k - offset)
+        ctx_digest = _digest_obj([tools, rf]) if (tools or rf) else 0
+        template = load_template(opts.template)
+        return _Prepared(opts, template, effort, tools, rf, offset, msgs, digests, items, ctx_digest)
+
+    def _context(self, prep: _Prepared, it: _Item) -> dict:
+        return {
+            "m": _MARK,
+            "f": _FM,
+            "first": it.first,
+            "effort": prep.effort if it.first else None,
+            "tools": prep.tools if it.start == 0 else None,
+            "rf": prep.response_format if it.start == 0 else None,
+            "think": it.think,
+            "header": it.header,
+            "order": list(it.order),
+        }
+
+    def _item_key(self, prep: _Prepared, it: _Item) -> tuple:
+        return (
+            prep.template.name,
+            it.role,
+            tuple(prep.digests[it.start:it.end + 1]),
+            it.first,
+            prep.effort if it.first else None,
+            prep.ctx_digest if it.start == 0 else 0,
+            it.think,
+            it.header,
+            it.order,
+        )
+
+    def _call_macro(self, template: ChatTemplate, role: str, idx: int, members: list, c: dict) -> RenderedItem:
+        try:
+            out = template.macro("render_item")(role, idx, members, c)
+        except jinja2.TemplateError as e:
+            raise _template_error(e) from None
+        _, text, fields = _parse_marked(str(out))
+        return RenderedItem(text, fields, xxh64(text))
+
+    def _render_items(self, prep: _Prepared) -> tuple[list[RenderedItem], int]:
+        keys = [self._item_key(prep, it) for it in prep.items]
+        found = self.cache.get_items(keys)
+        new: list[tuple[Any, RenderedItem]] = []
+        for j, it in enumerate(prep.items):
+            if found[j] is not None:
+                continue
+            members = [
+                m if k < prep.offset else _normalize_message(m, k - prep.offset)
+                for k, m in zip(range(it.start, it.end + 1), prep.msgs[it.start:it.end + 1])
+            ]
+            ri = self._call_macro(prep.template, it.role, it.start - prep.offset, members, self._context(prep, it))
+            found[j] = ri
+            new.append((keys[j], ri))
+        if new:
+            self.cache.put_items(new)
+        return found, len(new)  # type: ignore[return-value]
+
+    def _assemble(self, prep: _Prepared, rendered: list[RenderedItem], tok: TextTokenizer, misses: int) -> Rendered:
+        # Group items into segments; join an item to the previous one when their boundary is not a
+        # special token (tokenization could then merge across it).
+        groups: list[list[int]] = []
+        for j, ri in enumerate(rendered):
+            if groups:
+                prev = rendered[groups[-1][-1]].text
+                if not prev.endswith(SPECIAL_BOUNDARY_TOKENS) and not ri.text.startswith(SPECIAL_BOUNDARY_TOKENS):
+                    groups[-1].append(j)
+                    continue
+            groups.append([j])
+        seg_texts: list[tuple[str, int, tuple]] = []
+        for g in groups:
+            if len(g) == 1:
+                ri = rendered[g[0]]
+                seg_texts.append((ri.text, ri.digest, ri.fields))
+            else:
+                text, fields, pos = [], [], 0
+                for j in g:
+                    ri = rendered[j]
+                    fields.extend((n, s + pos, e + pos) for n, s, e in ri.fields)
+                    text.append(ri.text)
+                    pos += len(ri.text)
+                t = "".join(text)
+                seg_texts.append((t, xxh64(t), tuple(fields)))
+        keys = [(tok.path, d, len(t)) for t, d, _ in seg_texts]
+        ids = self.cache.get_tokens(keys)
+        missing = [j for j, v in enumerate(ids) if v is None]
+        if missing:
+            enc = tok.encode_batch([seg_texts[j][0] for j in missing])
+            for j, a in zip(missing, enc):
+                ids[j] = a
+            self.cache.put_tokens([(keys[j], ids[j]) for j in missing])
+        segments = []
+        off = prep.offset
+        for g, (text, digest, fields), seg_ids in zip(groups, seg_texts, ids):
+            it = prep.items[g[0]]
+            idx = it.start - off
+            role = "prefix" if idx < 0 else prep.msgs[it.start]["role"]
+            indices = tuple(k - off for j in g for k in range(prep.items[j].start, prep.items[j].end + 1))
+            segments.append(Segment(idx, role, text, seg_ids, list(fields), digest, indices))
+        return Rendered(segments, True, misses, len(missing))
+
+
+def _template_error(e: jinja2.TemplateError) -> RenderError:
+    msg = str(e)
+    head, sep, rest = msg.partition(": ")
+    if sep and (head.startswith("messages[") or head.startswith("tools[") or head == "reasoning_effort"):
+        return RenderError(rest, head)
+    return RenderError(f"chat template error: {msg}", None)
+
+
+def options_for_request(body: Mapping[str, Any], defaults: RenderOptions) -> RenderOptions:
+    """Apply a request's own thinking / effort settings on top of a lane's defaults.
+
+    Reads `reasoning_effort`, `thinking` (bool or {"type": "enabled"|"disabled"}) and
+    `chat_template_kwargs.{thinking, reasoning_effort, drop_thinking}`; later sources win.
+    """
+    import dataclasses
+
+    upd: dict[str, Any] = {}
+    if "reasoning_effort" in body and body["reasoning_effort"] is not None:
+        upd["reasoning_effort"] = body["reasoning_effort"]
+    th = body.get("thinking")
+    if isinstance(th, bool):
+        upd["thinking"] = th
+    elif isinstance(th, dict) and th.get("type") in ("enabled", "disabled"):
+        upd["thinking"] = th["type"] == "enabled"
+    kw = body.get("chat_template_kwargs")
+    if isinstance(kw, dict):
+        if isinstance(kw.get("thinking"), bool):
+            upd["thinking"] = kw["thinking"]
+        if kw.get("reasoning_effort") is not None:
+            upd["reasoning_effort"] = kw["reasoning_effort"]
+        if isinstance(kw.get("drop_thinking"), bool):
+            upd["drop_thinking"] = kw["drop_thinking"]
+    return dataclasses.replace(defaults, **upd) if upd else defaults

