@@ -150,7 +150,7 @@ class PrefixCache:
             od = self._nodes[other].data or b""
             if len(od) < len(chunk) and chunk.startswith(od):
                 self._drop(other)
-        kids[h] = None
+        self._children.setdefault(parent, {})[h] = None  # _drop may have removed an emptied dict
 
     def _evict(self) -> None:
         nodes = self._nodes

@@ -147,7 +147,8 @@ class Emulator:
         rid = request.headers.get("X-Request-Id") or (
             str(body.get("request_id") or body.get("rid") or "") if isinstance(body, dict) else ""
         )
-        rec = RequestRecord(rid or uuid.uuid4().hex, request.path, dict(request.headers), body, len(raw))
+        headers = {k.lower(): v for k, v in request.headers.items()}  # plain lowercase str keys
+        rec = RequestRecord(rid or uuid.uuid4().hex, request.path, headers, body, len(raw))
         self.stats.begin(rec)
         try:
             if not isinstance(body, dict):

@@ -1,0 +1,127 @@
+"""In-process checks of the emulator's building blocks: tokenizer prefix property, prefix cache, config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.emulator import EmulatorConfig
+from gateway.emulator.cache import PrefixCache, token_bytes
+from gateway.emulator.generation import plan_chat
+from gateway.emulator.tokens import simple_tokenize_generated, simple_tokenize_prompt
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                               "days": {"type": "integer"}},
+                "required": ["city", "unit"],
+            },
+        },
+    }
+]
+
+
+def _turn(body: dict, cfg: EmulatorConfig) -> tuple[list[int], list[int], dict]:
+    prompt = simple_tokenize_prompt(body)
+    plan = plan_chat(body, 1234, cfg)
+    msg = plan.assistant_message()
+    return prompt, simple_tokenize_generated(body, msg), msg
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+@pytest.mark.parametrize("tools", [None, TOOLS])
+def test_append_only_turn_starts_with_prompt_plus_generated(thinking: bool, tools: list | None) -> None:
+    cfg = EmulatorConfig(default_thinking=thinking)
+    body: dict = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "weather in Paris?"}]}
+    if tools:
+        body["tools"] = tools
+    prompt, gen, msg = _turn(body, cfg)
+    nxt = dict(body, messages=[*body["messages"], msg, {"role": "user", "content": "and tomorrow?"}])
+    assert simple_tokenize_prompt(nxt)[: len(prompt) + len(gen)] == prompt + gen
+
+
+def test_reasoning_field_spelling_and_null_content_render_the_same() -> None:
+    a = {"role": "assistant", "content": None, "reasoning": "let me think"}
+    b = {"role": "assistant", "content": "", "reasoning_content": "let me think"}
+    body = {"messages": [{"role": "user", "content": "x"}]}
+    assert simple_tokenize_generated(body, a) == simple_tokenize_generated(body, b)
+
+
+def test_effort_change_moves_token_two() -> None:
+    m = [{"role": "user", "content": "hello there"}]
+    a = simple_tokenize_prompt({"messages": m, "reasoning_effort": "high"})
+    b = simple_tokenize_prompt({"messages": m, "reasoning_effort": "max"})
+    assert a[:2] == b[:2] and a[2] != b[2]
+
+
+def test_tool_arguments_follow_required_properties() -> None:
+    body = {"messages": [{"role": "user", "content": "weather?"}], "tools": TOOLS}
+    plan = plan_chat(body, 7, EmulatorConfig())
+    assert plan.tool_call is not None and plan.finish_reason == "tool_calls"
+    args = json.loads(plan.tool_call.arguments)
+    assert set(args) == {"city", "unit"} and args["unit"] == "celsius"
+    assert "".join(plan.tool_call.fragments) == plan.tool_call.arguments
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16, 32])
+def test_cache_repeat_and_extension(block_size: int) -> None:
+    cache = PrefixCache(block_size, 1_000_000)
+    prompt = list(range(1000, 1100))
+    data = token_bytes(prompt)
+    hashes = cache.hashes(data)
+    assert cache.match(data, hashes) == 0
+    cache.insert(data, hashes)
+    assert cache.cached_tokens(cache.match(data, hashes), len(prompt)) == (len(prompt) - 1) // block_size * block_size
+    full = prompt + list(range(5000, 5013))
+    fdata = token_bytes(full)
+    cache.insert(fdata, cache.hashes(fdata, known=hashes))
+    nxt = full + list(range(7000, 7020))
+    ndata = token_bytes(nxt)
+    assert cache.match(ndata, cache.hashes(ndata)) == len(full) // block_size * block_size
+
+
+def test_cache_salt_isolates() -> None:
+    cache = PrefixCache(16, 1000)
+    data = token_bytes(list(range(64)))
+    cache.insert(data, cache.hashes(data, 0), 0)
+    assert cache.match(data, cache.hashes(data, 0), 0) == 64
+    assert cache.match(data, cache.hashes(data, 99), 99) == 0
+
+
+def test_cache_evicts_lru_tail_first() -> None:
+    cache = PrefixCache(16, 8)  # 128 tokens
+    a = token_bytes(list(range(0, 96)))  # 6 blocks
+    b = token_bytes(list(range(1000, 1064)))  # 4 blocks
+    cache.insert(a, cache.hashes(a))
+    cache.insert(b, cache.hashes(b))
+    assert cache.used_blocks == 8 and cache.evictions == 2
+    # A lost its tail, not its head: a shorter prefix still hits.
+    assert cache.match(a, cache.hashes(a)) == 64
+    assert cache.match(b, cache.hashes(b)) == 64
+
+
+def test_fine_cache_does_not_double_count_partial_tails() -> None:
+    cache = PrefixCache(1, 1000)
+    short = token_bytes(list(range(10)))
+    cache.insert(short, cache.hashes(short))
+    longer = token_bytes(list(range(14)))
+    cache.insert(longer, cache.hashes(longer))
+    assert cache.used_blocks == 14
+    assert cache.match(longer, cache.hashes(longer)) == 14
+
+
+def test_config_merge_validates() -> None:
+    cfg = EmulatorConfig()
+    assert cfg.merged({"flavour": "sglang"}).eff_block_size == 1
+    assert cfg.eff_block_size == 16 and cfg.eff_reasoning_field == "reasoning"
+    with pytest.raises(ValueError):
+        cfg.merged({"nope": 1})
+    with pytest.raises(ValueError):
+        cfg.merged({"fail_rate": 2})
+    assert cfg.merged({"empty_output_prompts": ["a", "b"]}).empty_output_prompts == ("a", "b")
