@@ -1,0 +1,56 @@
+"""`gateway render request.json --lane NAME`: what the lane's engine will see (wired in gateway/cli.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .estimate import Estimator
+from .renderer import Rendered, Renderer, RenderOptions, effective_effort, options_for_request
+from .template import template_path
+
+
+def render_request(body: dict, options: RenderOptions | None, *, apply_request_overrides: bool = True) -> Rendered:
+    """Render `body` for a lane: exactly when the lane has a template, else as an estimate."""
+    if options is None or not options.template or not template_path(options.template).exists():
+        return Estimator().render(body)
+    if apply_request_overrides:
+        options = options_for_request(body, options)
+    return Renderer(options).render(body, options)
+
+
+def render_command(request_path: str, options: RenderOptions | None, summary: bool = False) -> str:
+    """The prompt (or with `summary` the token count and per-message token spans) for a request file.
+
+    The file holds an OpenAI chat request body; the request's own reasoning_effort / thinking /
+    chat_template_kwargs apply on top of the lane's options. Raises RenderError for bad input.
+    """
+    body = json.loads(Path(request_path).read_text(encoding="utf-8"))
+    r = render_request(body, options)
+    if not summary:
+        return r.prompt
+    lines = []
+    if r.exact:
+        opts = options_for_request(body, options)  # type: ignore[arg-type]
+        eff = effective_effort(opts)
+        lines.append(
+            f"template {opts.template}  thinking {'on' if opts.thinking else 'off'}  "
+            f"effort {eff if eff is not None else '-'}  drop_thinking {'on' if opts.drop_thinking else 'off'}"
+        )
+        lines.append(f"tokens {r.n_tokens}  chars {len(r.prompt)}  segments {len(r.segments)}")
+    else:
+        lines.append("no chat template for this lane: message-level estimate (cl100k_base tokens), not exact")
+        lines.append(f"estimated tokens {Estimator.estimated_prompt_tokens(r)}  messages {len(r.segments)}")
+    lines.append(f"{'msg':>5}  {'role':<10} {'tokens':>17}  {'chars':>19}  messages")
+    tpos = cpos = 0
+    for s in r.segments:
+        nt, nc = len(s.token_ids), len(s.text)
+        idx = "-" if s.message_index < 0 else str(s.message_index)
+        members = s.message_indices
+        extra = f"{members[0]}-{members[-1]}" if len(members) > 1 else ""
+        lines.append(
+            f"{idx:>5}  {s.role:<10} {f'{tpos}-{tpos + nt}':>17}  {f'{cpos}-{cpos + nc}':>19}  {extra}".rstrip()
+        )
+        tpos += nt
+        cpos += nc
+    return "\n".join(lines) + "\n"

