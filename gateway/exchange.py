@@ -57,6 +57,7 @@ class Exchange:
     client_wants_usage: bool = False
     body: dict[str, Any] | None = None
     body_bytes: int = 0
+    request_headers: Any = None  # the client's headers (a case-insensitive mapping)
 
     status: int = 0
     error_code: str | None = None

@@ -40,7 +40,7 @@ class Pipeline:
         return await self._handle(request, "/v1/completions", check_completion)
 
     async def _handle(self, request: Request, path: str, check: Callable[[dict], None]) -> Response:
-        ex = Exchange(request_id=_request_id(request), path=path)
+        ex = Exchange(request_id=_request_id(request), path=path, request_headers=request.headers)
         snapshot = self.runtime.snapshot  # this request's config, whatever reloads happen meanwhile
         lane: LaneRuntime | None = None
         ended = False

@@ -1,0 +1,1 @@
+"""Conversations: identity, effort pinning, drift detection, cache verdicts and alerts."""

@@ -1,0 +1,283 @@
+"""After each response: render it, compare with the previous turn, predict and judge the cache.
+
+Runs in the aftermath queue, never before the first byte. The CPU part (render, tokenize,
+compare) runs in a worker thread (the tokenizer releases the GIL); the store writes run on
+the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+from ..exchange import Exchange
+from ..render.renderer import Rendered, RenderError, Renderer, RenderOptions, Segment
+from ..render.tokenizer import load_tokenizer
+from ..runtime import LaneRuntime
+from ..store import StateStore
+from .alerts import AlertBook
+from .drift import Comparison, Divergence, NewTurn, classify, compare
+from .identity import chain, message_digest
+from .policy import Found
+from .prints import message_prints, segment_prints
+from .state import ConversationState, TurnPrint
+
+log = logging.getLogger("gateway.drift")
+
+
+@dataclass
+class Outcome:
+    cache: dict[str, Any]
+    state: ConversationState
+    anchors: list[str]
+    divergence: Divergence | None
+    snippets: tuple[str, str] | None
+
+
+class Analyzer:
+    def __init__(self, store: StateStore, alerts: AlertBook, ttl_s: float, threads: int = 1) -> None:
+        self.store = store
+        self.alerts = alerts
+        self.ttl_s = ttl_s
+        self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="analysis")
+        self.analysed = 0
+        self.failures = 0
+        self.last_ms = 0.0
+
+    async def __call__(self, ex: Exchange, lane: LaneRuntime | None) -> None:
+        found: Found | None = ex.annotations.get("conversation")
+        if found is None or lane is None:
+            return
+        if ex.status != 200 or ex.cancelled or ex.error_code:
+            ex.annotations["cache"] = _unknown("request did not complete")
+            return
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        try:
+            outcome = await loop.run_in_executor(self.executor, self.analyse, ex, lane, found)
+        except Exception:
+            self.failures += 1
+            log.exception("analysis of %s failed", ex.request_id)
+            ex.annotations["cache"] = _unknown("analysis failed")
+            return
+        ex.annotations["cache"] = outcome.cache
+        await self._save(ex, lane, outcome)
+        self.analysed += 1
+        self.last_ms = (time.perf_counter() - t0) * 1000
+        ex.annotations["analysis_ms"] = round(self.last_ms, 3)
+
+    async def _save(self, ex: Exchange, lane: LaneRuntime, outcome: Outcome) -> None:
+        state = outcome.state
+        data = state.to_bytes()
+        await self.store.set("conv:" + state.id, data, self.ttl_s)
+        value = f"{state.id}|{state.turn}".encode()
+        for key in outcome.anchors:
+            await self.store.set(key, value, self.ttl_s)
+        ex.annotations["state_bytes"] = len(data)
+        if outcome.divergence is not None and outcome.cache["tokens_lost"] >= 0:
+            await self.alerts.raise_alert(ex, lane.name, outcome.divergence, outcome.cache, outcome.snippets)
+
+    # -- the thread part ---------------------------------------------------------------------
+
+    def analyse(self, ex: Exchange, lane: LaneRuntime, found: Found) -> Outcome:
+        body = ex.body or {}
+        renderer: Renderer | None = lane.extras.get("renderer")
+        options = _options(lane, ex)
+        generated_msg = ex.generated.as_message()
+        rendered: Rendered | None = None
+        generated = None
+        if renderer is not None:
+            try:
+                rendered = renderer.render(body, options)
+                generated = renderer.render_generated(body, generated_msg, options)
+            except RenderError as exc:
+                log.info("cannot render %s on lane %s: %s", ex.request_id, lane.name, exc)
+                rendered = None
+        if rendered is None:
+            estimator = lane.extras.get("estimator")
+            if estimator is None:
+                return self._no_render(ex, lane, found)
+            rendered = estimator.render(body)
+            generated = estimator.render_generated(body, generated_msg)
+
+        new = new_turn(body, ex.thinking_applied, ex.effort_applied, ex.annotations.get("history_rewritten"))
+        state = found.state
+        old = state.last
+        block = lane.config.cache.block_size
+        n = rendered.n_tokens
+        reported = _reported_cached(ex.usage)
+        divergence: Divergence | None = None
+        snippets = None
+        cmp: Comparison | None = None
+        if old is None:
+            predicted = 0
+            verdict, tokens_lost = "cold", 0
+        else:
+            tokens_of = _tokens_of(renderer, options)
+            cmp = compare(old, rendered, tokens_of)
+            usable = min(cmp.lcp_tokens, cmp.old_tokens - 1, n - 1)
+            predicted = max(0, usable) // block * block
+            potential = max(0, min(cmp.old_tokens - 1, n - 1)) // block * block
+            if not cmp.stable:
+                offset_chars = _char_offset(rendered, cmp, options)
+                divergence = classify(old, new, rendered, cmp, offset_chars)
+                snippets = _snippets(rendered, cmp, old, tokens_of, options)
+                verdict, tokens_lost = "drift", max(0, potential - predicted)
+            elif reported is None:
+                verdict, tokens_lost = "unknown", 0
+            elif reported < predicted:
+                verdict, tokens_lost = "eviction", predicted - reported
+            else:
+                verdict, tokens_lost = "hit", 0
+        cache = {
+            "predicted_cached_tokens": predicted,
+            "reported_cached_tokens": reported,
+            "verdict": verdict,
+            "cause": divergence.cause if divergence else None,
+            "divergence_message_index": divergence.message_index if divergence else None,
+            "divergence_field": divergence.field if divergence else None,
+            "lcp_tokens": cmp.lcp_tokens if cmp else 0,
+            "tokens_lost": tokens_lost,
+            "seconds_lost": round(tokens_lost / lane.config.cache.prefill_tokens_per_s, 3),
+            "rendered_prompt_tokens": n,
+            "render": "exact" if rendered.exact else "estimated",
+            "repinned": found.repinned,
+        }
+        if ex.usage and isinstance(ex.usage.get("prompt_tokens"), int) and rendered.exact:
+            cache["render_matches_engine"] = ex.usage["prompt_tokens"] == n
+        new_state = ConversationState(
+            state.id, state.source, lane.name, state.created, time.time(), state.turn + 1,
+            ex.effort_applied, ex.thinking_applied, state.parent, ex.replica,
+            turn_print(new, rendered, generated, generated_msg,
+                       found.lineage.chain[-1] if found.lineage.chain else 0),
+        )
+        return Outcome(cache, new_state, _anchors(found, generated_msg), divergence, snippets)
+
+    def _no_render(self, ex: Exchange, lane: LaneRuntime, found: Found) -> Outcome:
+        state = found.state
+        new_state = ConversationState(state.id, state.source, lane.name, state.created, time.time(), state.turn + 1,
+                                      ex.effort_applied, ex.thinking_applied, state.parent, ex.replica, None)
+        return Outcome(_unknown("no renderer for this lane"), new_state, _anchors(found, ex.generated.as_message()),
+                       None, None)
+
+
+def new_turn(body: dict[str, Any], thinking: bool | None, effort: int | str | None,
+             rewritten: dict | None = None) -> NewTurn:
+    return NewTurn(
+        messages=message_prints(body.get("messages") or []),
+        thinking=thinking,
+        effort=effort,
+        tools_digest=_digest(body.get("tools")),
+        response_format_digest=_digest(body.get("response_format")),
+        rewritten=rewritten,
+    )
+
+
+def turn_print(new: NewTurn, rendered: Rendered, generated: Segment | None, generated_msg: dict[str, Any],
+               request_chain: int) -> TurnPrint:
+    return TurnPrint(
+        segments=segment_prints(rendered.segments),
+        generated=segment_prints([generated] if generated is not None else []),
+        messages=new.messages,
+        generated_message=message_prints([{**generated_msg, "role": "assistant"}]),
+        thinking=new.thinking,
+        effort=new.effort,
+        tools_digest=new.tools_digest,
+        response_format_digest=new.response_format_digest,
+        prompt_tokens=rendered.n_tokens,
+        exact=rendered.exact,
+        request_chain=request_chain,
+    )
+
+
+def char_offset(rendered: Rendered, cmp: Comparison, options: RenderOptions) -> int:
+    return _char_offset(rendered, cmp, options)
+
+
+def _anchors(found: Found, generated_msg: dict[str, Any]) -> list[str]:
+    gen = message_digest(generated_msg)
+    full_chain = chain([gen], seed=found.lineage.chain[-1]) if found.lineage.chain else [gen]
+    return [f"anc:{full_chain[-1]:016x}", f"gen:{gen:016x}"]
+
+
+def _options(lane: LaneRuntime, ex: Exchange) -> RenderOptions:
+    r = lane.config.render
+    effort = ex.effort_applied if isinstance(ex.effort_applied, int) else None
+    return RenderOptions(
+        template=r.template or "deepseek_v4.1",
+        thinking=bool(ex.thinking_applied) if ex.thinking_applied is not None else r.thinking,
+        reasoning_effort=effort,
+        effort_map=r.effort_map,
+        drop_thinking=r.drop_thinking,
+        tokenizer_path=r.tokenizer_path,
+    )
+
+
+def _tokens_of(renderer: Renderer | None, options: RenderOptions):
+    if renderer is None:
+        return lambda digest, length: None
+    path = load_tokenizer(options.tokenizer_path).path
+
+    def tokens_of(digest: int, length: int):
+        return renderer.cache.get_tokens([(path, digest, length)])[0]
+
+    return tokens_of
+
+
+def _char_offset(rendered: Rendered, cmp: Comparison, options: RenderOptions) -> int:
+    seg = rendered.segments[cmp.segment] if cmp.segment is not None and cmp.segment < len(rendered.segments) else None
+    if seg is None or not rendered.exact:
+        return 0
+    tok = load_tokenizer(options.tokenizer_path)
+    return len(tok.decode(list(seg.token_ids[: cmp.token_offset])))
+
+
+def _snippets(rendered: Rendered, cmp: Comparison, old: TurnPrint, tokens_of, options: RenderOptions,
+              width: int = 16) -> tuple[str, str] | None:
+    """Short text around the break, from both renders (never whole prompts)."""
+    if cmp.segment is None or cmp.segment >= len(rendered.segments) or not rendered.exact:
+        return None
+    tok = load_tokenizer(options.tokenizer_path)
+    seg = rendered.segments[cmp.segment]
+    k = cmp.token_offset
+    new_ids = list(seg.token_ids)
+    after = tok.decode(new_ids[max(0, k - width): k + width])
+    olds = old.segments.digests + old.generated.digests
+    lens = old.segments.lengths + old.generated.lengths
+    before = ""
+    if cmp.segment < len(olds):
+        ids = tokens_of(olds[cmp.segment], lens[cmp.segment])
+        if ids is not None:
+            before = tok.decode(list(ids)[max(0, k - width): k + width])
+    return before[:200], after[:200]
+
+
+def _reported_cached(usage: dict[str, Any] | None) -> int | None:
+    if not usage:
+        return None
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+        return details["cached_tokens"]
+    if isinstance(usage.get("cached_tokens"), int):
+        return usage["cached_tokens"]
+    return None
+
+
+def _digest(value: Any) -> int:
+    if not value:
+        return 0
+    import orjson
+
+    return xxhash.xxh32_intdigest(orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
+
+
+def _unknown(why: str) -> dict[str, Any]:
+    return {"predicted_cached_tokens": None, "reported_cached_tokens": None, "verdict": "unknown", "cause": None,
+            "divergence_message_index": None, "divergence_field": None, "tokens_lost": 0, "seconds_lost": 0.0,
+            "rendered_prompt_tokens": None, "render": "none", "note": why}

@@ -1,0 +1,98 @@
+"""What thinking mode and reasoning effort a request asks for, as the lane will render them.
+
+Effort is compared as the rendered number (lanes map words differently: SGLang's reference
+renders "high" as 50, the model card's encoder as 75), so a pin survives a client switching
+between equivalent spellings, and a real change is caught whatever the spelling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import Lane
+from ..errors import invalid_request
+
+DEFAULT_EFFORT_MAP = {"low": 25, "high": 50, "xhigh": 75, "max": 100}
+
+
+@dataclass(frozen=True)
+class EffortChoice:
+    thinking: bool
+    effort: int | str | None  # rendered number on template lanes; the raw value elsewhere
+    raw_effort: Any  # what the request said (None: lane default)
+
+
+def requested_thinking(body: dict[str, Any], default: bool) -> bool:
+    kwargs = body.get("chat_template_kwargs") or {}
+    for key in ("thinking", "enable_thinking"):
+        if isinstance(kwargs.get(key), bool):
+            return kwargs[key]
+    t = body.get("thinking")
+    if isinstance(t, bool):
+        return t
+    if isinstance(t, dict) and t.get("type") in ("enabled", "disabled"):
+        return t["type"] == "enabled"
+    if body.get("reasoning_effort") == "none":
+        return False
+    return default
+
+
+def requested_effort(body: dict[str, Any]) -> Any:
+    effort = body.get("reasoning_effort")
+    if effort is None or effort == "none":
+        effort = (body.get("chat_template_kwargs") or {}).get("reasoning_effort")
+    return None if effort == "none" else effort
+
+
+def effort_map(lane: Lane) -> dict[str, int]:
+    return dict(lane.render.effort_map or DEFAULT_EFFORT_MAP)
+
+
+def resolve(body: dict[str, Any], lane: Lane) -> EffortChoice:
+    """The request's effective (thinking, effort) on this lane; an invalid effort is a 400."""
+    thinking = requested_thinking(body, lane.render.thinking)
+    raw = requested_effort(body)
+    value = raw if raw is not None else lane.render.default_effort
+    if lane.render.template is None:
+        return EffortChoice(thinking, value, raw)
+    emap = effort_map(lane)
+    if value is None:
+        value = "high"
+    if type(value) is int and 1 <= value <= 100:
+        number = value
+    elif type(value) is str and value in emap:
+        number = emap[value]
+    else:
+        raise invalid_request(
+            f"invalid reasoning_effort {value!r}: expected an integer 1-100 or one of {', '.join(emap)}",
+            param="reasoning_effort", code="invalid_value",
+        )
+    return EffortChoice(thinking, number, raw)
+
+
+def apply_to_body(body: dict[str, Any], lane: Lane, thinking: bool, effort: int | str | None) -> None:
+    """Rewrite the request so the engine renders exactly (thinking, effort), however it reads them."""
+    word = _word_for(lane, effort)
+    carry = set(lane.render.carry)
+    if "reasoning_effort" in carry:
+        if word is not None:
+            body["reasoning_effort"] = word
+        else:
+            body.pop("reasoning_effort", None)
+    if "chat_template_kwargs" in carry:
+        kwargs = dict(body.get("chat_template_kwargs") or {})
+        kwargs["thinking"] = thinking
+        kwargs["enable_thinking"] = thinking
+        if effort is not None:
+            kwargs["reasoning_effort"] = word if word is not None else effort
+        body["chat_template_kwargs"] = kwargs
+    if "thinking" in carry:
+        body["thinking"] = {"type": "enabled" if thinking else "disabled"}
+
+
+def _word_for(lane: Lane, effort: int | str | None) -> str | None:
+    if effort is None or isinstance(effort, str):
+        return effort if isinstance(effort, str) else None
+    words = [w for w, n in effort_map(lane).items() if n == effort]
+    return words[0] if len(words) == 1 else None

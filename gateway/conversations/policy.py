@@ -1,0 +1,131 @@
+"""Hot path: find the request's conversation and hold its thinking mode and effort steady.
+
+One store round trip (a multi-get of the anchors, then the state) and a pass of hashing over
+the messages; rendering and comparing happen after the response (see analyzer.py).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from ..exchange import Exchange
+from ..runtime import LaneRuntime
+from ..store import StateStore
+from . import effort as effort_mod
+from .identity import Lineage, explicit_key, key_id, lineage
+from .state import ConversationState
+
+REPIN_HEADER = "x-gateway-repin"
+
+
+@dataclass
+class Found:
+    """What the hot path learnt, handed to the analyzer through ex.annotations["conversation"]."""
+
+    state: ConversationState
+    lineage: Lineage
+    is_new: bool
+    anchor_turn: int | None  # the turn whose output this request continues (lineage only)
+    requested: effort_mod.EffortChoice
+    repinned: bool = False
+
+
+class ConversationPolicy:
+    name = "conversation"
+
+    def __init__(self, store: StateStore, header_name: str = "X-Conversation-Id", ttl_s: float = 6 * 3600) -> None:
+        self.store = store
+        self.header_name = header_name
+        self.ttl_s = ttl_s
+
+    async def apply(self, ex: Exchange, lane: LaneRuntime, body: dict[str, Any]) -> None:
+        messages = body.get("messages")
+        if not isinstance(messages, list):  # /v1/completions: nothing to pin or compare
+            return
+        requested = effort_mod.resolve(body, lane.config)
+        lin = lineage(messages)
+        state, is_new, anchor_turn = await self._identify(ex, body, lin, lane)
+        found = Found(state, lin, is_new, anchor_turn, requested)
+        ex.annotations["conversation"] = found
+        ex.conversation_id = state.id
+        ex.conversation_source = state.source
+        ex.turn = state.turn + 1
+        self._pin(ex, lane, body, found)
+
+    async def _identify(self, ex: Exchange, body: dict[str, Any], lin: Lineage, lane: LaneRuntime):
+        headers = ex.request_headers or {}
+        key = explicit_key(body, headers, self.header_name)
+        if key is not None:
+            cid = key_id(key[0])
+            raw = await self.store.get("conv:" + cid)
+            if raw is not None:
+                return ConversationState.from_bytes(raw), False, None
+            return ConversationState(cid, key[1], lane=lane.name), True, None
+        keys = lin.anchor_keys()
+        if keys:
+            for value in await self.store.mget(keys):
+                if value is None:
+                    continue
+                cid, _, turn = value.decode().partition("|")
+                raw = await self.store.get("conv:" + cid)
+                if raw is None:
+                    continue
+                state = ConversationState.from_bytes(raw)
+                anchor_turn = int(turn or 0)
+                if anchor_turn < state.turn and not self._is_retry(state, lin):
+                    # A second continuation of an earlier turn: a fork with a common ancestor.
+                    fork = ConversationState("c" + uuid.uuid4().hex[:16], "lineage", lane=lane.name,
+                                             turn=anchor_turn, pinned_effort=state.pinned_effort,
+                                             pinned_thinking=state.pinned_thinking, parent=state.id,
+                                             replica=state.replica, last=state.last)
+                    return fork, False, anchor_turn
+                return state, False, anchor_turn
+        return ConversationState("c" + uuid.uuid4().hex[:16], "new" if not keys else "lineage_unknown",
+                                 lane=lane.name), True, None
+
+    @staticmethod
+    def _is_retry(state: ConversationState, lin: Lineage) -> bool:
+        return state.last is not None and bool(lin.chain) and lin.chain[-1] == state.last.request_chain
+
+    def _pin(self, ex: Exchange, lane: LaneRuntime, body: dict[str, Any], found: Found) -> None:
+        req = found.requested
+        state = found.state
+        ex.effort_requested = req.effort
+        ex.thinking_requested = req.thinking
+        policy = lane.config.effort_policy
+        headers = ex.request_headers or {}
+        repin = headers.get(REPIN_HEADER, "").lower() in ("1", "true", "yes")
+        pinned = state.pinned_effort is not None or state.pinned_thinking is not None
+        if found.is_new or not pinned or policy == "off":
+            ex.effort_applied, ex.thinking_applied = req.effort, req.thinking
+            ex.effort_action = "first" if found.is_new or not pinned else "off"
+        elif (req.effort, req.thinking) == (state.pinned_effort, state.pinned_thinking):
+            ex.effort_applied, ex.thinking_applied = req.effort, req.thinking
+            ex.effort_action = "kept"
+        elif repin:
+            ex.effort_applied, ex.thinking_applied = req.effort, req.thinking
+            ex.effort_action = "repinned"
+            found.repinned = True
+        elif policy == "pin":
+            ex.effort_applied, ex.thinking_applied = state.pinned_effort, state.pinned_thinking
+            ex.effort_action = "pinned"
+            effort_mod.apply_to_body(body, lane.config, bool(state.pinned_thinking), state.pinned_effort)
+        else:  # warn: forward what was asked, say what it will cost
+            ex.effort_applied, ex.thinking_applied = req.effort, req.thinking
+            ex.effort_action = "warned"
+        ex.response_headers["X-Gateway-Effort"] = _header(ex, state)
+        ex.response_headers["X-Gateway-Conversation"] = f"{state.id}; turn={ex.turn}; via={state.source}"
+
+
+def _header(ex: Exchange, state: ConversationState) -> str:
+    """`50; requested=100; pinned` — what the engine renders, and what the client asked when different."""
+    applied = ex.effort_applied if ex.thinking_applied else "off"
+    requested = ex.effort_requested if ex.thinking_requested else "off"
+    if ex.effort_action == "warned":
+        pinned = state.pinned_effort if state.pinned_thinking else "off"
+        return f"{applied}; pinned={pinned}; warned"
+    if requested != applied or ex.effort_action == "repinned":
+        return f"{applied}; requested={requested}; {ex.effort_action}"
+    return str(applied)

@@ -1,0 +1,67 @@
+"""Compact fingerprints of renders and messages (see state.py for how they are stored)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import orjson
+import xxhash
+
+from ..render.renderer import Segment
+from .state import ROLE_CODES, MessagePrints, SegmentPrints
+
+IMAGE_PARTS = frozenset({"image_url", "image", "input_image"})
+
+
+def _d32(value: Any) -> int:
+    """32-bit digest, 0 reserved for 'empty'."""
+    if value is None or value == "" or value == []:
+        return 0
+    data = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else orjson.dumps(
+        value, option=orjson.OPT_SORT_KEYS)
+    return xxhash.xxh32_intdigest(data) or 1
+
+
+def _tool_calls(calls: Any) -> int:
+    if not calls:
+        return 0
+    canon = []
+    for call in calls:
+        fn = (call.get("function") or {}) if isinstance(call, dict) else {}
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = orjson.loads(args) if args.strip() else {}
+            except orjson.JSONDecodeError:
+                pass
+        canon.append([fn.get("name"), args])
+    return _d32(canon)
+
+
+def _images(content: Any) -> int:
+    if not isinstance(content, list):
+        return 0
+    return sum(1 for p in content if isinstance(p, dict) and p.get("type") in IMAGE_PARTS)
+
+
+def message_prints(messages: Iterable[dict[str, Any]]) -> MessagePrints:
+    p = MessagePrints()
+    for m in messages:
+        p.roles.append(ROLE_CODES.get(str(m.get("role")), 0))
+        p.content.append(_d32(m.get("content")))
+        p.reasoning.append(_d32(m.get("reasoning_content") or m.get("reasoning")))
+        p.tool_calls.append(_tool_calls(m.get("tool_calls")))
+        p.tool_call_ids.append(_d32(m.get("tool_call_id")))
+        p.images.append(min(_images(m.get("content")), 65535))
+    return p
+
+
+def segment_prints(segments: Iterable[Segment]) -> SegmentPrints:
+    p = SegmentPrints()
+    for s in segments:
+        p.digests.append(s.digest)
+        p.tokens.append(len(s.token_ids))
+        p.lengths.append(len(s.text))
+        p.messages.append(s.message_index)
+        p.roles.append(ROLE_CODES.get(s.role, 0))
+    return p

@@ -1,0 +1,32 @@
+"""Give every lane its renderer (exact, from its template) or, without a template, an estimator."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from .cache import default_cache
+from .options import options_for_lane
+from .renderer import Renderer
+
+if TYPE_CHECKING:
+    from ..app import Gateway
+    from ..runtime import LaneRuntime
+
+log = logging.getLogger("gateway.render")
+
+
+def attach(lane: "LaneRuntime") -> None:
+    if lane.config.render.template:
+        lane.extras["renderer"] = Renderer(options_for_lane(lane.config), cache=default_cache())
+    else:
+        try:
+            from .estimate import Estimator
+        except ImportError:  # estimator not available: message-level analysis is skipped
+            return
+        lane.extras["estimator"] = Estimator()
+
+
+def install(gw: "Gateway") -> None:
+    gw.runtime.lane_hooks.append(attach)
+    gw.runtime.rerun_lane_hooks()

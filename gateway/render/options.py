@@ -1,0 +1,18 @@
+"""A lane's render settings (routes.yaml `render:`) as renderer options."""
+
+from __future__ import annotations
+
+from ..config import Lane
+from .renderer import RenderOptions
+
+
+def options_for_lane(lane: Lane) -> RenderOptions:
+    r = lane.render
+    return RenderOptions(
+        template=r.template or "deepseek_v4.1",
+        thinking=r.thinking,
+        reasoning_effort=r.default_effort,
+        effort_map=r.effort_map,
+        drop_thinking=r.drop_thinking,
+        tokenizer_path=r.tokenizer_path,
+    )

@@ -1,0 +1,27 @@
+"""The state-store interface: a few byte-valued operations any backend can do cheaply."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class StateStore(Protocol):
+    name: str
+
+    async def get(self, key: str) -> bytes | None: ...
+
+    async def mget(self, keys: list[str]) -> list[bytes | None]: ...
+
+    async def set(self, key: str, value: bytes, ttl_s: float) -> None: ...
+
+    async def delete(self, key: str) -> None: ...
+
+    async def index_add(self, index: str, member: str, score: float, cap: int) -> None:
+        """Add `member` to a score-ordered index, keeping only the `cap` highest scores."""
+        ...
+
+    async def index_newest(self, index: str, limit: int) -> list[str]:
+        """Members of the index, highest score first."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,115 @@
+"""Redis state, shared by every gateway process; falls back to local memory while Redis is away.
+
+Every write goes to the local store too, so a process keeps deciding the same way during an
+outage; once Redis answers again, reads and writes flow there again (state written locally
+meanwhile reaches Redis the next time that key is written).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from .memory import MemoryStore
+
+log = logging.getLogger("gateway.store")
+
+PREFIX = "gw:"
+
+
+class RedisStore:
+    name = "redis"
+
+    def __init__(self, url: str, local: MemoryStore | None = None, retry_after_s: float = 1.0) -> None:
+        self.client = aioredis.Redis.from_url(
+            url, socket_timeout=0.25, socket_connect_timeout=0.25, health_check_interval=0, retry_on_timeout=False
+        )
+        self.local = local or MemoryStore()
+        self.retry_after_s = retry_after_s
+        self.failures = 0
+        self._down_until = 0.0
+        self._logged_down = False
+
+    @property
+    def available(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def _failed(self, exc: Exception) -> None:
+        self.failures += 1
+        self._down_until = time.monotonic() + self.retry_after_s
+        if not self._logged_down:
+            log.warning("redis unavailable, using local state until it returns: %s", exc)
+            self._logged_down = True
+
+    def _ok(self) -> None:
+        if self._logged_down:
+            log.warning("redis is back; shared state resumes")
+            self._logged_down = False
+
+    async def get(self, key: str) -> bytes | None:
+        if self.available:
+            try:
+                value = await self.client.get(PREFIX + key)
+                self._ok()
+                return value if value is not None else await self.local.get(key)
+            except (RedisError, OSError) as exc:
+                self._failed(exc)
+        return await self.local.get(key)
+
+    async def mget(self, keys: list[str]) -> list[bytes | None]:
+        if self.available and keys:
+            try:
+                values = await self.client.mget([PREFIX + k for k in keys])
+                self._ok()
+                return list(values)
+            except (RedisError, OSError) as exc:
+                self._failed(exc)
+        return await self.local.mget(keys)
+
+    async def set(self, key: str, value: bytes, ttl_s: float) -> None:
+        await self.local.set(key, value, ttl_s)
+        if self.available:
+            try:
+                await self.client.set(PREFIX + key, value, px=max(1, int(ttl_s * 1000)))
+                self._ok()
+            except (RedisError, OSError) as exc:
+                self._failed(exc)
+
+    async def delete(self, key: str) -> None:
+        await self.local.delete(key)
+        if self.available:
+            try:
+                await self.client.delete(PREFIX + key)
+            except (RedisError, OSError) as exc:
+                self._failed(exc)
+
+    async def index_add(self, index: str, member: str, score: float, cap: int) -> None:
+        await self.local.index_add(index, member, score, cap)
+        if self.available:
+            try:
+                pipe = self.client.pipeline(transaction=False)
+                pipe.zadd(PREFIX + index, {member: score})
+                pipe.zremrangebyrank(PREFIX + index, 0, -cap - 1)
+                await pipe.execute()
+                self._ok()
+            except (RedisError, OSError) as exc:
+                self._failed(exc)
+
+    async def index_newest(self, index: str, limit: int) -> list[str]:
+        if self.available:
+            try:
+                members = await self.client.zrevrange(PREFIX + index, 0, limit - 1)
+                self._ok()
+                return [m.decode() if isinstance(m, bytes) else m for m in members]
+            except (RedisError, OSError) as exc:
+                self._failed(exc)
+        return await self.local.index_newest(index, limit)
+
+    async def close(self) -> None:
+        try:
+            await self.client.aclose()
+        except (RedisError, OSError):
+            pass
