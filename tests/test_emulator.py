@@ -603,3 +603,26 @@ async def test_decode_pacing_within_5_percent(emu: EmulatorProc) -> None:
     assert len(stamps) == n
     rate = (n - 1) / (stamps[-1] - stamps[0])
     assert abs(rate - 200) / 200 < 0.05, rate
+
+
+# -- the real DeepSeek-V4.1 renderer as tokenizer -----------------------------------------------------
+async def test_dsv41_tokenizer_append_only_tool_turn() -> None:
+    from gateway.emulator.tokens import dsv41_tokenizers
+
+    tokenize_prompt, tokenize_generated = dsv41_tokenizers()
+    with run_emulator(flavour="sglang", tokenizer="dsv41") as emu:
+        body = chat_body(tools=[WEATHER_TOOL], max_tokens=5, reasoning_effort="high")
+        status, out = await post(emu.url, body)
+        assert status == 200 and out["choices"][0]["finish_reason"] == "tool_calls"
+        msg = out["choices"][0]["message"]
+        prev = tokenize_prompt(body)
+        assert out["usage"]["prompt_tokens"] == len(prev)
+        assistant = {"role": "assistant", "content": msg["content"], "reasoning_content": msg["reasoning_content"],
+                     "tool_calls": msg["tool_calls"]}
+        gen = tokenize_generated(body, assistant)
+        nxt = dict(body, messages=[*body["messages"], assistant,
+                                   {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": "18C"}])
+        assert tokenize_prompt(nxt)[: len(prev) + len(gen)] == prev + gen  # the template keeps reasoning with tools
+        status, out2 = await post(emu.url, nxt)
+        assert status == 200
+        assert out2["usage"]["prompt_tokens_details"]["cached_tokens"] == len(prev) + len(gen)

@@ -16,11 +16,10 @@ import xxhash
 
 from .config import EmulatorConfig
 
-_VOCAB = tuple(
-    """the a of to and in is it that for on with as was at by this be from or an are not have
+_WORDS = """the a of to and in is it that for on with as was at by this be from or an are not have
     cache prefix token block model lane stream chunk route render template engine server request
     answer reason think check value result weather city river mountain forest ocean garden window
-    bridge market station engine signal vector matrix kernel thread socket buffer packet latency
+    bridge market station signal vector matrix kernel thread socket buffer packet latency
     quick slow bright quiet gentle steady rapid calm clear simple careful honest useful modern
     write read build test measure compare explain follow return handle update select compute
     first second next last early later often always never maybe perhaps indeed therefore however
@@ -28,8 +27,17 @@ _VOCAB = tuple(
     north south east west upper lower inner outer middle central remote local global partial
     apple bread cheese honey lemon mango olive pepper rice salt sugar tea water wine yogurt
     alpha beta gamma delta epsilon zeta theta lambda sigma omega kappa iota
-    one two three four five six seven eight nine ten hundred thousand""".split()
-)
+    one two three four five six seven eight nine ten hundred thousand
+    paper stone glass metal wood cloud rain snow wind storm light shadow night morning evening
+    table chair door floor roof wall field road path hill valley lake shore island harbor tower
+    cat dog bird fish horse mouse lion tiger bear wolf fox deer owl crow swan frog bee ant
+    run walk jump swim fly sing dance speak listen watch learn teach play work rest sleep
+    small large short long wide narrow deep shallow heavy light warm cold fresh stale sharp soft
+    music story letter number answer question idea plan reason method system process detail
+    copper iron nickel zinc cobalt carbon oxygen helium neon argon silicon sodium calcium
+    monday tuesday friday summer winter spring autumn year month week hour minute second""".split()
+# Exactly 256 distinct words: one random byte picks one word.
+_VOCAB = tuple(dict.fromkeys(_WORDS))[:256]
 
 
 @dataclass(slots=True)
@@ -74,7 +82,7 @@ class Plan:
         return msg
 
 
-def thinking_enabled(body: dict[str, Any], cfg: EmulatorConfig) -> bool:
+def thinking_enabled(body: dict[str, Any], default: bool) -> bool:
     kwargs = body.get("chat_template_kwargs")
     if isinstance(kwargs, dict):
         for key in ("thinking", "enable_thinking"):
@@ -83,7 +91,7 @@ def thinking_enabled(body: dict[str, Any], cfg: EmulatorConfig) -> bool:
     effort = body.get("reasoning_effort")
     if effort is not None:
         return str(effort).lower() != "none"
-    return cfg.default_thinking
+    return default
 
 
 def requested_max_tokens(body: dict[str, Any]) -> int | None:
@@ -105,7 +113,8 @@ def _rng(body: dict[str, Any], prompt_digest: int, cfg: EmulatorConfig) -> rando
 
 
 def _pieces(rng: random.Random, n: int, lead_space: bool) -> list[str]:
-    words = rng.choices(_VOCAB, k=n)
+    vocab = _VOCAB
+    words = [vocab[b] for b in rng.getrandbits(8 * n).to_bytes(n, "little")] if n else []
     if not lead_space and words:
         return [words[0], *(" " + w for w in words[1:])]
     return [" " + w for w in words]
@@ -201,7 +210,7 @@ def plan_chat(body: dict[str, Any], prompt_digest: int, cfg: EmulatorConfig) -> 
     if not ignore_eos and any(s and s in last_user for s in cfg.empty_output_prompts):
         return Plan([], [], None, "stop", 0)  # the model emitted EOS at once
     rng = _rng(body, prompt_digest, cfg)
-    n_reason = cfg.reasoning_tokens if thinking_enabled(body, cfg) else 0
+    n_reason = cfg.reasoning_tokens if thinking_enabled(body, cfg.default_thinking) else 0
     n_content = max_tokens if max_tokens is not None else cfg.output_tokens
     reasoning = _pieces(rng, n_reason, lead_space=False)
     content = _pieces(rng, n_content, lead_space=False)
@@ -210,7 +219,8 @@ def plan_chat(body: dict[str, Any], prompt_digest: int, cfg: EmulatorConfig) -> 
         call = _tool_call(tool, rng)
         tool_tokens = len((call.name + " " + call.arguments).split())
         return Plan(reasoning, content, call, "tool_calls", tool_tokens)
-    finish = "length" if max_tokens is not None else "stop"
+    # Hitting max_tokens (or never stopping: ignore_eos) is "length"; the knob's natural end is "stop".
+    finish = "length" if max_tokens is not None or ignore_eos else "stop"
     return Plan(reasoning, content, None, finish, 0)
 
 

@@ -44,8 +44,11 @@ class Emulator:
         self.config.validate()
         self._initial = self.config
         default_prompt, default_generated = (
-            (None, None) if tokenize_prompt and tokenize_generated else tokenizers_for(self.config.tokenizer)
+            (None, None)
+            if tokenize_prompt and tokenize_generated
+            else tokenizers_for(self.config.tokenizer, lambda: self.config.default_thinking)
         )
+        self._injected = bool(tokenize_prompt and tokenize_generated)
         self.tokenize_prompt: TokenizePrompt = tokenize_prompt or default_prompt  # type: ignore[assignment]
         self.tokenize_generated: TokenizeGenerated = tokenize_generated or default_generated  # type: ignore[assignment]
         self.cache = PrefixCache(self.config.eff_block_size, self.config.cache_blocks)
@@ -72,6 +75,10 @@ class Emulator:
     def set_config(self, config: EmulatorConfig) -> None:
         config.validate()
         old = self.config
+        hooks = None
+        if config.tokenizer != old.tokenizer and not self._injected:
+            # Built before anything changes: an ImportError leaves the old config in place.
+            hooks = tokenizers_for(config.tokenizer, lambda: self.config.default_thinking)
         self.config = config
         if config.eff_block_size != old.eff_block_size:
             self.cache = PrefixCache(config.eff_block_size, config.cache_blocks)  # old hashes mean nothing now
@@ -81,6 +88,9 @@ class Emulator:
             self.stats.recent = type(self.stats.recent)(self.stats.recent, maxlen=config.recent_requests)
         if config.seed != old.seed:
             self._fail_rng = random.Random(config.seed)
+        if hooks is not None:
+            self.tokenize_prompt, self.tokenize_generated = hooks
+            self.cache.clear()  # token ids of the other tokenizer never match again
 
     def cache_json(self) -> dict[str, Any]:
         c = self.cache
@@ -114,7 +124,7 @@ class Emulator:
     async def post_config(self, request: web.Request) -> web.Response:
         try:
             self.set_config(self.config.merged(orjson.loads(await request.read() or b"{}")))
-        except (ValueError, orjson.JSONDecodeError) as exc:
+        except (ValueError, ImportError, orjson.JSONDecodeError) as exc:
             return _json({"error": {"message": str(exc), "type": "emulator_config_error"}}, 400)
         return _json(self.config.to_dict())
 
@@ -139,6 +149,7 @@ class Emulator:
                 cfg = cfg.merged(orjson.loads(patch))
             except (ValueError, orjson.JSONDecodeError) as exc:
                 return _json({"error": {"message": f"X-Emulator-Config: {exc}", "type": "emulator_config_error"}}, 400)
+        decode_error = "body is null"
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -238,7 +249,10 @@ class Emulator:
             rec.stage = "stalled_before_first_byte"
             await asyncio.sleep(cfg.stall_before_first_byte_s)
         self._validate(body, cfg, kind)
-        prompt = self.tokenize_prompt(body)
+        try:
+            prompt = self.tokenize_prompt(body)
+        except ValueError as exc:  # the chat template refused the request (e.g. a bad effort value)
+            raise _Rejected(_error(cfg, 400, str(exc), "BadRequestError")) from None
         n_prompt = len(prompt)
         rec.prompt_tokens = n_prompt
         self._check_context(body, cfg, n_prompt)
@@ -350,20 +364,23 @@ class _Job:
             usage_so_far(0)
             events.append(ch.role())
             slots.append(0)
-            pieces: list[bytes] = []
-            for text in plan.reasoning:
-                usage_so_far(len(pieces) + 1)
-                pieces.append(ch.reasoning(text))
-            for text in plan.content:
-                usage_so_far(len(pieces) + 1)
-                pieces.append(ch.content(text))
-            if plan.tool_call is not None:
+            pieces: list[bytes]
+            if continuous:
+                pieces = []
+                for text in plan.reasoning:
+                    usage_so_far(len(pieces) + 1)
+                    pieces.append(ch.reasoning(text))
+                for text in plan.content:
+                    usage_so_far(len(pieces) + 1)
+                    pieces.append(ch.content(text))
                 usage_so_far(plan.completion_tokens)
+            else:
+                pieces = ch.reasoning_many(plan.reasoning) + ch.content_many(plan.content)
+            if plan.tool_call is not None:
                 pieces += ch.tool_call(plan.tool_call)
-            for p in pieces:
-                events.append(p)
-                slots.append(slot)
-                slot += 1
+            events += pieces
+            slots += range(len(pieces))
+            slot = len(pieces)
             last = max(slot - 1, 0)
             usage_so_far(plan.completion_tokens)
             events.append(ch.finish(plan.finish_reason))
@@ -374,10 +391,9 @@ class _Job:
                 slots.append(last)
         else:
             cc = shapes.CompletionChunks(cfg.flavour, self.rid, self.created, self.model)
-            for text in plan.content:
-                events.append(cc.text(text))
-                slots.append(slot)
-                slot += 1
+            events += [cc.text(text) for text in plan.content]
+            slots += range(len(plan.content))
+            slot = len(plan.content)
             last = max(slot - 1, 0)
             events.append(cc.finish(plan.finish_reason))
             slots.append(last)

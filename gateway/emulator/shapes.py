@@ -119,6 +119,24 @@ class ChatChunks:
             return self._head + self._content_head + _dumps(text) + self._content_tail
         return self._head + b'{"index":0,"delta":{"content":' + _dumps(text) + self._tail + self._end()
 
+    def reasoning_many(self, texts: list[str]) -> list[bytes]:
+        if self.usage_suffix or len(self._rfields) > 1:
+            return [self.reasoning(t) for t in texts]
+        tail = b"}\n\n" if self.sglang else self._end()
+        pre = self._head + b'{"index":0,"delta":{"' + self._rfields[0].encode() + b'":'
+        suf = self._tail + tail
+        return [pre + _dumps(t) + suf for t in texts]
+
+    def content_many(self, texts: list[str]) -> list[bytes]:
+        """Same bytes as content() per text, with the constant parts joined once (the hot path)."""
+        if self.usage_suffix:
+            return [self.content(t) for t in texts]
+        if self.sglang:
+            pre, suf = self._head + self._content_head, self._content_tail
+        else:
+            pre, suf = self._head + b'{"index":0,"delta":{"content":', self._tail + self._end()
+        return [pre + _dumps(t) + suf for t in texts]
+
     def tool_call(self, tc: ToolCallPlan) -> list[bytes]:
         """vLLM: header then argument fragments. SGLang: name chunk then the whole arguments."""
         if self.sglang:

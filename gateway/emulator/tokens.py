@@ -170,30 +170,49 @@ def renderer_tokenizers(render_ids: Callable[[dict[str, Any]], list[int]]) -> tu
     return render_ids, tokenize_generated
 
 
-def dsv41_tokenizers() -> tuple[TokenizePrompt, TokenizeGenerated]:
-    """The real DeepSeek-V4.1 renderer + tokenizer. Imported lazily: heavy, and built by another issue."""
-    try:
-        from gateway.render.renderer import Renderer  # type: ignore[import-not-found]
-    except ImportError as exc:  # pragma: no cover - depends on the render issue landing
-        raise RuntimeError("--tokenizer dsv41 needs gateway.render.renderer.Renderer, not available yet") from exc
-    renderer = Renderer()
+def dsv41_tokenizers(default_thinking: Callable[[], bool] = lambda: False) -> tuple[TokenizePrompt, TokenizeGenerated]:
+    """The real DeepSeek-V4.1 renderer + tokenizer (gateway.render). Imported lazily: it loads a 128K vocab.
 
-    def render_ids(body: dict[str, Any]) -> list[int]:
-        # Duck-typed until the renderer's API settles: accept an object with token ids or a list.
-        out = renderer.render(body)
-        for attr in ("token_ids", "tokens", "ids"):
-            if hasattr(out, attr):
-                return list(getattr(out, attr))
-        return list(out)
+    Thinking follows the emulator's own rule (explicit flags, else effort set and not "none", else the
+    `default_thinking` knob) so the prompt and the generated text agree with what the emulator says.
+    """
+    import dataclasses
 
-    return renderer_tokenizers(render_ids)
+    from gateway.render.renderer import Renderer, RenderOptions, options_for_request
+    from gateway.render.tokenizer import load_tokenizer
+
+    from .generation import thinking_enabled
+
+    renderer = Renderer(RenderOptions())
+    tokenizer = load_tokenizer(None)
+
+    def options(body: dict[str, Any]) -> tuple[dict[str, Any], RenderOptions]:
+        thinking = thinking_enabled(body, default_thinking())
+        effort = body.get("reasoning_effort")
+        if isinstance(effort, str) and effort.lower() == "none":
+            body = {k: v for k, v in body.items() if k != "reasoning_effort"}  # the template has no "none"
+        return body, dataclasses.replace(options_for_request(body, renderer.defaults), thinking=thinking)
+
+    def tokenize_prompt(body: dict[str, Any]) -> list[int]:
+        if not isinstance(body.get("messages"), list):
+            return list(tokenizer.encode(str(body.get("prompt") or "")))
+        body, opts = options(body)
+        return renderer.render(body, opts).token_ids
+
+    def tokenize_generated(body: dict[str, Any], message: dict[str, Any]) -> list[int]:
+        if not isinstance(body.get("messages"), list):
+            return list(tokenizer.encode(str(message.get("content") or "")))
+        body, opts = options(body)
+        return list(renderer.render_generated(body, message, opts).token_ids)
+
+    return tokenize_prompt, tokenize_generated
 
 
-def tokenizers_for(name: str) -> tuple[TokenizePrompt, TokenizeGenerated]:
+def tokenizers_for(name: str, default_thinking: Callable[[], bool] = lambda: False) -> tuple[TokenizePrompt, TokenizeGenerated]:
     if name == "simple":
         return simple_tokenize_prompt, simple_tokenize_generated
     if name == "dsv41":
-        return dsv41_tokenizers()
+        return dsv41_tokenizers(default_thinking)
     raise ValueError(f"unknown tokenizer {name!r}")
 
 
