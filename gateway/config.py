@@ -60,6 +60,24 @@ class Limits(_Strict):
     max_request_bytes: int | None = Field(None, gt=0)
     max_messages: int | None = Field(None, gt=0)
 
+    @field_validator("placeholder_tokens")
+    @classmethod
+    def _placeholders(cls, tokens: list[str]) -> list[str]:
+        for i, t in enumerate(tokens):
+            # escape inserts U+200D after the first character: a token needs two, and none of its own
+            if len(t) < 2 or "\u200d" in t:
+                raise ValueError(f"placeholder_tokens.{i}: {t!r} must be at least 2 characters, without U+200D")
+        if len(set(tokens)) != len(tokens):
+            raise ValueError("placeholder_tokens: the same token is listed twice")
+        return tokens
+
+    @model_validator(mode="after")
+    def _output_fits_window(self) -> "Limits":
+        if self.max_output_tokens is not None and self.max_context_tokens is not None \
+                and self.max_output_tokens >= self.max_context_tokens:
+            raise ValueError("max_output_tokens must be smaller than max_context_tokens")
+        return self
+
 
 class CacheModel(_Strict):
     """What the gateway knows about the lane's prefix cache, to predict hits."""

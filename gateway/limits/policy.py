@@ -1,0 +1,93 @@
+"""The hot-path policy that runs a lane's active limits, in order, over one scan of the request."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import GatewayError
+from .base import LIMITS_HEADER, NEED_IMAGES, NEED_PLACEHOLDERS, NEED_TEXT, Context, Limit
+from .context import ContextWindow
+from .images import Images
+from .message_count import MessageCount
+from .placeholders import Placeholders
+from .request_bytes import RequestBytes
+from .scan import Facts, scan_chat, scan_prompt
+from .top_logprobs import TopLogprobs, check_rules
+
+log = logging.getLogger("gateway.limits")
+
+PLAN_KEY = "limits"
+
+# Order matters: cheap refusals first, then the rewrites, then the window (measured after rewriting).
+DEFAULT_CHAIN: tuple[Limit, ...] = (
+    RequestBytes(),
+    MessageCount(),
+    TopLogprobs(),
+    Placeholders(),
+    Images(),
+    ContextWindow(),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one lane's limits need, worked out once per routes.yaml load."""
+
+    limits: tuple[Limit, ...]
+    tokens: tuple[str, ...]  # placeholder tokens to look for
+
+    def scan(self, ctx: Context) -> Facts:
+        needs: set[str] = set()
+        for limit in self.limits:
+            if limit.needs:
+                needs |= limit.needs_for(ctx)
+        body = ctx.body
+        tokens = self.tokens if NEED_PLACEHOLDERS in needs else ()
+        if "messages" in body:
+            return scan_chat(body, images=NEED_IMAGES in needs, tokens=tokens, text=NEED_TEXT in needs)
+        return scan_prompt(body, tokens=tokens, text=NEED_TEXT in needs)
+
+
+class LimitsPolicy:
+    """A runtime Policy (see runtime.py): may rewrite the body or raise GatewayError."""
+
+    name = "limits"
+
+    def __init__(self, chain: tuple[Limit, ...] = DEFAULT_CHAIN) -> None:
+        self.chain = chain
+
+    def plan_for(self, lane_limits: Any) -> Plan:
+        active = tuple(l for l in self.chain if l.active(lane_limits))
+        return Plan(active, tuple(lane_limits.placeholder_tokens))
+
+    def attach(self, lane: Any) -> None:
+        """Lane hook: compute the plan when a lane is (re)built."""
+        lane.extras[PLAN_KEY] = self.plan_for(lane.config.limits)
+
+    async def apply(self, ex: Any, lane: Any, body: dict[str, Any]) -> None:
+        if "messages" in body:
+            check_rules(body)
+        plan: Plan | None = lane.extras.get(PLAN_KEY)
+        if plan is None:
+            plan = self.plan_for(lane.config.limits)
+            lane.extras[PLAN_KEY] = plan
+        if not plan.limits:
+            return
+        ctx = Context(ex, lane, lane.config.limits, body)
+        try:
+            for limit in plan.limits:
+                if limit.needs and ctx.facts is None:
+                    ctx.facts = plan.scan(ctx)
+                await limit.enforce(ctx)
+        except GatewayError:
+            raise
+        except Exception as exc:  # a bug here must not take the lane down: forward, and say so loudly
+            log.exception("limits check failed for request %s; forwarding unchecked", ex.request_id)
+            ex.annotations["limits_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        finally:
+            if ctx.notes:
+                prior = ex.response_headers.get(LIMITS_HEADER)
+                value = ", ".join(ctx.notes)
+                ex.response_headers[LIMITS_HEADER] = f"{prior}, {value}" if prior else value
