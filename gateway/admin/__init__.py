@@ -1,0 +1,1 @@
+"""The /admin review page and its JSON APIs."""

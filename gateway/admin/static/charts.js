@@ -1,0 +1,204 @@
+// A very small SVG chart kit for the admin page: line over time, grouped histogram, stacked bars.
+// No dependencies and no build step; every chart redraws from scratch on each refresh.
+"use strict";
+
+const Charts = (() => {
+  const NS = "http://www.w3.org/2000/svg";
+  const H = 240;
+  const PAD = { l: 52, r: 14, t: 12, b: 28 };
+
+  function el(name, attrs, parent) {
+    const n = document.createElementNS(NS, name);
+    for (const [k, v] of Object.entries(attrs || {})) n.setAttribute(k, v);
+    if (parent) parent.appendChild(n);
+    return n;
+  }
+
+  function text(parent, x, y, s, attrs) {
+    const t = el("text", Object.assign({ x, y }, attrs || {}), parent);
+    t.textContent = s;
+    return t;
+  }
+
+  // Round tick values that cover [lo, hi] in about `n` steps.
+  function ticks(lo, hi, n) {
+    if (!(hi > lo)) hi = lo + 1;
+    const raw = (hi - lo) / n;
+    const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+    const step = [1, 2, 2.5, 5, 10].map((m) => m * mag).find((s) => s >= raw) || 10 * mag;
+    const out = [];
+    for (let v = Math.floor(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(+v.toFixed(10));
+    return out;
+  }
+
+  function frame(container) {
+    container.innerHTML = "";
+    const w = Math.max(320, container.clientWidth || 600);
+    const svg = el("svg", { viewBox: `0 0 ${w} ${H}`, preserveAspectRatio: "none", role: "img" }, container);
+    return { svg, w, iw: w - PAD.l - PAD.r, ih: H - PAD.t - PAD.b };
+  }
+
+  function empty(container, message) {
+    container.innerHTML = `<div class="empty">${message || "no data in this window yet"}</div>`;
+  }
+
+  function legend(container, items) {
+    const div = document.createElement("div");
+    div.className = "legend";
+    for (const it of items) {
+      const span = document.createElement("span");
+      const i = document.createElement("i");
+      i.style.background = it.color;
+      span.appendChild(i);
+      span.appendChild(document.createTextNode(it.name));
+      div.appendChild(span);
+    }
+    container.appendChild(div);
+  }
+
+  function yAxis(g, f, yt, y, fmt) {
+    for (const v of yt) {
+      el("line", { x1: PAD.l, x2: PAD.l + f.iw, y1: y(v), y2: y(v), class: "grid" }, g);
+      text(g, PAD.l - 6, y(v) + 4, fmt(v), { "text-anchor": "end" });
+    }
+    el("line", { x1: PAD.l, x2: PAD.l + f.iw, y1: PAD.t + f.ih, y2: PAD.t + f.ih, class: "axis" }, g);
+  }
+
+  const tip = () => document.getElementById("tooltip");
+  function showTip(evt, html) {
+    const t = tip();
+    if (!t) return;
+    t.innerHTML = html;
+    t.hidden = false;
+    const x = Math.min(evt.clientX + 14, window.innerWidth - t.offsetWidth - 8);
+    t.style.left = `${x}px`;
+    t.style.top = `${evt.clientY + 14}px`;
+  }
+  function hideTip() { const t = tip(); if (t) t.hidden = true; }
+
+  // Lines over time. opts: {t: [epoch s], series: [{name, color, values}], yMin, yMax, yFormat}
+  function line(container, opts) {
+    const series = opts.series.filter((s) => s.values.some((v) => v !== null && v !== undefined));
+    if (!series.length) return empty(container, opts.emptyText);
+    const f = frame(container);
+    const g = f.svg;
+    const all = series.flatMap((s) => s.values.filter((v) => v !== null && v !== undefined));
+    const yMin = opts.yMin !== undefined ? opts.yMin : Math.min(0, ...all);
+    let yMax = opts.yMax !== undefined ? opts.yMax : Math.max(...all) * 1.1;
+    if (!(yMax > yMin)) yMax = yMin + 1;
+    const yt = ticks(yMin, yMax, 4).filter((v) => v <= yMax + 1e-9);
+    const top = Math.max(yMax, yt[yt.length - 1]);
+    const n = opts.t.length;
+    const step = opts.t.length > 1 ? opts.t[1] - opts.t[0] : 60;
+    const x = (i) => PAD.l + (n <= 1 ? f.iw / 2 : (i + 0.5) * (f.iw / n));
+    const y = (v) => PAD.t + f.ih - ((v - yMin) / (top - yMin)) * f.ih;
+    const fmt = opts.yFormat || ((v) => String(v));
+    yAxis(g, f, yt, y, fmt);
+    const every = Math.max(1, Math.ceil(n / Math.max(2, Math.floor(f.iw / 90))));
+    for (let i = 0; i < n; i += every) {
+      const d = new Date((opts.t[i] + step / 2) * 1000);
+      const label = step >= 3600 ? d.toLocaleString([], { month: "short", day: "numeric", hour: "2-digit" })
+        : d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+      text(g, x(i), H - 8, label, { "text-anchor": "middle" });
+    }
+    for (const s of series) {
+      let d = "";
+      let prev = false;
+      s.values.forEach((v, i) => {
+        if (v === null || v === undefined) { prev = false; return; }
+        d += `${prev ? "L" : "M"}${x(i).toFixed(1)},${y(v).toFixed(1)}`;
+        prev = true;
+      });
+      el("path", { d, fill: "none", stroke: s.color, "stroke-width": 2, "stroke-linejoin": "round" }, g);
+      s.values.forEach((v, i) => {
+        if (v !== null && v !== undefined) el("circle", { cx: x(i), cy: y(v), r: 2.6, fill: s.color }, g);
+      });
+    }
+    // Hover: a crosshair and every series' value in that bucket.
+    const cross = el("line", { y1: PAD.t, y2: PAD.t + f.ih, stroke: "#94a3b8", "stroke-dasharray": "3 3", visibility: "hidden" }, g);
+    const hit = el("rect", { x: PAD.l, y: PAD.t, width: f.iw, height: f.ih, fill: "transparent" }, g);
+    hit.addEventListener("mousemove", (evt) => {
+      const box = g.getBoundingClientRect();
+      const px = ((evt.clientX - box.left) / box.width) * f.w;
+      const i = Math.max(0, Math.min(n - 1, Math.floor(((px - PAD.l) / f.iw) * n)));
+      cross.setAttribute("x1", x(i)); cross.setAttribute("x2", x(i)); cross.setAttribute("visibility", "visible");
+      const when = new Date(opts.t[i] * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+      const rows = series.map((s) => {
+        const v = s.values[i];
+        return `<div><span style="color:${s.color}">●</span> ${esc(s.name)}: <b>${v === null || v === undefined ? "–" : fmt(v)}</b></div>`;
+      });
+      showTip(evt, `<div>${when}</div>${rows.join("")}`);
+    });
+    hit.addEventListener("mouseleave", () => { cross.setAttribute("visibility", "hidden"); hideTip(); });
+    legend(container, series);
+  }
+
+  // Grouped histogram. opts: {edges: [n+1], series: [{name, color, values: [n]}], xFormat}
+  function histogram(container, opts) {
+    const series = opts.series.filter((s) => s.values.some((v) => v > 0));
+    if (!series.length || opts.edges.length < 2) return empty(container, opts.emptyText);
+    const f = frame(container);
+    const g = f.svg;
+    const n = opts.edges.length - 1;
+    const max = Math.max(...series.flatMap((s) => s.values));
+    const yt = ticks(0, max, 4);
+    const top = yt[yt.length - 1] || 1;
+    const y = (v) => PAD.t + f.ih - (v / top) * f.ih;
+    yAxis(g, f, yt, y, (v) => String(v));
+    const bw = f.iw / n;
+    const inner = Math.max(1, (bw - 4) / series.length);
+    const xf = opts.xFormat || ((v) => String(v));
+    const every = Math.max(1, Math.ceil((n + 1) / Math.max(2, Math.floor(f.iw / 56))));
+    for (let i = 0; i <= n; i += every) text(g, PAD.l + i * bw, H - 8, xf(opts.edges[i]), { "text-anchor": "middle" });
+    series.forEach((s, k) => {
+      s.values.forEach((v, i) => {
+        if (!v) return;
+        const r = el("rect", { x: PAD.l + i * bw + 2 + k * inner, y: y(v), width: Math.max(1, inner - 1),
+          height: PAD.t + f.ih - y(v), fill: s.color, rx: 1.5 }, g);
+        r.addEventListener("mousemove", (evt) => showTip(evt,
+          `${esc(s.name)}<br>${xf(opts.edges[i])}–${xf(opts.edges[i + 1])} ${opts.unit || ""}: <b>${v}</b> requests`));
+        r.addEventListener("mouseleave", hideTip);
+      });
+    });
+    legend(container, series);
+  }
+
+  // Horizontal stacked bars. opts: {rows: [{label, parts: [{name, color, value}]}], format, note}
+  function stacked(container, opts) {
+    const rows = opts.rows.filter((r) => r.parts.some((p) => p.value > 0));
+    if (!rows.length) return empty(container, opts.emptyText);
+    container.innerHTML = "";
+    const w = Math.max(320, container.clientWidth || 600);
+    const rowH = 30;
+    const labelW = Math.min(200, Math.max(110, w * 0.28));
+    const h = Math.max(120, rows.length * rowH + 20);
+    const svg = el("svg", { viewBox: `0 0 ${w} ${h}`, role: "img" }, container);
+    svg.style.height = `${h}px`;
+    const max = Math.max(...rows.map((r) => r.parts.reduce((a, p) => a + p.value, 0)));
+    const bar = w - labelW - 90;
+    const fmt = opts.format || ((v) => String(v));
+    rows.forEach((r, i) => {
+      const y0 = 10 + i * rowH;
+      text(svg, labelW - 8, y0 + 15, r.label, { "text-anchor": "end", style: "fill:#1b2330;font-size:12px" });
+      let x0 = labelW;
+      let total = 0;
+      for (const p of r.parts) {
+        if (!(p.value > 0)) continue;
+        const bw = (p.value / max) * bar;
+        const rect = el("rect", { x: x0, y: y0 + 3, width: Math.max(1, bw), height: rowH - 10, fill: p.color, rx: 2 }, svg);
+        rect.addEventListener("mousemove", (evt) => showTip(evt, `${esc(r.label)} · ${esc(p.name)}: <b>${fmt(p.value)}</b>`));
+        rect.addEventListener("mouseleave", hideTip);
+        x0 += bw;
+        total += p.value;
+      }
+      text(svg, x0 + 6, y0 + 15, fmt(total) + (r.note ? ` · ${r.note}` : ""), { style: "fill:#334155;font-weight:600" });
+    });
+    if (opts.legend) legend(container, opts.legend);
+  }
+
+  function esc(s) {
+    return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+  }
+
+  return { line, histogram, stacked, esc };
+})();

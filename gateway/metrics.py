@@ -1,0 +1,265 @@
+"""Prometheus metrics at GET /metrics: per-lane histograms and counters, live gauges.
+
+Counters and histograms are fed by an aftermath sink (after the response, off the hot path);
+in-flight and replica-health gauges are read from the runtime at scrape time, so the request
+path pays nothing for them. Labels are bounded: lane, replica, status class, verdict, cause,
+limit name, effort action; free-form values beyond a small set fold into "other".
+
+Several worker processes: set PROMETHEUS_MULTIPROC_DIR (an empty directory) before start and
+counters/histograms are summed across workers; live gauges then show the answering worker only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import TYPE_CHECKING, Any, Iterator
+
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram,
+                               disable_created_metrics, generate_latest)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from .exchange import Exchange
+from .records.record import decode_speed, reasoning_tokens, reported_cached_tokens
+
+if TYPE_CHECKING:
+    from .app import Gateway
+    from .runtime import LaneRuntime
+
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+DECODE_BUCKETS = (1, 2, 5, 10, 15, 20, 25, 30, 40, 50, 60, 80, 100, 150, 200, 300, 500)
+GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5, 5)
+DURATION_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
+OVERHEAD_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+REWRITE_ACTION = "pinned"  # the effort policy changed the request to the conversation's pinned effort
+MAX_GAPS_PER_REQUEST = 256  # sample long streams evenly: the distribution, at bounded cost
+
+
+class BoundedLabel:
+    """Turns free-form values into label values from a set of at most `limit` distinct names."""
+
+    _clean = re.compile(r"[^A-Za-z0-9_.:/-]+")
+
+    def __init__(self, limit: int = 32) -> None:
+        self.limit = limit
+        self.seen: set[str] = set()
+
+    def __call__(self, value: Any) -> str:
+        text = self._clean.sub("_", str(value))[:64] or "none"
+        if text in self.seen:
+            return text
+        if len(self.seen) >= self.limit:
+            return "other"
+        self.seen.add(text)
+        return text
+
+
+def status_class(ex: Exchange) -> str:
+    if ex.cancelled or ex.status == 499:
+        return "cancelled"
+    if ex.status < 100:
+        return "none"
+    return f"{ex.status // 100}xx"
+
+
+class Metrics:
+    """The counters and histograms, and the sink that feeds them."""
+
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        r = registry
+        L = ["lane"]
+        self.requests = Counter("gateway_requests", "Finished requests", ["lane", "status_class"], registry=r)
+        self.prompt_tokens = Counter("gateway_prompt_tokens", "Prompt tokens (usage)", L, registry=r)
+        self.prompt_tokens_reported = Counter(
+            "gateway_prompt_tokens_cache_reported", "Prompt tokens of requests whose cached tokens were reported",
+            L, registry=r)
+        self.cached_reported = Counter("gateway_cached_tokens_reported", "Cached prompt tokens the engine reported",
+                                       L, registry=r)
+        self.cached_predicted = Counter("gateway_cached_tokens_predicted", "Cached prompt tokens the gateway predicted",
+                                        L, registry=r)
+        self.completion_tokens = Counter("gateway_completion_tokens", "Completion tokens (usage)", L, registry=r)
+        self.reasoning_tokens = Counter("gateway_reasoning_tokens", "Reasoning tokens (usage)", L, registry=r)
+        self.verdicts = Counter("gateway_cache_verdicts", "Cache verdicts", ["lane", "verdict"], registry=r)
+        self.drift_tokens = Counter("gateway_drift_tokens_lost", "Prompt tokens re-prefilled because of drift",
+                                    ["lane", "cause"], registry=r)
+        self.drift_seconds = Counter("gateway_drift_seconds_lost", "Estimated prefill seconds lost to drift",
+                                     ["lane", "cause"], registry=r)
+        self.evictions = Counter("gateway_eviction_misses", "Cache misses with a stable prefix (evictions)",
+                                 L, registry=r)
+        self.eviction_tokens = Counter("gateway_eviction_tokens_lost", "Prompt tokens re-prefilled after eviction",
+                                       L, registry=r)
+        self.effort_rewrites = Counter("gateway_effort_rewrites", "Requests whose reasoning effort the gateway pinned",
+                                       L, registry=r)
+        self.effort_actions = Counter("gateway_effort_actions", "Effort policy decisions (first, kept, pinned, ...)",
+                                      ["lane", "action"], registry=r)
+        self.limits_fired = Counter("gateway_limits_fired", "Lane limits that fired (any policy)",
+                                    ["lane", "limit"], registry=r)
+        self.limit_rejections = Counter("gateway_limit_rejections", "Requests refused by a lane limit",
+                                        ["lane", "limit"], registry=r)
+        self.upstream_errors = Counter("gateway_upstream_errors", "Upstream failures and error answers",
+                                       ["lane", "replica", "status_class"], registry=r)
+        self.retries = Counter("gateway_upstream_retries", "Failovers to another replica before the first byte",
+                               L, registry=r)
+        self.ttft = Histogram("gateway_ttft_seconds", "Time to first content byte (streaming, successful)",
+                              L, buckets=TTFT_BUCKETS, registry=r)
+        self.ttfb = Histogram("gateway_ttfb_seconds", "Time to the upstream's first byte (successful)",
+                              L, buckets=TTFT_BUCKETS, registry=r)
+        self.decode = Histogram("gateway_decode_tokens_per_second", "Decode speed, first to last content byte",
+                                L, buckets=DECODE_BUCKETS, registry=r)
+        self.gaps = Histogram("gateway_inter_chunk_gap_seconds", "Gaps between token-bearing chunks (sampled)",
+                              L, buckets=GAP_BUCKETS, registry=r)
+        self.duration = Histogram("gateway_request_duration_seconds", "Whole request, start to end",
+                                  L, buckets=DURATION_BUCKETS, registry=r)
+        self.overhead = Histogram("gateway_overhead_seconds", "Gateway time before forwarding",
+                                  L, buckets=OVERHEAD_BUCKETS, registry=r)
+        self._cause = BoundedLabel(48)
+        self._limit = BoundedLabel(32)
+        self._action = BoundedLabel(16)
+        self._lane = BoundedLabel(256)  # lanes come from routes.yaml; the bound is a safety net
+        self._replica = BoundedLabel(512)
+
+    def observe(self, ex: Exchange, lane_rt: "LaneRuntime | None" = None) -> None:
+        lane = self._lane(ex.lane or "none")
+        sc = status_class(ex)
+        ok = 100 <= ex.status < 400 and not ex.cancelled
+        self.requests.labels(lane, sc).inc()
+        usage = ex.usage if isinstance(ex.usage, dict) else {}
+        prompt = usage.get("prompt_tokens")
+        if isinstance(prompt, int):
+            self.prompt_tokens.labels(lane).inc(prompt)
+        cached = reported_cached_tokens(usage)
+        if cached is not None:
+            self.cached_reported.labels(lane).inc(cached)
+            if isinstance(prompt, int):
+                self.prompt_tokens_reported.labels(lane).inc(prompt)
+        completion = usage.get("completion_tokens")
+        if isinstance(completion, int):
+            self.completion_tokens.labels(lane).inc(completion)
+        reasoning = reasoning_tokens(usage)
+        if reasoning:
+            self.reasoning_tokens.labels(lane).inc(reasoning)
+        self._observe_cache(lane, ex.annotations.get("cache"))
+        if ex.effort_action:
+            self.effort_actions.labels(lane, self._action(ex.effort_action)).inc()
+            if ex.effort_action == REWRITE_ACTION:
+                self.effort_rewrites.labels(lane).inc()
+        for name in ex.limits_fired:
+            limit = self._limit(name)
+            self.limits_fired.labels(lane, limit).inc()
+            if ex.status >= 400:
+                self.limit_rejections.labels(lane, limit).inc()
+        if ex.upstream_error:
+            self.upstream_errors.labels(lane, self._replica(ex.replica or "none"), sc).inc()
+        if ex.retries:
+            self.retries.labels(lane).inc(ex.retries)
+        self._observe_timing(ex, lane, ok, completion if isinstance(completion, int) else None)
+
+    def _observe_cache(self, lane: str, cache: Any) -> None:
+        if not isinstance(cache, dict):
+            self.verdicts.labels(lane, "unknown").inc()
+            return
+        verdict = cache.get("verdict")
+        if verdict not in ("hit", "drift", "eviction", "cold", "unknown"):
+            verdict = "unknown"
+        self.verdicts.labels(lane, verdict).inc()
+        predicted = cache.get("predicted_cached_tokens")
+        if isinstance(predicted, int):
+            self.cached_predicted.labels(lane).inc(predicted)
+        lost = cache.get("tokens_lost") or 0
+        if verdict == "drift":
+            cause = self._cause(cache.get("cause") or "unknown")
+            self.drift_tokens.labels(lane, cause).inc(lost)
+            self.drift_seconds.labels(lane, cause).inc(cache.get("seconds_lost") or 0.0)
+        elif verdict == "eviction":
+            self.evictions.labels(lane).inc()
+            self.eviction_tokens.labels(lane).inc(lost)
+
+    def _observe_timing(self, ex: Exchange, lane: str, ok: bool, completion: int | None) -> None:
+        start = ex.started
+        if ex.t_end is not None:
+            self.duration.labels(lane).observe(ex.t_end - start)
+        if ex.t_forwarded is not None:
+            self.overhead.labels(lane).observe(ex.t_forwarded - start)
+        if not ok:
+            return
+        if ex.t_first_byte is not None:
+            self.ttfb.labels(lane).observe(ex.t_first_byte - start)
+        if ex.stream and ex.t_first_token is not None:
+            self.ttft.labels(lane).observe(ex.t_first_token - start)
+        times = ex.token_chunk_times
+        tps, _ = decode_speed(ex.t_first_token, ex.t_last_token, completion, len(times))
+        if tps is not None:
+            self.decode.labels(lane).observe(tps)
+        if len(times) > 1:
+            hist = self.gaps.labels(lane)
+            step = max(1, (len(times) - 1) // MAX_GAPS_PER_REQUEST)
+            for i in range(step, len(times), step):
+                hist.observe(times[i] - times[i - 1])
+
+
+class LiveCollector(Collector):
+    """Gauges read from the running gateway at scrape time: in-flight, replica health, store health."""
+
+    def __init__(self, gw: "Gateway") -> None:
+        self.gw = gw
+
+    def collect(self) -> Iterator[Any]:
+        gw = self.gw
+        snap = gw.runtime.snapshot
+        now = time.monotonic()
+        inflight = GaugeMetricFamily("gateway_inflight_requests", "Requests in flight per lane", labels=["lane"])
+        rep_inflight = GaugeMetricFamily("gateway_replica_inflight", "Upstream requests in flight per replica",
+                                         labels=["lane", "replica"])
+        up = GaugeMetricFamily("gateway_replica_up", "1 when the replica's circuit breaker is closed",
+                               labels=["lane", "replica"])
+        fails = GaugeMetricFamily("gateway_replica_consecutive_failures", "Consecutive failures per replica",
+                                  labels=["lane", "replica"])
+        for name, lane in snap.lanes.items():
+            inflight.add_metric([name], lane.inflight)
+            for rep in lane.upstream.replicas:
+                rep_inflight.add_metric([name, rep.url], rep.inflight)
+                up.add_metric([name, rep.url], 1.0 if rep.available(now) else 0.0)
+                fails.add_metric([name, rep.url], rep.consecutive_failures)
+        yield from (inflight, rep_inflight, up, fails)
+        yield GaugeMetricFamily("gateway_config_version", "routes.yaml version loaded", value=snap.version)
+        am = gw.aftermath
+        yield CounterMetricFamily("gateway_aftermath_processed", "Exchanges analysed and recorded",
+                                  value=am.processed)
+        yield CounterMetricFamily("gateway_aftermath_skipped_analysis", "Exchanges that skipped analysis (queue full)",
+                                  value=am.skipped_analysis)
+        records = gw.services.get("records")
+        if records is not None and hasattr(records, "counters"):
+            fam = CounterMetricFamily("gateway_records", "Request records by store and outcome",
+                                      labels=["store", "outcome"])
+            for key, value in records.counters().items():
+                store, _, outcome = key.partition("_")
+                fam.add_metric([store, outcome], value)
+            yield fam
+
+
+def install(gw: "Gateway") -> None:
+    disable_created_metrics()  # the *_created series double the output and no dashboard reads them
+    multiproc = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+    registry = CollectorRegistry(auto_describe=False)
+    metrics = Metrics(None if multiproc else registry)
+    live = LiveCollector(gw)
+    if multiproc:
+        from prometheus_client import multiprocess
+
+        multiprocess.MultiProcessCollector(registry)
+    registry.register(live)
+    gw.services["metrics"] = metrics
+    gw.aftermath.sinks.append(metrics.observe)
+
+    async def scrape(request: Request) -> Response:
+        guard = gw.services.get("admin_guard")
+        if guard is not None:
+            await guard(request)
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    gw.routes.append(Route("/metrics", scrape, methods=["GET"]))

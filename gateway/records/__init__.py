@@ -1,0 +1,1 @@
+"""Per-request records: one row per finished exchange, in SQLite (default) and a Redis stream."""

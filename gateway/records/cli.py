@@ -1,0 +1,82 @@
+"""`gateway stats`: the per-lane table over a time window, from the records file or a running gateway."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from ..cli import SUBCOMMANDS
+from .stats import compute_stats, format_table, parse_window
+from .store_sqlite import FILENAME, RecordReader
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("stats", help="per-lane requests, latency, decode speed and cache hits over a window")
+    p.add_argument("--window", default="1h", help="how far back: 90s, 15m, 1h, 7d (default 1h)")
+    p.add_argument("--lane", default=None, help="only this lane")
+    p.add_argument("--data-dir", default=os.environ.get("GATEWAY_DATA_DIR", "var"),
+                   help=f"directory holding {FILENAME} (default: $GATEWAY_DATA_DIR or var)")
+    p.add_argument("--url", default=None, help="ask a running gateway instead (e.g. http://127.0.0.1:8080)")
+    p.add_argument("--key", default=os.environ.get("GATEWAY_ADMIN_KEY"),
+                   help="admin key for --url (default: $GATEWAY_ADMIN_KEY)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_stats)
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    try:
+        window = parse_window(args.window)
+    except ValueError:
+        print(f"error: --window {args.window!r} is not like 90s, 15m, 1h or 7d", file=sys.stderr)
+        return 2
+    try:
+        stats = _from_url(args.url, window, args.lane, args.key) if args.url else \
+            _from_file(Path(args.data_dir), window, args.lane)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(stats, indent=2))
+    elif not stats["lanes"]:
+        print(f"no records in the last {args.window}")
+    else:
+        print(format_table(stats))
+    return 0
+
+
+def _from_file(data_dir: Path, window: float, lane: str | None) -> dict[str, Any]:
+    path = data_dir / FILENAME
+    if not path.exists():
+        raise OSError(f"no records file at {path} (is --data-dir the gateway's data directory?)")
+    reader = RecordReader(path, readonly=True)
+    now = time.time()
+    return compute_stats(reader.rows(now - window, lane), window, now)
+
+
+def _from_url(url: str, window: float, lane: str | None, key: str | None) -> dict[str, Any]:
+    query = {"window_s": f"{window:g}"}
+    if lane:
+        query["lane"] = lane
+    req = urllib.request.Request(url.rstrip("/") + "/admin/api/stats?" + urllib.parse.urlencode(query))
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 - an admin-given URL
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raise OSError(f"{url} answered HTTP {exc.code}: {exc.read()[:300].decode('utf-8', 'replace')}") from None
+
+
+SUBCOMMANDS.append(register)
+# `python -m gateway.cli` runs the CLI as __main__, a second copy of the module with its own list.
+_main = sys.modules.get("__main__")
+if getattr(getattr(_main, "__spec__", None), "name", None) == "gateway.cli" and _main is not sys.modules.get("gateway.cli"):
+    getattr(_main, "SUBCOMMANDS").append(register)

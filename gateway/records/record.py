@@ -1,0 +1,237 @@
+"""Build the record of one finished exchange: a flat dict of sizes, counts and timings, no text.
+
+Runs in an aftermath sink, never on the request path. Timings come from the Exchange's
+perf_counter stamps and are stored in seconds (wall-clock `ts` for when the request started).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import xxhash
+
+from ..exchange import Exchange
+
+# Column name -> SQLite type. The SQLite store creates (and extends) its table from this list,
+# and the Redis stream carries the same keys, so the two never disagree.
+FIELDS: dict[str, str] = {
+    "ts": "REAL",  # wall-clock start, epoch seconds
+    "request_id": "TEXT",
+    "path": "TEXT",
+    "model": "TEXT",  # the public model name the client asked for
+    "lane": "TEXT",
+    "replica": "TEXT",
+    "conversation": "TEXT",
+    "conversation_source": "TEXT",  # how the conversation was identified (header, prompt_cache_key, lineage...)
+    "turn": "INTEGER",
+    "stream": "INTEGER",
+    "status": "INTEGER",
+    "error_code": "TEXT",
+    "cancelled": "INTEGER",
+    "retries": "INTEGER",
+    "upstream_error": "TEXT",
+    "prompt_tokens": "INTEGER",
+    "cached_tokens": "INTEGER",  # as the engine reported it; NULL = not reported (not the same as 0)
+    "predicted_cached_tokens": "INTEGER",
+    "verdict": "TEXT",  # hit | drift | eviction | cold | unknown
+    "cause": "TEXT",
+    "divergence_message_index": "INTEGER",
+    "divergence_field": "TEXT",
+    "tokens_lost": "INTEGER",
+    "seconds_lost": "REAL",
+    "rendered_prompt_tokens": "INTEGER",
+    "render": "TEXT",
+    "completion_tokens": "INTEGER",
+    "reasoning_tokens": "INTEGER",
+    "ttfb_s": "REAL",  # time to the upstream's first byte (response headers)
+    "ttft_s": "REAL",  # time to the first generated token of any kind (first content byte)
+    "decode_tps": "REAL",  # tokens/s from first to last generated token, prefill excluded
+    "decode_source": "TEXT",  # usage | chunks: where the token count of decode_tps came from
+    "chunks": "INTEGER",  # token-bearing stream chunks
+    "gap_p50_s": "REAL",
+    "gap_p99_s": "REAL",
+    "total_s": "REAL",
+    "gateway_s": "REAL",  # the gateway's own time before forwarding
+    "effort_requested": "TEXT",
+    "effort_applied": "TEXT",
+    "effort_action": "TEXT",
+    "thinking_requested": "INTEGER",
+    "thinking_applied": "INTEGER",
+    "limits_fired": "TEXT",  # JSON list, NULL when none fired
+    "body_bytes": "INTEGER",
+    "messages": "INTEGER",
+    "output_chars": "INTEGER",
+    "output_hash": "TEXT",  # xxh3-64 of reasoning + content + tool calls: compare outputs without storing them
+    "finish_reason": "TEXT",
+    "analysis": "TEXT",  # why analysis did not run, when it did not (e.g. queue_full)
+    "capture": "TEXT",  # opt-in debugging capture (JSON, size-capped); NULL by default
+}
+
+VERDICTS = ("hit", "drift", "eviction", "cold", "unknown")
+
+
+def build_record(ex: Exchange, capture_max_bytes: int = 0) -> dict[str, Any]:
+    """The record of `ex`. `capture_max_bytes` > 0 stores request and output, truncated to that size."""
+    usage = ex.usage if isinstance(ex.usage, dict) else {}
+    cache = ex.annotations.get("cache") if isinstance(ex.annotations.get("cache"), dict) else {}
+    body = ex.body if isinstance(ex.body, dict) else {}
+    gen = ex.generated
+    completion_tokens = _int(usage.get("completion_tokens"))
+    chunks = len(ex.token_chunk_times)
+    decode_tps, decode_source = decode_speed(ex.t_first_token, ex.t_last_token, completion_tokens, chunks)
+    gap_p50, gap_p99 = gap_percentiles(ex.token_chunk_times)
+    output = _output_text(ex)
+    messages = body.get("messages")
+    rec: dict[str, Any] = {
+        "ts": ex.started_wall,
+        "request_id": ex.request_id,
+        "path": ex.path,
+        "model": ex.public_model,
+        "lane": ex.lane,
+        "replica": ex.replica,
+        "conversation": ex.conversation_id,
+        "conversation_source": ex.conversation_source,
+        "turn": ex.turn,
+        "stream": int(ex.stream),
+        "status": ex.status,
+        "error_code": ex.error_code,
+        "cancelled": int(ex.cancelled),
+        "retries": ex.retries,
+        "upstream_error": (ex.upstream_error or None) and ex.upstream_error[:300],
+        "prompt_tokens": _int(usage.get("prompt_tokens")),
+        "cached_tokens": reported_cached_tokens(usage),
+        "predicted_cached_tokens": _int(cache.get("predicted_cached_tokens")),
+        "verdict": cache.get("verdict") if cache.get("verdict") in VERDICTS else "unknown",
+        "cause": _str(cache.get("cause")),
+        "divergence_message_index": _int(cache.get("divergence_message_index")),
+        "divergence_field": _str(cache.get("divergence_field")),
+        "tokens_lost": _int(cache.get("tokens_lost")) or 0,
+        "seconds_lost": _float(cache.get("seconds_lost")) or 0.0,
+        "rendered_prompt_tokens": _int(cache.get("rendered_prompt_tokens")),
+        "render": _str(cache.get("render")),
+        "completion_tokens": completion_tokens,
+        "reasoning_tokens": reasoning_tokens(usage),
+        "ttfb_s": _since(ex.started, ex.t_first_byte),
+        "ttft_s": _since(ex.started, ex.t_first_token),
+        "decode_tps": decode_tps,
+        "decode_source": decode_source,
+        "chunks": chunks,
+        "gap_p50_s": gap_p50,
+        "gap_p99_s": gap_p99,
+        "total_s": _since(ex.started, ex.t_end),
+        "gateway_s": _since(ex.started, ex.t_forwarded),
+        "effort_requested": _str(ex.effort_requested),
+        "effort_applied": _str(ex.effort_applied),
+        "effort_action": ex.effort_action,
+        "thinking_requested": None if ex.thinking_requested is None else int(ex.thinking_requested),
+        "thinking_applied": None if ex.thinking_applied is None else int(ex.thinking_applied),
+        "limits_fired": orjson.dumps(ex.limits_fired).decode() if ex.limits_fired else None,
+        "body_bytes": ex.body_bytes,
+        "messages": len(messages) if isinstance(messages, list) else None,
+        "output_chars": len(output),
+        "output_hash": xxhash.xxh3_64_hexdigest(output.encode("utf-8", "replace")) if output else None,
+        "finish_reason": gen.finish_reason,
+        "analysis": _str(ex.annotations.get("analysis_skipped")),
+        "capture": _capture(ex, capture_max_bytes) if capture_max_bytes > 0 else None,
+    }
+    return rec
+
+
+def decode_speed(t_first: float | None, t_last: float | None, completion_tokens: int | None,
+                 chunks: int) -> tuple[float | None, str | None]:
+    """(completion_tokens - 1) / (last - first): the first token belongs to prefill, the rest to decode.
+
+    Without usage the count of token-bearing chunks stands in (one token per chunk on both engines
+    unless they batch the stream, so it is an estimate, labelled as such).
+    """
+    if t_first is None or t_last is None:
+        return None, None
+    span = t_last - t_first
+    if span <= 0:
+        return None, None
+    if completion_tokens is not None and completion_tokens > 1:
+        return (completion_tokens - 1) / span, "usage"
+    if chunks > 1:
+        return (chunks - 1) / span, "chunks"
+    return None, None
+
+
+def gap_percentiles(times: list[float]) -> tuple[float | None, float | None]:
+    if len(times) < 2:
+        return None, None
+    gaps = sorted(b - a for a, b in zip(times, times[1:]))
+    return quantile(gaps, 0.5), quantile(gaps, 0.99)
+
+
+def quantile(sorted_values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default), on an already sorted list."""
+    n = len(sorted_values)
+    if n == 1:
+        return sorted_values[0]
+    pos = q * (n - 1)
+    lo = int(pos)
+    hi = min(lo + 1, n - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def reported_cached_tokens(usage: dict[str, Any]) -> int | None:
+    """Cached prompt tokens as the engine reported them; None when it did not report (≠ 0)."""
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and details.get("cached_tokens") is not None:
+        return _int(details.get("cached_tokens"))
+    return None
+
+
+def reasoning_tokens(usage: dict[str, Any]) -> int | None:
+    details = usage.get("completion_tokens_details")
+    if isinstance(details, dict) and details.get("reasoning_tokens") is not None:
+        return _int(details.get("reasoning_tokens"))
+    return _int(usage.get("reasoning_tokens"))  # SGLang reports it at the top level
+
+
+def _output_text(ex: Exchange) -> str:
+    gen = ex.generated
+    parts = ["".join(gen.reasoning), "".join(gen.content)]
+    for i in sorted(gen.tool_calls):
+        fn = gen.tool_calls[i].get("function") or {}
+        parts.append(str(fn.get("name", "")) + str(fn.get("arguments", "")))
+    return "\x1e".join(p for p in parts if p)
+
+
+def _capture(ex: Exchange, cap: int) -> str:
+    """Request body and generated message, each cut to `cap` bytes (debugging only, opt-in)."""
+    req = orjson.dumps(ex.body) if ex.body is not None else b""
+    out = orjson.dumps(ex.generated.as_message())
+    doc = {
+        "request": req[:cap].decode("utf-8", "ignore"),
+        "request_truncated": len(req) > cap,
+        "output": out[:cap].decode("utf-8", "ignore"),
+        "output_truncated": len(out) > cap,
+    }
+    return orjson.dumps(doc).decode()
+
+
+def _since(start: float, t: float | None) -> float | None:
+    return None if t is None else max(0.0, t - start)
+
+
+def _int(v: Any) -> int | None:
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return None
+
+
+def _float(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _str(v: Any) -> str | None:
+    if v is None:
+        return None
+    s = v if isinstance(v, str) else str(v)
+    return s[:200]

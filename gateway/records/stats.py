@@ -1,0 +1,284 @@
+"""Summaries of records: the per-lane table of `gateway stats`, and the admin page's chart series.
+
+Pure functions over row dicts, so SQLite, the Redis stream and tests all feed the same code.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from typing import Any, Iterable
+
+from .record import quantile
+
+# The columns a summary needs (the SQLite store selects only these).
+STATS_COLUMNS = (
+    "ts", "lane", "status", "cancelled", "stream", "ttfb_s", "ttft_s", "decode_tps", "gateway_s", "total_s",
+    "prompt_tokens", "cached_tokens", "predicted_cached_tokens", "completion_tokens", "reasoning_tokens",
+    "verdict", "cause", "tokens_lost", "seconds_lost", "effort_action", "limits_fired",
+)
+
+Row = dict[str, Any]
+
+
+def lane_key(row: Row) -> str:
+    return row.get("lane") or "(none)"
+
+
+def is_error(row: Row) -> bool:
+    """Failed answers: HTTP >= 400, except a client that went away (counted as cancelled)."""
+    return (row.get("status") or 0) >= 400 and not row.get("cancelled") and row.get("status") != 499
+
+
+def summarize(rows: Iterable[Row]) -> Row:
+    """One lane's (or all lanes') figures over `rows`."""
+    n = errors = cancelled = 0
+    ttft: list[float] = []
+    ttfb: list[float] = []
+    decode: list[float] = []
+    gateway: list[float] = []
+    prompt = prompt_reported = cached = predicted = completion = reasoning = 0
+    predicted_n = 0
+    verdicts: dict[str, int] = defaultdict(int)
+    drift_lost: dict[str, int] = defaultdict(int)
+    drift_seconds: dict[str, float] = defaultdict(float)
+    eviction_lost = 0
+    effort_rewrites = limits = 0
+    for r in rows:
+        n += 1
+        if is_error(r):
+            errors += 1
+        if r.get("cancelled") or r.get("status") == 499:
+            cancelled += 1
+        ok = 0 < (r.get("status") or 0) < 400
+        if ok and r.get("stream") and r.get("ttft_s") is not None:
+            ttft.append(r["ttft_s"])
+        if ok and r.get("ttfb_s") is not None:
+            ttfb.append(r["ttfb_s"])
+        if r.get("decode_tps") is not None:
+            decode.append(r["decode_tps"])
+        if r.get("gateway_s") is not None:
+            gateway.append(r["gateway_s"])
+        p = r.get("prompt_tokens") or 0
+        prompt += p
+        if r.get("cached_tokens") is not None:
+            cached += r["cached_tokens"]
+            prompt_reported += p
+        if r.get("predicted_cached_tokens") is not None:
+            predicted += r["predicted_cached_tokens"]
+            predicted_n += 1
+        completion += r.get("completion_tokens") or 0
+        reasoning += r.get("reasoning_tokens") or 0
+        verdict = r.get("verdict") or "unknown"
+        verdicts[verdict] += 1
+        if verdict == "drift":
+            cause = r.get("cause") or "unknown"
+            drift_lost[cause] += r.get("tokens_lost") or 0
+            drift_seconds[cause] += r.get("seconds_lost") or 0.0
+        elif verdict == "eviction":
+            eviction_lost += r.get("tokens_lost") or 0
+        if r.get("effort_action") == "pinned":  # the gateway rewrote the request's effort
+            effort_rewrites += 1
+        if r.get("limits_fired"):
+            limits += 1
+    return {
+        "requests": n,
+        "errors": errors,
+        "error_ratio": errors / n if n else None,
+        "cancelled": cancelled,
+        "ttft_p50_s": _q(ttft, 0.5),
+        "ttft_p95_s": _q(ttft, 0.95),
+        "ttfb_p50_s": _q(ttfb, 0.5),
+        "decode_tps_p50": _q(decode, 0.5),
+        "decode_tps_p10": _q(decode, 0.1),
+        "gateway_p50_s": _q(gateway, 0.5),
+        "prompt_tokens": prompt,
+        "prompt_tokens_with_cache_report": prompt_reported,
+        "cached_tokens": cached,
+        "cache_hit_ratio": cached / prompt_reported if prompt_reported else None,
+        "predicted_cached_tokens": predicted,
+        "predicted_requests": predicted_n,
+        "completion_tokens": completion,
+        "reasoning_tokens": reasoning,
+        "verdicts": dict(verdicts),
+        "drift_tokens_lost": sum(drift_lost.values()),
+        "drift_tokens_lost_by_cause": dict(sorted(drift_lost.items(), key=lambda kv: -kv[1])),
+        "drift_seconds_lost_by_cause": dict(drift_seconds),
+        "eviction_tokens_lost": eviction_lost,
+        "effort_rewrites": effort_rewrites,
+        "requests_with_limits": limits,
+    }
+
+
+def compute_stats(rows: list[Row], window_s: float, now: float | None = None) -> Row:
+    """{"window_s", "since", "lanes": {lane: summary}, "total": summary}."""
+    now = time.time() if now is None else now
+    by_lane: dict[str, list[Row]] = defaultdict(list)
+    for r in rows:
+        by_lane[lane_key(r)].append(r)
+    return {
+        "window_s": window_s,
+        "since": now - window_s,
+        "until": now,
+        "lanes": {lane: summarize(rs) for lane, rs in sorted(by_lane.items())},
+        "total": summarize(rows),
+    }
+
+
+def series(rows: list[Row], window_s: float, buckets: int = 60, now: float | None = None) -> Row:
+    """Per-lane time series for charts: cache-hit ratio by tokens, requests, p50 TTFT and decode speed."""
+    now = time.time() if now is None else now
+    buckets = max(1, min(buckets, 720))
+    start = now - window_s
+    width = window_s / buckets
+    grid: dict[str, list[list[Row]]] = defaultdict(lambda: [[] for _ in range(buckets)])
+    for r in rows:
+        i = int((r["ts"] - start) / width)
+        if 0 <= i < buckets:
+            grid[lane_key(r)][i].append(r)
+    lanes: dict[str, Row] = {}
+    for lane, cells in sorted(grid.items()):
+        out: dict[str, list[Any]] = defaultdict(list)
+        for cell in cells:
+            reported = [r for r in cell if r.get("cached_tokens") is not None]
+            p = sum(r.get("prompt_tokens") or 0 for r in reported)
+            c = sum(r["cached_tokens"] for r in reported)
+            out["requests"].append(len(cell))
+            out["errors"].append(sum(1 for r in cell if is_error(r)))
+            out["hit_ratio"].append(c / p if p else None)
+            out["tokens_lost"].append(sum(r.get("tokens_lost") or 0 for r in cell
+                                          if r.get("verdict") in ("drift", "eviction")))
+            ttft = sorted(r["ttft_s"] for r in cell if r.get("stream") and r.get("ttft_s") is not None
+                          and 0 < (r.get("status") or 0) < 400)
+            out["ttft_p50_s"].append(_q(ttft, 0.5, presorted=True))
+            dec = sorted(r["decode_tps"] for r in cell if r.get("decode_tps") is not None)
+            out["decode_tps_p50"].append(_q(dec, 0.5, presorted=True))
+        lanes[lane] = dict(out)
+    return {"start": start, "width_s": width, "buckets": buckets,
+            "t": [start + i * width for i in range(buckets)], "lanes": lanes}
+
+
+def decode_histogram(rows: list[Row], bins: int = 20) -> Row:
+    """Decode tok/s distribution per lane on shared, round-numbered bin edges."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        if r.get("decode_tps") is not None:
+            values[lane_key(r)].append(r["decode_tps"])
+    allv = [v for vs in values.values() for v in vs]
+    if not allv:
+        return {"edges": [], "lanes": {}}
+    lo, hi = min(allv), max(allv)
+    step = _nice_step((hi - lo) / bins if hi > lo else max(hi, 1.0) / bins)
+    first = math.floor(lo / step) * step
+    n = max(1, math.ceil((hi - first) / step + 1e-9))
+    if first + n * step <= hi:
+        n += 1
+    edges = [round(first + i * step, 6) for i in range(n + 1)]
+    lanes: dict[str, list[int]] = {}
+    for lane, vs in sorted(values.items()):
+        counts = [0] * n
+        for v in vs:
+            counts[min(n - 1, int((v - first) / step))] += 1
+        lanes[lane] = counts
+    return {"edges": edges, "lanes": lanes}
+
+
+def lost_by_cause(rows: list[Row]) -> Row:
+    """Tokens and seconds lost per cause (drift causes, plus 'eviction'), split by lane."""
+    tokens: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    seconds: dict[str, float] = defaultdict(float)
+    for r in rows:
+        v = r.get("verdict")
+        if v not in ("drift", "eviction"):
+            continue
+        cause = "eviction" if v == "eviction" else (r.get("cause") or "unknown")
+        tokens[cause][lane_key(r)] += r.get("tokens_lost") or 0
+        seconds[cause] += r.get("seconds_lost") or 0.0
+    order = sorted(tokens, key=lambda c: -sum(tokens[c].values()))
+    return {"causes": [{"cause": c, "tokens": sum(tokens[c].values()), "seconds": seconds[c],
+                        "by_lane": dict(tokens[c])} for c in order]}
+
+
+def format_table(stats: Row) -> str:
+    """The per-lane table `gateway stats` prints."""
+    head = ["lane", "reqs", "errors", "ttft p50", "ttft p95", "decode p50", "cache hit", "drift lost", "evict lost"]
+    lines = [head]
+    items = list(stats["lanes"].items())
+    if len(items) > 1:
+        items.append(("ALL", stats["total"]))
+    for lane, s in items:
+        lines.append([
+            lane, str(s["requests"]), _pct_n(s["errors"], s["error_ratio"]),
+            _secs(s["ttft_p50_s"]), _secs(s["ttft_p95_s"]),
+            "-" if s["decode_tps_p50"] is None else f"{s['decode_tps_p50']:.1f} tok/s",
+            "-" if s["cache_hit_ratio"] is None else f"{100 * s['cache_hit_ratio']:.1f}%",
+            _tokens(s["drift_tokens_lost"]), _tokens(s["eviction_tokens_lost"]),
+        ])
+    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
+    out = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+           for row in lines]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    causes: dict[str, int] = defaultdict(int)
+    for _, s in stats["lanes"].items():
+        for cause, t in s["drift_tokens_lost_by_cause"].items():
+            causes[cause] += t
+    window = _window_text(stats["window_s"])
+    text = f"last {window}\n" + "\n".join(out)
+    if causes:
+        text += "\n\ntokens lost to drift, by cause:\n" + "\n".join(
+            f"  {c:<32} {_tokens(t):>10}" for c, t in sorted(causes.items(), key=lambda kv: -kv[1]))
+    return text
+
+
+def _q(values: list[float], q: float, presorted: bool = False) -> float | None:
+    if not values:
+        return None
+    return quantile(values if presorted else sorted(values), q)
+
+
+def _nice_step(raw: float) -> float:
+    if raw <= 0:
+        return 1.0
+    mag = 10 ** math.floor(math.log10(raw))
+    for m in (1, 2, 2.5, 5, 10):
+        if raw <= m * mag:
+            return m * mag
+    return 10 * mag
+
+
+def _secs(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s"
+
+
+def _tokens(v: int) -> str:
+    if v >= 1_000_000:
+        return f"{v / 1e6:.2f}M"
+    if v >= 10_000:
+        return f"{v / 1e3:.1f}K"
+    return str(v)
+
+
+def _pct_n(n: int, ratio: float | None) -> str:
+    return f"{n}" if not n or ratio is None else f"{n} ({100 * ratio:.1f}%)"
+
+
+def _window_text(s: float) -> str:
+    if s % 86400 == 0:
+        return f"{int(s // 86400)}d"
+    if s % 3600 == 0:
+        return f"{int(s // 3600)}h"
+    if s % 60 == 0:
+        return f"{int(s // 60)}m"
+    return f"{s:g}s"
+
+
+def parse_window(text: str) -> float:
+    """'90s', '15m', '1h', '7d' or plain seconds."""
+    text = text.strip().lower()
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    if text and text[-1] in units:
+        return float(text[:-1]) * units[text[-1]]
+    return float(text)

@@ -1,0 +1,219 @@
+"""Records in a local SQLite file: the default store, no server needed.
+
+Writes go through a queue to one writer thread that inserts in batches, so the event loop never
+touches the disk. Retention: rows older than `max_age_s` and beyond the newest `max_rows` are
+deleted every minute. WAL mode lets readers (the admin page, `gateway stats`, other worker
+processes writing the same file) run beside the writer.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from .record import FIELDS
+from .stats import STATS_COLUMNS
+
+log = logging.getLogger("gateway.records.sqlite")
+
+FILENAME = "records.sqlite3"
+_STOP = object()
+
+
+def connect(path: Path, readonly: bool = False) -> sqlite3.Connection:
+    if readonly:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0, check_same_thread=False)
+    else:
+        conn = sqlite3.connect(path, timeout=5.0, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across app crashes, fast
+    conn.execute("PRAGMA busy_timeout=5000")
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+def ensure_schema(conn: sqlite3.Connection) -> None:
+    cols = ", ".join(f'"{name}" {kind}' for name, kind in FIELDS.items())
+    conn.execute(f"CREATE TABLE IF NOT EXISTS records (id INTEGER PRIMARY KEY AUTOINCREMENT, {cols})")
+    have = {row[1] for row in conn.execute("PRAGMA table_info(records)")}
+    for name, kind in FIELDS.items():  # a newer gateway on an older file: add the new columns
+        if name not in have:
+            conn.execute(f'ALTER TABLE records ADD COLUMN "{name}" {kind}')
+    conn.execute("CREATE INDEX IF NOT EXISTS records_ts ON records(ts)")
+    conn.execute("CREATE INDEX IF NOT EXISTS records_lane_ts ON records(lane, ts)")
+    conn.execute("CREATE INDEX IF NOT EXISTS records_conversation ON records(conversation)")
+    conn.commit()
+
+
+class RecordReader:
+    """Queries over a records file. Safe from any thread (one connection per thread)."""
+
+    def __init__(self, path: Path, readonly: bool = False) -> None:
+        self.path = path
+        self._readonly = readonly
+        self._local = threading.local()
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = connect(self.path, readonly=self._readonly)
+        return conn
+
+    def recent(self, limit: int = 100, lane: str | None = None, since: float | None = None,
+               conversation: str | None = None) -> list[dict[str, Any]]:
+        where, args = _filters(lane, since, conversation)
+        sql = f"SELECT * FROM records{where} ORDER BY id DESC LIMIT ?"
+        rows = self._conn().execute(sql, (*args, max(1, min(int(limit), 10_000)))).fetchall()
+        return [dict(r) for r in rows]
+
+    def rows(self, since: float, lane: str | None = None) -> list[dict[str, Any]]:
+        """The columns summaries need, for every record since `since`."""
+        where, args = _filters(lane, since, None)
+        cols = ", ".join(f'"{c}"' for c in STATS_COLUMNS)
+        rows = self._conn().execute(f"SELECT {cols} FROM records{where} ORDER BY ts", args).fetchall()
+        return [dict(r) for r in rows]
+
+    def count(self) -> int:
+        return int(self._conn().execute("SELECT COUNT(*) FROM records").fetchone()[0])
+
+
+def _filters(lane: str | None, since: float | None, conversation: str | None) -> tuple[str, tuple]:
+    clauses, args = [], []
+    if lane:
+        clauses.append("lane = ?")
+        args.append(lane)
+    if since is not None:
+        clauses.append("ts >= ?")
+        args.append(float(since))
+    if conversation:
+        clauses.append("conversation = ?")
+        args.append(conversation)
+    return (" WHERE " + " AND ".join(clauses) if clauses else ""), tuple(args)
+
+
+class SQLiteStore(RecordReader):
+    """Batched writer plus reader. `put` never blocks; a full queue drops the record and counts it."""
+
+    def __init__(self, data_dir: Path, max_age_s: float = 7 * 86400, max_rows: int = 1_000_000,
+                 batch: int = 512, flush_interval_s: float = 0.2, max_queue: int = 100_000) -> None:
+        super().__init__(Path(data_dir) / FILENAME)
+        self.max_age_s = max_age_s
+        self.max_rows = max_rows
+        self.batch = batch
+        self.flush_interval_s = flush_interval_s
+        self.written = 0
+        self.dropped = 0
+        self.errors = 0
+        self._queue: queue.Queue[Any] = queue.Queue(max_queue)
+        self._thread: threading.Thread | None = None
+        self._pending = 0  # put but not yet committed; lets flush() wait for exactly that
+        self._cv = threading.Condition()
+        self._columns = list(FIELDS)
+        cols = ", ".join(f'"{c}"' for c in self._columns)
+        marks = ", ".join("?" for _ in self._columns)
+        self._insert = f"INSERT INTO records ({cols}) VALUES ({marks})"
+
+    def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = connect(self.path)
+        ensure_schema(conn)
+        self._prune(conn)
+        conn.close()
+        self._thread = threading.Thread(target=self._run, name="records-sqlite", daemon=True)
+        self._thread.start()
+
+    def put(self, record: dict[str, Any]) -> None:
+        with self._cv:
+            self._pending += 1
+        try:
+            self._queue.put_nowait(record)
+        except queue.Full:
+            self.dropped += 1
+            self._settle(1)
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Block until everything put so far is committed (tests, shutdown)."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while self._pending > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+        return True
+
+    def close(self, timeout: float = 5.0) -> None:
+        if self._thread is None:
+            return
+        self._queue.put(_STOP)
+        self._thread.join(timeout)
+        self._thread = None
+
+    def _settle(self, n: int) -> None:
+        with self._cv:
+            self._pending -= n
+            if self._pending <= 0:
+                self._cv.notify_all()
+
+    def _run(self) -> None:
+        conn = connect(self.path)
+        last_prune = time.monotonic()
+        stop = False
+        while not stop:
+            try:
+                first = self._queue.get(timeout=1.0)
+            except queue.Empty:
+                first = None
+            items = [] if first is None else [first]
+            # Gather a batch: whatever is already queued, waiting at most one flush interval.
+            deadline = time.monotonic() + self.flush_interval_s
+            while items and len(items) < self.batch:
+                try:
+                    items.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
+                except queue.Empty:
+                    break
+            if _STOP in items:
+                stop = True
+                items = [i for i in items if i is not _STOP]
+            if items:
+                self._write(conn, items)
+            if time.monotonic() - last_prune > 60.0:
+                last_prune = time.monotonic()
+                self._prune(conn)
+        conn.close()
+
+    def _write(self, conn: sqlite3.Connection, items: list[dict[str, Any]]) -> None:
+        cols = self._columns
+        try:
+            conn.executemany(self._insert, [tuple(r.get(c) for c in cols) for r in items])
+            conn.commit()
+            self.written += len(items)
+        except sqlite3.Error as exc:
+            self.errors += 1
+            if self.errors == 1 or self.errors % 1000 == 0:
+                log.error("writing %d records to %s failed (%d failures so far): %s",
+                          len(items), self.path, self.errors, exc)
+            try:
+                conn.rollback()
+            except sqlite3.Error:
+                pass
+        finally:
+            self._settle(len(items))
+
+    def _prune(self, conn: sqlite3.Connection) -> None:
+        try:
+            if self.max_age_s > 0:
+                conn.execute("DELETE FROM records WHERE ts < ?", (time.time() - self.max_age_s,))
+            if self.max_rows > 0:
+                row = conn.execute("SELECT id FROM records ORDER BY id DESC LIMIT 1 OFFSET ?",
+                                   (self.max_rows,)).fetchone()
+                if row is not None:
+                    conn.execute("DELETE FROM records WHERE id <= ?", (row[0],))
+            conn.commit()
+        except sqlite3.Error as exc:
+            log.warning("pruning %s failed: %s", self.path, exc)
