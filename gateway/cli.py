@@ -94,9 +94,9 @@ def start_emulators(config) -> list[subprocess.Popen]:
             continue
         for url in lane.replicas:
             parts = urlsplit(url)
+            knobs = {"flavour": lane.emulator.flavour, "model": lane.upstream_model, **lane.emulator.knobs}
             cmd = [sys.executable, "-m", "gateway.emulator", "--host", parts.hostname or "127.0.0.1",
-                   "--port", str(parts.port or 80), "--flavour", lane.emulator.flavour,
-                   "--model", lane.upstream_model, "--knobs", json.dumps(lane.emulator.knobs)]
+                   "--port", str(parts.port or 80), "--config-json", json.dumps(knobs)]
             children.append(subprocess.Popen(cmd))
             _wait_http(url + "/v1/models", 20.0)
             print(f"  emulator for lane {name}: {url} ({lane.emulator.flavour})", flush=True)

@@ -86,6 +86,13 @@ class CacheModel(_Strict):
     prefill_tokens_per_s: float = Field(20000.0, gt=0, description="to turn tokens lost into seconds lost")
 
 
+class Breaker(_Strict):
+    """Per-replica circuit breaker: open after N consecutive failures, probe again after a cool-down."""
+
+    failures: int = Field(3, ge=1)
+    cool_down_s: float = Field(5.0, gt=0)
+
+
 class Override(_Strict):
     reason: str = Field(min_length=1)
 
@@ -103,6 +110,7 @@ class Lane(_Strict):
     upstream_model: str = Field(min_length=1)
     api_key_env: str | None = Field(None, description="name of the environment variable holding the upstream key")
     timeouts: Timeouts = Field(default_factory=Timeouts)
+    breaker: Breaker = Field(default_factory=Breaker)
     render: RenderConfig = Field(default_factory=RenderConfig)
     limits: Limits = Field(default_factory=Limits)
     effort_policy: Literal["pin", "warn", "off"] = "pin"

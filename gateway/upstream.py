@@ -32,7 +32,7 @@ class Replica:
         return self.open_until <= now
 
 
-@dataclass
+@dataclass(frozen=True)
 class BreakerSettings:
     failures_to_open: int = 3
     cool_down_s: float = 5.0
@@ -61,10 +61,11 @@ class Upstream:
 
     @classmethod
     def for_lane(cls, lane: Lane) -> "Upstream":
-        return cls([Replica(u) for u in lane.replicas], lane.timeouts, lane.upstream_api_key())
+        breaker = BreakerSettings(lane.breaker.failures, lane.breaker.cool_down_s)
+        return cls([Replica(u) for u in lane.replicas], lane.timeouts, lane.upstream_api_key(), breaker)
 
     def identity(self) -> tuple:
-        return (tuple(r.url for r in self.replicas), self.timeouts, self.api_key)
+        return (tuple(r.url for r in self.replicas), self.timeouts, self.api_key, self.breaker)
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
