@@ -22,14 +22,27 @@ from typing import Any
 DEFAULT_BUDGET_BYTES = 256 * 1024 * 1024
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RenderedItem:
     text: str
     fields: tuple[tuple[str, int, int], ...]
     digest: int
+    starts_special: bool = False  # text starts with a special token (a safe tokenization boundary)
+    ends_special: bool = False
 
     def nbytes(self) -> int:
         return sys.getsizeof(self.text) + 72 + 80 * len(self.fields)
+
+
+class ItemEntry:
+    """A cached rendered item, plus (once tokenized) its token ids and the last Segment built from it."""
+
+    __slots__ = ("item", "ids", "seg")
+
+    def __init__(self, item: RenderedItem) -> None:
+        self.item = item
+        self.ids: Any = None
+        self.seg: Any = None
 
 
 @dataclass
@@ -53,7 +66,7 @@ class SegmentCache:
     def __init__(self, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
         self.budget_bytes = int(budget_bytes)
         self._lock = threading.Lock()
-        self._data: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
+        self._data: OrderedDict[Any, list] = OrderedDict()  # key -> [value, size]
         self._bytes = 0
         self.render_hits = 0
         self.render_misses = 0
@@ -75,32 +88,62 @@ class SegmentCache:
         old = self._data.pop(key, None)
         if old is not None:
             self._bytes -= old[1]
-        self._data[key] = (value, size)
+        self._data[key] = [value, size]
         self._bytes += size
+        self._evict()
+
+    def _evict(self) -> None:
         while self._bytes > self.budget_bytes and self._data:
             _, (_, s) = self._data.popitem(last=False)
             self._bytes -= s
             self.evictions += 1
 
     # -- rendered items ------------------------------------------------------------------------
-    def get_items(self, keys: list[Any]) -> list[RenderedItem | None]:
+    def _get_many(self, tag: str, keys: list[Any]) -> tuple[list[Any], int]:
+        data = self._data
+        get = data.get
+        mte = data.move_to_end
+        out: list[Any] = []
+        hits = 0
+        for k in keys:
+            kk = (tag, k)
+            e = get(kk)
+            if e is None:
+                out.append(None)
+            else:
+                mte(kk)
+                out.append(e[0])
+                hits += 1
+        return out, hits
+
+    def get_items(self, keys: list[Any]) -> list[ItemEntry | None]:
         with self._lock:
-            out = [self._get(("r", k)) for k in keys]
-            hits = sum(1 for v in out if v is not None)
+            out, hits = self._get_many("r", keys)
             self.render_hits += hits
             self.render_misses += len(out) - hits
             return out
 
-    def put_items(self, pairs: list[tuple[Any, RenderedItem]]) -> None:
+    def put_items(self, pairs: list[tuple[Any, ItemEntry]]) -> None:
         with self._lock:
             for k, v in pairs:
-                self._put(("r", k), v, v.nbytes() + 120)
+                self._put(("r", k), v, v.item.nbytes() + 200)
+
+    def attach_tokens(self, pairs: list[tuple[Any, ItemEntry, Any]]) -> None:
+        """Give cached items their token ids (counted in the budget while the item stays cached)."""
+        with self._lock:
+            for k, entry, ids in pairs:
+                entry.ids = ids
+                slot = self._data.get(("r", k))
+                if slot is not None and slot[0] is entry:
+                    add = 4 * len(ids) + 64
+                    slot[1] += add
+                    self._bytes += add
+            self._evict()
 
     # -- token ids -----------------------------------------------------------------------------
     def get_tokens(self, keys: list[Any]) -> list[Any]:
         with self._lock:
-            out = [self._get(("t", k)) for k in keys]
-            hits = sum(1 for v in out if v is not None)
+            out, hits = self._get_many("t", keys)
             self.token_hits += hits
             self.token_misses += len(out) - hits
             return out

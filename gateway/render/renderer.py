@@ -27,7 +27,7 @@ import jinja2
 import orjson
 import xxhash
 
-from .cache import RenderedItem, SegmentCache, default_cache
+from .cache import ItemEntry, RenderedItem, SegmentCache, default_cache
 from .template import ChatTemplate, load_template
 from .tokenizer import TextTokenizer, load_tokenizer
 
@@ -88,13 +88,13 @@ class RenderError(ValueError):
                                param=self.param, code="invalid_prompt")
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Segment:
     message_index: int  # request index of the (first) message this span renders; -1 = inserted system
     role: str  # "system", "user", "assistant", "tool", "developer"; "prefix" for an inserted system
     text: str
     token_ids: Sequence[int]  # array('I')
-    fields: list[tuple[str, int, int]]  # char spans inside text
+    fields: Sequence[tuple[str, int, int]]  # char spans inside text (a shared tuple: do not mutate)
     digest: int  # xxhash64 of text
     message_indices: tuple[int, ...] = ()  # every request message this span renders
 
@@ -119,12 +119,17 @@ class Rendered:
         return self._prompt
 
     @property
+    def token_array(self) -> array:
+        """All token ids as one array('I') (cheaper than the list)."""
+        a = array("I")
+        for s in self.segments:
+            a.extend(s.token_ids) if isinstance(s.token_ids, array) else a.extend(array("I", s.token_ids))
+        return a
+
+    @property
     def token_ids(self) -> list[int]:
         if self._ids is None:
-            a = array("I")
-            for s in self.segments:
-                a.extend(s.token_ids) if isinstance(s.token_ids, array) else a.extend(array("I", s.token_ids))
-            self._ids = a.tolist()
+            self._ids = self.token_array.tolist()
         return self._ids
 
     @property
@@ -291,60 +296,68 @@ class _Item:
 
 
 def _plan(roles: list[str], msgs: list[dict], thinking: bool, eff_drop: bool, agp: bool = True) -> list[_Item]:
+    """Items and their context, exactly as the template's top level computes them."""
     n = len(roles)
     last_ul = -1
     for k in range(n - 1, -1, -1):
         r = roles[k]
-        if r in ("user", "tool", "developer") or (r == "system" and k > 0):
+        if r == "user" or r == "tool" or r == "developer" or (r == "system" and k > 0):
             last_ul = k
             break
 
-    def dropped(k: int) -> bool:
-        return eff_drop and roles[k] == "developer" and k < last_ul
-
-    first_kept = next((k for k in range(n) if not dropped(k)), -1)
+    if eff_drop:
+        drop = [r == "developer" and k < last_ul for k, r in enumerate(roles)]
+    else:
+        drop = None
+    first_kept = next((k for k in range(n) if not drop[k]), -1) if drop else 0
     last_ul2 = -1 if (last_ul >= 0 and last_ul == first_kept and roles[last_ul] == "system") else last_ul
 
     items: list[_Item] = []
-    order: tuple = ()
+    last_tc = -1  # the latest assistant message with tool_calls
     started = False
     k = 0
+    think_hdr = "<think>" if thinking else "</think>"
     while k < n:
         r = roles[k]
-        if r in ("user", "tool"):
-            end = k
-            while end + 1 < n and roles[end + 1] in ("user", "tool"):
+        end = k
+        if r == "user" or r == "tool":
+            while end + 1 < n and (roles[end + 1] == "user" or roles[end + 1] == "tool"):
                 end += 1
-        else:
-            end = k
-        if not dropped(k):
-            nxt = None
-            for j in range(end + 1, n):
-                if not dropped(j):
-                    nxt = roles[j]
-                    break
+        if drop is None or not drop[k]:
+            j = end + 1
+            if drop is not None:
+                while j < n and drop[j]:
+                    j += 1
+            nxt = roles[j] if j < n else None
             first = not started
-            userlike = r in ("user", "tool", "developer") or (r == "system" and not first)
+            userlike = r == "user" or r == "tool" or r == "developer" or (r == "system" and not first)
             header = None
             if userlike and (nxt == "assistant" or (nxt is None and agp)):
-                header = "<think>" if (thinking and (not eff_drop or end >= last_ul2)) else "</think>"
+                header = think_hdr if (not eff_drop or end >= last_ul2) else "</think>"
             think = r == "assistant" and thinking and (not eff_drop or k > last_ul2)
             item_order: tuple = ()
-            if end > k and any(order):
+            if end > k and last_tc >= 0:
                 n_tool = 0
                 for j in range(k, end + 1):
                     if roles[j] == "tool":
                         n_tool += 1
                 if n_tool > 1:
-                    item_order = order
+                    order = tuple(_tool_call_id(tc) for tc in msgs[last_tc]["tool_calls"])
+                    if any(order):
+                        item_order = order
             items.append(_Item("user" if r == "tool" else r, k, end, first, think, header, item_order))
             started = True
         if r == "assistant":
             tcs = msgs[k].get("tool_calls")
-            if tcs:
-                order = tuple(_tool_call_id(tc) for tc in tcs)
+            if tcs and isinstance(tcs, list):
+                last_tc = k
         k = end + 1
     return items
+
+
+def _item(text: str, fields: tuple) -> RenderedItem:
+    return RenderedItem(text, fields, xxh64(text), text.startswith(SPECIAL_BOUNDARY_TOKENS),
+                        text.endswith(SPECIAL_BOUNDARY_TOKENS))
 
 
 def _parse_marked(out: str) -> tuple[int, str, tuple[tuple[str, int, int], ...]]:
@@ -406,13 +419,13 @@ class Renderer:
     def render(self, body: dict, options: RenderOptions | None = None) -> Rendered:
         prep = self._prepare(body, options or self.defaults)
         tok = load_tokenizer(prep.options.tokenizer_path)
-        rendered, misses = self._render_items(prep)
-        return self._assemble(prep, rendered, tok, misses)
+        entries, keys, misses = self._render_items(prep)
+        return self._assemble(prep, entries, keys, tok, misses)
 
     def render_text(self, body: dict, options: RenderOptions | None = None) -> str:
         """The prompt text only (no tokenization)."""
         prep = self._prepare(body, options or self.defaults)
-        return "".join(r.text for r in self._render_items(prep)[0])
+        return "".join(e.item.text for e in self._render_items(prep)[0])
 
     def render_template(self, body: dict, options: RenderOptions | None = None, *, segment_marker: str = "") -> str:
         """The whole prompt from one full template render (the engine's path); for checks and debugging."""
@@ -458,7 +471,7 @@ class Renderer:
         if ids is None:
             ids = tok.encode(item.text)
             self.cache.put_tokens([(key, ids)])
-        return Segment(n, "assistant", item.text, ids, list(item.fields), item.digest, (n,))
+        return Segment(n, "assistant", item.text, ids, item.fields, item.digest, (n,))
 
     # -- preparation ------------------------------------------------------------------------------
     def _prepare(self, body: dict, opts: RenderOptions) -> _Prepared:
@@ -541,12 +554,12 @@ class Renderer:
         except jinja2.TemplateError as e:
             raise _template_error(e) from None
         _, text, fields = _parse_marked(str(out))
-        return RenderedItem(text, fields, xxh64(text))
+        return _item(text, fields)
 
-    def _render_items(self, prep: _Prepared) -> tuple[list[RenderedItem], int]:
+    def _render_items(self, prep: _Prepared) -> tuple[list[ItemEntry], list[tuple], int]:
         keys = [self._item_key(prep, it) for it in prep.items]
         found = self.cache.get_items(keys)
-        new: list[tuple[Any, RenderedItem]] = []
+        new: list[tuple[Any, ItemEntry]] = []
         for j, it in enumerate(prep.items):
             if found[j] is not None:
                 continue
@@ -555,54 +568,89 @@ class Renderer:
                 for k, m in zip(range(it.start, it.end + 1), prep.msgs[it.start:it.end + 1])
             ]
             ri = self._call_macro(prep.template, it.role, it.start - prep.offset, members, self._context(prep, it))
-            found[j] = ri
-            new.append((keys[j], ri))
+            entry = ItemEntry(ri)
+            found[j] = entry
+            new.append((keys[j], entry))
         if new:
             self.cache.put_items(new)
-        return found, len(new)  # type: ignore[return-value]
+        return found, keys, len(new)  # type: ignore[return-value]
 
-    def _assemble(self, prep: _Prepared, rendered: list[RenderedItem], tok: TextTokenizer, misses: int) -> Rendered:
+    def _assemble(self, prep: _Prepared, entries: list[ItemEntry], keys: list[tuple], tok: TextTokenizer,
+                  misses: int) -> Rendered:
         # Group items into segments; join an item to the previous one when their boundary is not a
         # special token (tokenization could then merge across it).
         groups: list[list[int]] = []
-        for j, ri in enumerate(rendered):
-            if groups:
-                prev = rendered[groups[-1][-1]].text
-                if not prev.endswith(SPECIAL_BOUNDARY_TOKENS) and not ri.text.startswith(SPECIAL_BOUNDARY_TOKENS):
-                    groups[-1].append(j)
-                    continue
-            groups.append([j])
-        seg_texts: list[tuple[str, int, tuple]] = []
-        for g in groups:
-            if len(g) == 1:
-                ri = rendered[g[0]]
-                seg_texts.append((ri.text, ri.digest, ri.fields))
+        prev_end = True
+        for j, e in enumerate(entries):
+            ri = e.item
+            if not prev_end and not ri.starts_special:
+                groups[-1].append(j)
             else:
-                text, fields, pos = [], [], 0
-                for j in g:
-                    ri = rendered[j]
-                    fields.extend((n, s + pos, e + pos) for n, s, e in ri.fields)
-                    text.append(ri.text)
-                    pos += len(ri.text)
-                t = "".join(text)
-                seg_texts.append((t, xxh64(t), tuple(fields)))
-        keys = [(tok.path, d, len(t)) for t, d, _ in seg_texts]
-        ids = self.cache.get_tokens(keys)
-        missing = [j for j, v in enumerate(ids) if v is None]
-        if missing:
-            enc = tok.encode_batch([seg_texts[j][0] for j in missing])
-            for j, a in zip(missing, enc):
-                ids[j] = a
-            self.cache.put_tokens([(keys[j], ids[j]) for j in missing])
-        segments = []
+                groups.append([j])
+            prev_end = ri.ends_special
         off = prep.offset
-        for g, (text, digest, fields), seg_ids in zip(groups, seg_texts, ids):
-            it = prep.items[g[0]]
+        items = prep.items
+        msgs = prep.msgs
+        tok_path = tok.path
+        segments: list[Segment | None] = []
+        todo: list[tuple[int, str, list[int]]] = []  # (segment position, text, group) to tokenize
+        for g in groups:
+            it = items[g[0]]
             idx = it.start - off
-            role = "prefix" if idx < 0 else prep.msgs[it.start]["role"]
-            indices = tuple(k - off for j in g for k in range(prep.items[j].start, prep.items[j].end + 1))
-            segments.append(Segment(idx, role, text, seg_ids, list(fields), digest, indices))
-        return Rendered(segments, True, misses, len(missing))
+            if len(g) == 1:
+                e = entries[g[0]]
+                seg = e.seg
+                if seg is not None and seg.message_index == idx and e.ids is not None:
+                    segments.append(seg)
+                    continue
+                if e.ids is not None:
+                    ri = e.item
+                    role = "prefix" if idx < 0 else msgs[it.start]["role"]
+                    seg = Segment(idx, role, ri.text, e.ids, ri.fields, ri.digest, tuple(range(idx, it.end + 1 - off)))
+                    e.seg = seg
+                    segments.append(seg)
+                    continue
+                todo.append((len(segments), e.item.text, g))
+            else:
+                todo.append((len(segments), "".join(entries[j].item.text for j in g), g))
+            segments.append(None)
+        n_tok = 0
+        if todo:
+            # Token ids by text digest (shared with other items and requests), then tokenize the rest.
+            digests = [entries[g[0]].item.digest if len(g) == 1 else xxh64(t) for _, t, g in todo]
+            tkeys = [(tok_path, d, len(t)) for d, (_, t, _) in zip(digests, todo)]
+            ids = self.cache.get_tokens(tkeys)
+            missing = [j for j, v in enumerate(ids) if v is None]
+            if missing:
+                enc = tok.encode_batch([todo[j][1] for j in missing])
+                for j, a in zip(missing, enc):
+                    ids[j] = a
+                # Single items keep their ids on their cache entry (attach below); only merged
+                # segments go to the token table.
+                self.cache.put_tokens([(tkeys[j], ids[j]) for j in missing if len(todo[j][2]) > 1])
+            n_tok = len(missing)
+            attach = []
+            for (pos, text, g), d, seg_ids in zip(todo, digests, ids):
+                it = items[g[0]]
+                idx = it.start - off
+                role = "prefix" if idx < 0 else msgs[it.start]["role"]
+                if len(g) == 1:
+                    e = entries[g[0]]
+                    seg = Segment(idx, role, text, seg_ids, e.item.fields, d, tuple(range(idx, it.end + 1 - off)))
+                    e.seg = seg
+                    attach.append((keys[g[0]], e, seg_ids))
+                else:
+                    fields, p = [], 0
+                    for j in g:
+                        ri = entries[j].item
+                        fields.extend((n, s + p, x + p) for n, s, x in ri.fields)
+                        p += len(ri.text)
+                    indices = tuple(k - off for j in g for k in range(items[j].start, items[j].end + 1))
+                    seg = Segment(idx, role, text, seg_ids, tuple(fields), d, indices)
+                segments[pos] = seg
+            if attach:
+                self.cache.attach_tokens(attach)
+        return Rendered(segments, True, misses, n_tok)  # type: ignore[arg-type]
 
 
 def _template_error(e: jinja2.TemplateError) -> RenderError:
