@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(argv: Sequence[str] | None = None) -> tuple[EmulatorConfig, str, int]:
+    if argv and argv[0] == "--":
+        argv = argv[1:]  # `gateway emulate -- --port ...` forwards the separator
     args = build_parser().parse_args(argv)
     config = EmulatorConfig()
     if args.config_json:

@@ -63,6 +63,7 @@ class Emulator:
         r.add_post("/v1/completions", self.completions)
         r.add_get("/v1/models", self.models)
         r.add_get("/health", self.health)
+        r.add_get("/health_generate", self.health)  # SGLang's deeper probe
         r.add_post("/tokenize", self.tokenize)
         r.add_post("/v1/tokenize", self.tokenize)
         r.add_get("/emulator/stats", self.get_stats)
@@ -224,7 +225,8 @@ class Emulator:
                 f"output tokens. (parameter=input_tokens, value={n_prompt})"
             )
             raise _Rejected(_error(cfg, 400, msg, "BadRequestError", "input_tokens"))
-        if max_tokens is not None and n_prompt + max_tokens > limit:
+        # SGLang refuses input + max_new_tokens >= context length; vLLM only when it exceeds it.
+        if max_tokens is not None and n_prompt + max_tokens >= limit + (0 if sglang else 1):
             if sglang:
                 msg = (
                     f"Requested token count exceeds the model's maximum context length of {limit} tokens. You requested "

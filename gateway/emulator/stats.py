@@ -54,7 +54,8 @@ class Stats:
         self.completed = 0
         self.errors: dict[str, int] = {}
         self.active = 0
-        self.cancelled: list[dict[str, Any]] = []
+        self.cancelled: deque[dict[str, Any]] = deque(maxlen=1000)  # newest kept; the count is exact
+        self.cancelled_count = 0
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.recent: deque[RequestRecord] = deque(maxlen=keep)
@@ -76,6 +77,7 @@ class Stats:
     def cancel(self, rec: RequestRecord) -> None:
         if rec.died:
             return  # our own fault injection, not a client leaving
+        self.cancelled_count += 1
         self.cancelled.append(
             {
                 "request_id": rec.request_id, "at": time.time(), "elapsed_s": time.monotonic() - rec.t0,
@@ -91,8 +93,8 @@ class Stats:
             "completed": self.completed,
             "active": self.active,
             "errors": self.errors,
-            "cancelled_count": len(self.cancelled),
-            "cancelled": self.cancelled,
+            "cancelled_count": self.cancelled_count,
+            "cancelled": list(self.cancelled),
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
             "evictions": cache["evictions"],
