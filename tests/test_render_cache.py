@@ -13,9 +13,9 @@ def _item(n: int) -> ItemEntry:
 
 
 def test_lru_order_and_budget():
-    c = SegmentCache(budget_bytes=3000)
+    c = SegmentCache(budget_bytes=2500)
     c.put_tokens([(("t", i), array("I", range(100))) for i in range(5)])  # ~584 bytes each
-    assert c.bytes <= 3000
+    assert c.bytes <= 2500
     assert c.get_tokens([("t", 0)]) == [None]  # oldest went first
     got = c.get_tokens([("t", 4), ("t", 3)])
     assert all(g is not None for g in got)
