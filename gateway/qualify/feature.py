@@ -1,0 +1,337 @@
+"""Refuse unqualified lanes: the gate, the state in lane.extras, and the qualify routes.
+
+- At every (re)load a lane hook evaluates each lane against the record index and stores the state
+  in ``lane.extras["qualification"]``; the gate on the hot path reads only that dict.
+- A background task re-reads the records when they change (a new `gateway qualify` run), checks
+  the revision the replicas report on GET /v1/models, and re-evaluates.
+- ``POST /qualify/v1/chat/completions`` addresses a lane by its name (``"model": "<lane>"``), for
+  `gateway qualify --gateway URL`. It needs the qualify token (header ``X-Gateway-Qualify``) and
+  lets an unqualified lane through, so it can be qualified; every other policy still applies.
+- ``GET /qualify/state``, ``POST /qualify/refresh``, ``GET /qualify/records?lane=..``,
+  ``POST /qualify/records`` (token) for the CLI and the admin page.
+
+The token is ``$GATEWAY_QUALIFY_TOKEN``, or the admin key (``gateway.admin_key_env``), or else a
+random one the gateway writes to ``<data dir>/qualify.token`` (mode 0600) at start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import logging
+import os
+import secrets
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..errors import GatewayError
+from ..exchange import Exchange
+from ..runtime import LaneRuntime, Snapshot
+from .client import QUALIFY_HEADER, replica_revision
+from .records import RecordIndex, RecordStore, Summary, open_store
+from .state import evaluate
+
+if TYPE_CHECKING:
+    from ..app import Gateway
+
+log = logging.getLogger("gateway.qualify")
+
+POLL_S = float(os.environ.get("GATEWAY_QUALIFY_POLL_S", "1.0"))
+REVISION_EVERY_S = float(os.environ.get("GATEWAY_QUALIFY_REVISION_S", "60"))
+TOKEN_FILE = "qualify.token"
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
+
+
+def _ascii(text: str, limit: int = 200) -> str:
+    return text.encode("ascii", "replace").decode()[:limit]
+
+
+class QualificationService:
+    def __init__(self, gw: "Gateway", store: RecordStore | None = None) -> None:
+        self.gw = gw
+        self.store = store or open_store(gw.settings.routes_path, None, gw.settings.redis_url)
+        self.observed: dict[tuple, str | None] = {}  # (lane, replicas, model) -> revision reported
+        self._index = RecordIndex(())
+        self._signature: Any = object()
+        self._index_error: str | None = None
+        self._qualify_pipeline: Any = None
+
+    # -- records --------------------------------------------------------------------------------
+
+    def index(self) -> RecordIndex:
+        try:
+            sig = self.store.signature()
+            if sig != self._signature:
+                self._index = RecordIndex(self.store.summaries())
+                self._signature = sig
+            self._index_error = None
+        except Exception as exc:  # noqa: BLE001 - keep the last good index
+            self._index_error = f"{type(exc).__name__}: {exc}"
+            log.error("qualification records unavailable (%s): keeping what was loaded", self._index_error)
+        return self._index
+
+    def changed(self) -> bool:
+        try:
+            return self.store.signature() != self._signature
+        except Exception:  # noqa: BLE001
+            return False
+
+    # -- state ------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _key(lane: LaneRuntime) -> tuple:
+        return (lane.name, tuple(lane.config.replicas), lane.config.upstream_model)
+
+    def hook(self, lane: LaneRuntime) -> None:
+        """Lane hook: runs for every lane at load and reload."""
+        state = evaluate(lane.name, lane.config, self.index(), self.observed.get(self._key(lane)),
+                         self._index_error)
+        previous = lane.extras.get("qualification")
+        lane.extras["qualification"] = state
+        if previous is None or previous.get("state") != state["state"]:
+            level = logging.WARNING if state["state"] in ("unqualified", "overridden") else logging.INFO
+            log.log(level, "lane %s: %s: %s", lane.name, state["state"], state["reason"])
+
+    def refresh(self) -> None:
+        self.gw.runtime.rerun_lane_hooks()
+
+    def states(self) -> dict[str, Any]:
+        snap = self.gw.runtime.snapshot
+        out = {}
+        for name, lane in snap.lanes.items():
+            from .identity import lane_identity
+
+            state = dict(lane.extras.get("qualification") or {})
+            state["identity_fields"] = lane_identity(lane.config, self.observed.get(self._key(lane))).fields
+            state["engine"] = lane.config.engine
+            out[name] = state
+        return {"lanes": out, "store": self.store.describe(), "config_version": snap.version}
+
+    async def check_revisions(self) -> bool:
+        """Ask each lane's replicas for their model root; True when something changed."""
+        snap = self.gw.runtime.snapshot
+        changed = False
+
+        async def one(lane: LaneRuntime) -> None:
+            nonlocal changed
+            rev = await replica_revision(lane.config, timeout=2.0)
+            if rev is None:
+                return  # unreachable: keep what was known
+            key = self._key(lane)
+            if self.observed.get(key) != rev:
+                self.observed[key] = rev
+                changed = True
+
+        await asyncio.gather(*(one(l) for l in snap.lanes.values() if not getattr(l.config, "revision", None)))
+        return changed
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        version = None
+        loop = asyncio.get_running_loop()
+        next_revision = 0.0
+        while not stop.is_set():
+            try:
+                snap = self.gw.runtime.snapshot
+                rerun = False
+                if snap.version != version or loop.time() >= next_revision:
+                    version = snap.version
+                    next_revision = loop.time() + REVISION_EVERY_S
+                    rerun = await self.check_revisions()
+                if await asyncio.to_thread(self.changed):
+                    rerun = True
+                if rerun:
+                    self.refresh()
+            except Exception:  # noqa: BLE001 - the watcher must survive anything
+                log.exception("qualification watcher step failed")
+            try:
+                await asyncio.wait_for(stop.wait(), POLL_S)
+            except TimeoutError:
+                pass
+
+    # -- the gate (hot path) ------------------------------------------------------------------------
+
+    async def gate(self, ex: Exchange, lane: LaneRuntime) -> None:
+        q = lane.extras.get("qualification")
+        if q is None:
+            return
+        state = q["state"]
+        if state == "unqualified":
+            raise GatewayError(503, f"lane '{lane.name}' is not qualified: {q['reason']}",
+                               code="lane_not_qualified", type="service_unavailable")
+        if state == "overridden":
+            ex.annotations["qualification"] = "overridden"
+            ex.response_headers["X-Gateway-Lane-Override"] = _ascii(q.get("override") or "")
+
+    # -- token -----------------------------------------------------------------------------------
+
+    def tokens(self) -> list[str]:
+        out = []
+        env = os.environ.get("GATEWAY_QUALIFY_TOKEN")
+        if env:
+            out.append(env)
+        admin_env = self.gw.runtime.snapshot.config.gateway.admin_key_env
+        if admin_env and os.environ.get(admin_env):
+            out.append(os.environ[admin_env])
+        if self._file_token is None and not env:
+            self._read_token_file()
+        if self._file_token:
+            out.append(self._file_token)
+        return out
+
+    _file_token: str | None = None
+
+    def ensure_token_file(self) -> None:
+        if os.environ.get("GATEWAY_QUALIFY_TOKEN"):
+            return
+        path = Path(self.gw.settings.data_dir) / TOKEN_FILE
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                pass
+            else:
+                with os.fdopen(fd, "w") as fh:
+                    fh.write(secrets.token_urlsafe(24) + "\n")
+        except OSError as exc:
+            log.warning("cannot keep a qualify token in %s: %s", path, exc)
+        self._read_token_file()
+
+    def _read_token_file(self) -> None:
+        try:
+            self._file_token = (Path(self.gw.settings.data_dir) / TOKEN_FILE).read_text().strip() or None
+        except OSError:
+            self._file_token = None
+
+    def authorised(self, request: Request) -> bool:
+        given = request.headers.get(QUALIFY_HEADER)
+        if not given:
+            return False
+        return any(hmac.compare_digest(given.encode(), t.encode()) for t in self.tokens())
+
+    def _require_token(self, request: Request) -> None:
+        if not self.authorised(request):
+            raise GatewayError(403, f"this route needs the qualify token in the {QUALIFY_HEADER} header",
+                               code="qualify_token_required")
+
+    # -- routes ----------------------------------------------------------------------------------
+
+    async def route_chat(self, request: Request) -> Response:
+        self._require_token(request)
+        return await self._pipeline().chat(request)
+
+    async def route_completions(self, request: Request) -> Response:
+        self._require_token(request)
+        return await self._pipeline().completions(request)
+
+    async def route_state(self, request: Request) -> Response:
+        return _json(self.states())
+
+    async def route_refresh(self, request: Request) -> Response:
+        self._require_token(request)
+        await self.check_revisions()
+        await asyncio.to_thread(self.index)
+        self.refresh()
+        return _json(self.states())
+
+    async def route_records(self, request: Request) -> Response:
+        self._require_token(request)
+        if request.method == "POST":
+            try:
+                record = orjson.loads(await request.body())
+                if not isinstance(record, dict) or not record.get("lane") or not record.get("config_hash"):
+                    raise ValueError("not a qualification record")
+            except (orjson.JSONDecodeError, ValueError) as exc:
+                raise GatewayError(400, f"bad record: {exc}", code="invalid_record") from None
+            record_id = await asyncio.to_thread(self.store.save, record)
+            await asyncio.to_thread(self.index)
+            self.refresh()
+            lane = self.gw.runtime.snapshot.lanes.get(record["lane"])
+            return _json({"id": record_id, "state": lane.extras.get("qualification") if lane else None})
+        record_id = request.query_params.get("id")
+        if record_id:
+            rec = await asyncio.to_thread(self.store.load, record_id)
+            return _json(rec) if rec else _json({"error": {"message": "no such record", "code": "not_found"}}, 404)
+        lane = request.query_params.get("lane")
+        idx = await asyncio.to_thread(self.index)
+        runs: list[Summary] = list(idx.by_lane.get(lane, ())) if lane else [s for v in idx.by_lane.values() for s in v]
+        if request.query_params.get("passed") in ("1", "true"):
+            runs = [s for s in runs if s.passed]
+        if request.query_params.get("latest") in ("1", "true"):
+            if not runs:
+                return _json(None)
+            return _json(await asyncio.to_thread(self.store.load, runs[0].id))
+        return _json([dataclasses.asdict(s) for s in runs])
+
+    def _pipeline(self) -> Any:
+        if self._qualify_pipeline is None:
+            from ..pipeline import Pipeline
+
+            pipe = Pipeline(_LaneAddressed(self.gw.runtime), 0)  # type: ignore[arg-type]
+            # Every other gate still applies; only the refusal of unqualified lanes is lifted.
+            pipe.gates = [g for g in self.gw.pipeline.gates if g != self.gate]
+            self._qualify_pipeline = pipe
+        return self._qualify_pipeline
+
+
+class _LaneAddressed:
+    """The runtime seen by the qualify route: every lane answers to its own name; the rest is shared."""
+
+    def __init__(self, runtime: Any) -> None:
+        self._runtime = runtime
+        self._cache: tuple[Snapshot, Snapshot] | None = None
+
+    @property
+    def snapshot(self) -> Snapshot:
+        snap = self._runtime.snapshot
+        if self._cache is None or self._cache[0] is not snap:
+            config = snap.config.model_copy(update={"models": {name: name for name in snap.lanes}})
+            self._cache = (snap, Snapshot(config, snap.lanes, snap.version, snap.loaded_at))
+        return self._cache[1]
+
+    @property
+    def policies(self) -> list[Any]:
+        return self._runtime.policies
+
+    def finish(self, ex: Exchange, lane: LaneRuntime | None) -> None:
+        ex.annotations["qualification_run"] = True
+        self._runtime.finish(ex, lane)
+
+
+def install(gw: "Gateway") -> None:
+    service = QualificationService(gw)
+    gw.services["qualification"] = service
+    gw.runtime.lane_hooks.append(service.hook)
+    for lane in gw.runtime.snapshot.lanes.values():  # the first snapshot was built before this hook
+        service.hook(lane)
+    gw.pipeline.gates.append(service.gate)
+    service.ensure_token_file()
+    gw.routes.extend([
+        Route("/qualify/v1/chat/completions", service.route_chat, methods=["POST"]),
+        Route("/qualify/v1/completions", service.route_completions, methods=["POST"]),
+        Route("/qualify/state", service.route_state, methods=["GET"]),
+        Route("/qualify/refresh", service.route_refresh, methods=["POST"]),
+        Route("/qualify/records", service.route_records, methods=["GET", "POST"]),
+    ])
+    stop = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+
+    def start() -> None:
+        tasks.append(asyncio.get_running_loop().create_task(service.watch(stop)))
+
+    async def shutdown() -> None:
+        stop.set()
+        for t in tasks:
+            t.cancel()
+
+    gw.startup.append(start)
+    gw.shutdown.append(shutdown)
