@@ -127,11 +127,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     for alias, lane in config.models.items():
         print(f"  {alias} -> {lane} ({config.lanes[lane].engine}, {len(config.lanes[lane].replicas)} replicas)")
     for extra in CHECK_EXTRAS:
-        extra(config)
+        extra(config, Path(args.routes_file))
     return 0
 
 
-CHECK_EXTRAS: list[Callable] = []  # e.g. qualification state per lane
+CHECK_EXTRAS: list[Callable] = []  # extra(config, routes_path): e.g. qualification state per lane
 
 
 def cmd_emulate(args: argparse.Namespace) -> int:
