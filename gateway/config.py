@@ -108,6 +108,8 @@ class Lane(_Strict):
     engine: Literal["sglang", "vllm", "openai"] = "vllm"
     replicas: list[str] = Field(min_length=1)
     upstream_model: str = Field(min_length=1)
+    revision: str | None = Field(None, description="model revision/build, part of the lane's qualified identity; "
+                                                   "default: the `root` a replica reports on GET /v1/models")
     api_key_env: str | None = Field(None, description="name of the environment variable holding the upstream key")
     timeouts: Timeouts = Field(default_factory=Timeouts)
     breaker: Breaker = Field(default_factory=Breaker)
