@@ -27,6 +27,7 @@ import jinja2
 import orjson
 import xxhash
 
+from .engines import ENGINES, normalize_messages, normalize_tools
 from .cache import ItemEntry, RenderedItem, SegmentCache, default_cache
 from .template import ChatTemplate, load_template
 from .tokenizer import TextTokenizer, load_tokenizer
@@ -71,6 +72,7 @@ class RenderOptions:
     effort_map: Mapping[str, int] | None = None  # None = template default
     drop_thinking: bool = True
     tokenizer_path: str | None = None
+    engine: str = "sglang"  # request normalisation of the lane's engine: "sglang" (reference) or "vllm"
 
 
 class RenderError(ValueError):
@@ -490,6 +492,11 @@ class Renderer:
                     raise RenderError("must be an object with a `function` object", f"tools[{j}]")
         tools = tools or None
         rf = body.get("response_format") or None
+        if opts.engine != "sglang":
+            if opts.engine not in ENGINES:
+                raise RenderError(f"unknown engine {opts.engine!r} (expected one of {', '.join(ENGINES)})", None)
+            messages = normalize_messages(opts.engine, messages)
+            tools = normalize_tools(opts.engine, tools)
         roles = []
         for i, m in enumerate(messages):
             if not isinstance(m, dict):
