@@ -125,3 +125,37 @@ def test_config_merge_validates() -> None:
     with pytest.raises(ValueError):
         cfg.merged({"fail_rate": 2})
     assert cfg.merged({"empty_output_prompts": ["a", "b"]}).empty_output_prompts == ("a", "b")
+
+
+def test_cli_flags_and_config_json() -> None:
+    from gateway.emulator.cli import config_from_args
+
+    cfg, host, port = config_from_args(
+        ["--", "--port", "9001", "--flavour", "sglang", "--decode-tps", "200", "--empty-output-prompts", "a",
+         "--empty-output-prompts", "b", "--no-cache-report", "--config-json", '{"seed": 3, "decode_tps": 5}']
+    )
+    assert (host, port) == ("127.0.0.1", 9001)
+    assert cfg.flavour == "sglang" and cfg.decode_tps == 200.0 and cfg.seed == 3  # flags win over the JSON
+    assert cfg.empty_output_prompts == ("a", "b") and cfg.cache_report is False
+
+
+async def test_injected_tokenizer_drives_the_cache() -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from gateway.emulator import Emulator
+
+    def by_char(body: dict) -> list[int]:
+        return [ord(c) for m in body["messages"] for c in (m.get("content") or "")]
+
+    def gen_chars(body: dict, message: dict) -> list[int]:
+        return [ord(c) for c in (message.get("content") or "")]
+
+    emu = Emulator(EmulatorConfig(flavour="sglang"), tokenize_prompt=by_char, tokenize_generated=gen_chars)
+    async with TestClient(TestServer(emu.app(), host="127.0.0.1")) as client:
+        body = {"messages": [{"role": "user", "content": "abcdefgh"}], "max_tokens": 3}
+        first = await (await client.post("/v1/chat/completions", json=body)).json()
+        assert first["usage"]["prompt_tokens"] == 8
+        reply = first["choices"][0]["message"]["content"]
+        body["messages"] += [{"role": "assistant", "content": reply}, {"role": "user", "content": "xy"}]
+        second = await (await client.post("/v1/chat/completions", json=body)).json()
+        assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == 8 + len(reply)

@@ -23,6 +23,9 @@ _JSON = "application/json"
 _MAX_BODY = 512 * 1024 * 1024  # agent conversations reach several MB; never 413 like aiohttp's 1 MB default
 
 
+EMULATOR_KEY: web.AppKey[Emulator] = web.AppKey("emulator")
+
+
 class _Rejected(Exception):
     """A request the engine refuses before generating: carries the ready response."""
 
@@ -70,7 +73,7 @@ class Emulator:
         r.add_post("/emulator/reset", self.reset)
         r.add_get("/emulator/config", self.get_config)
         r.add_post("/emulator/config", self.post_config)
-        app["emulator"] = self
+        app[EMULATOR_KEY] = self
         return app
 
     def set_config(self, config: EmulatorConfig) -> None:
@@ -130,8 +133,13 @@ class Emulator:
         return _json(self.config.to_dict())
 
     async def tokenize(self, request: web.Request) -> web.Response:
-        body = orjson.loads(await request.read() or b"{}")
-        ids = self.tokenize_prompt(body)
+        try:
+            body = orjson.loads(await request.read() or b"{}")
+            if not isinstance(body, dict):
+                raise ValueError("body must be a JSON object")
+            ids = self.tokenize_prompt(body)
+        except ValueError as exc:  # orjson.JSONDecodeError and template refusals are ValueErrors
+            return _error(self.config, 400, str(exc), "BadRequestError")
         return _json({"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": ids, "token_strs": None})
 
     # -- generation endpoints ----------------------------------------------------------------------
@@ -171,9 +179,12 @@ class Emulator:
         except _Rejected as rej:
             self.stats.error(rec, "rejected", rej.response.status)
             return rej.response
-        except (asyncio.CancelledError, ConnectionError):
+        except asyncio.CancelledError:  # aiohttp cancels the handler when the client goes away
             self.stats.cancel(rec)
             raise
+        except ConnectionError:  # a write lost the race with that cancellation
+            self.stats.cancel(rec)
+            return web.Response(status=499)  # never delivered; aiohttp drops it quietly
         finally:
             self.stats.end(rec)
 

@@ -149,27 +149,6 @@ def _completion_prompt(prompt: Any) -> list[int]:
     return [BOS, *words(str(prompt or ""))]
 
 
-def renderer_tokenizers(render_ids: Callable[[dict[str, Any]], list[int]]) -> tuple[TokenizePrompt, TokenizeGenerated]:
-    """Both hooks from one `body -> prompt token ids` function (a real chat-template renderer).
-
-    The generated tokens are whatever the next turn's render adds after this prompt once the assistant
-    message is appended, which is exactly what the engine's cache would hold. Costs a second render.
-    """
-
-    def tokenize_generated(body: dict[str, Any], message: dict[str, Any]) -> list[int]:
-        prompt = render_ids(body)
-        nxt = dict(body, messages=[*body.get("messages", ()), message], add_generation_prompt=False)
-        full = render_ids(nxt)
-        n = 0
-        for a, b in zip(prompt, full):
-            if a != b:
-                break
-            n += 1
-        return full[n:] if n == len(prompt) else full[len(prompt):]
-
-    return render_ids, tokenize_generated
-
-
 def dsv41_tokenizers(default_thinking: Callable[[], bool] = lambda: False) -> tuple[TokenizePrompt, TokenizeGenerated]:
     """The real DeepSeek-V4.1 renderer + tokenizer (gateway.render). Imported lazily: it loads a 128K vocab.
 
