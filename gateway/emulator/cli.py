@@ -66,7 +66,11 @@ def run(config: EmulatorConfig, host: str = "127.0.0.1", port: int = 8100) -> No
     print(f"emulator ({config.flavour}, model {config.model}) listening on http://{host}:{port}", file=sys.stderr, flush=True)
     # handler_cancellation: a client that goes away cancels its handler at once, which is how the
     # emulator sees (and records) disconnects while it is waiting, not only when a write fails.
-    web.run_app(app, host=host, port=port, access_log=None, handler_cancellation=True, print=None, loop=loop)
+    # shutdown_timeout: an emulator owes nobody a graceful drain; a stalled stream must not hold SIGTERM.
+    web.run_app(
+        app, host=host, port=port, access_log=None, handler_cancellation=True, print=None, loop=loop,
+        shutdown_timeout=0.5,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
