@@ -430,3 +430,40 @@ def test_limits_config_is_validated():
         with pytest.raises(ConfigError, match=needle):
             parse_routes(base % bad)
     assert Limits().max_images is None
+
+
+async def test_real_deepseek_renderer_gives_the_exact_count():
+    from gateway.render.feature import attach
+
+    lane = make_lane(render_template="deepseek_v4.1", max_context_tokens=2000)
+    attach(lane)
+    body = words_body(500, max_tokens=300)
+    ex = await run(lane, body)
+    counted = ex.annotations["prompt_tokens_counted"]
+    assert counted["how"] == "renderer"
+    rendered = lane.extras["renderer"].render(body)
+    assert counted["n"] == rendered.n_tokens
+
+
+async def test_slow_exact_count_times_out_and_forwards(monkeypatch):
+    from gateway.limits import tokens
+
+    monkeypatch.setattr(tokens, "RENDER_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(tokens.count_prompt, "__defaults__", (0.05,))
+    lane = make_lane(max_context_tokens=2000)
+    done = threading.Event()
+
+    class Slow(FakeRenderer):
+        def render(self, body):
+            import time
+            time.sleep(0.3)
+            body["messages"].append("late")  # its own copy: the request's body is not touched
+            done.set()
+            return super().render(body)
+
+    lane.extras["renderer"] = Slow(10**6)
+    body = words_body(500, max_tokens=300)
+    ex = await run(lane, body)
+    assert ex.annotations["prompt_tokens_counted"]["how"] == "timeout" and ex.limits_fired == []
+    assert await asyncio.to_thread(done.wait, 5)
+    assert len(body["messages"]) == 1

