@@ -43,6 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-save", action="store_true", help="do not store the record")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--status", action="store_true", help="show every lane's qualification state and exit")
+    p.add_argument("--demo", action="store_true", help="start the built-in emulator for lanes with `emulator:` "
+                                                      "(as `gateway demo` does) and qualify them (all, or LANE)")
     g = p.add_argument_group("gates")
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--determinism-tokens", type=int, default=64, help="max_tokens of each suite prompt")
@@ -64,6 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_qualify(args: argparse.Namespace) -> int:
     if args.status:
         return cmd_status(args)
+    if args.demo:
+        return cmd_demo_lanes(args)
     if not args.lane:
         print("error: name the lane to qualify (or use --status)", file=sys.stderr)
         return 2
@@ -250,6 +254,42 @@ async def _qualify(args: argparse.Namespace) -> int:
     return 0 if record["passed"] else 1
 
 
+def cmd_demo_lanes(args: argparse.Namespace) -> int:
+    """Qualify the emulated demo lanes: the records `gateway demo` needs to serve without overrides."""
+    from ..cli import start_emulators
+
+    try:
+        config = _load_config(args, required=True)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    names = [n for n, lane in config.lanes.items() if lane.emulator is not None]
+    if args.lane:
+        if args.lane not in names:
+            print(f"error: {args.lane!r} is not an emulated lane of {args.routes}", file=sys.stderr)
+            return 2
+        names = [args.lane]
+    if args.gateway:
+        print("error: --demo runs in-process; drop --gateway", file=sys.stderr)
+        return 2
+    children = start_emulators(config)
+    worst = 0
+    try:
+        for name in names:
+            sub = argparse.Namespace(**{**vars(args), "lane": name})
+            try:
+                worst = max(worst, asyncio.run(_qualify(sub)))
+            except UsageError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                worst = 2
+    finally:
+        for child in children:
+            child.terminate()
+        for child in children:
+            child.wait(timeout=10)
+    return worst
+
+
 def _read_record_file(ref: str) -> dict[str, Any] | None:
     path = Path(ref)
     if path.suffix == ".json" and path.is_file():
@@ -297,7 +337,8 @@ def check_extra(config: Any, routes_path: str | Path | None = None) -> None:
     print("qualification:")
     for name, s in states.items():
         mark = {"qualified": "ok", "not_required": "ok", "overridden": "OVERRIDDEN", "unqualified": "REFUSED"}[s["state"]]
-        print(f"  {name}: {s['state']} [{mark}] {s['reason']}")
+        extra = f" (override in routes.yaml, not needed: {s['override']})" if s["override"] and s["state"] == "qualified" else ""
+        print(f"  {name}: {s['state']} [{mark}] {s['reason']}{extra}")
 
 
 SUBCOMMANDS.append(register)

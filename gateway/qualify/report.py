@@ -62,8 +62,9 @@ def render_record(rec: dict[str, Any]) -> str:
             rows.append([name, m.get("unit", ""), _fmt(m.get("candidate")), _fmt(m.get("baseline")),
                          (f"{pct:+.1f}%" if pct is not None else "-"), ci_s, _fmt(m.get("drift")),
                          m.get("verdict", "-")])
-        base = perf.get("baseline") or {}
-        out += ["", f"A/B/A against {base.get('label', 'no baseline')}" + (f" ({perf['note']})" if perf.get("note") else ""),
+        base = perf.get("baseline")
+        title = f"A/B/A against {base['label']}" if base else "A/A: the candidate twice (no baseline)"
+        out += ["", title + (f" ({perf['note']})" if perf.get("note") else ""),
                 table(rows, ["metric", "unit", "candidate", "baseline", "diff", "95% CI of diff", "A-A drift",
                              "verdict"])]
     for f in rec.get("failures") or []:
@@ -74,5 +75,10 @@ def render_record(rec: dict[str, Any]) -> str:
 
 
 def render_states(states: dict[str, dict[str, Any]]) -> str:
-    rows = [[name, s.get("state", "?"), s.get("record") or "-", s.get("reason", "")] for name, s in states.items()]
+    rows = []
+    for name, s in states.items():
+        reason = s.get("reason", "")
+        if s.get("override") and s.get("state") == "qualified":
+            reason += f" (override in routes.yaml, not needed: {s['override']})"
+        rows.append([name, s.get("state", "?"), s.get("record") or "-", reason])
     return table(rows, ["lane", "qualification", "record", "reason"])
