@@ -193,6 +193,7 @@ async def _qualify(args: argparse.Namespace) -> int:
             info = lanes[args.lane]
             identity = LaneIdentity(dict(info["identity_fields"]))
             engine = info.get("engine", "vllm")
+            max_context = (identity.fields.get("limits") or {}).get("max_context_tokens")
             records: Any = RemoteRecords(cand)
 
             def baseline_client(name: str) -> tuple[Any, str] | None:
@@ -209,6 +210,7 @@ async def _qualify(args: argparse.Namespace) -> int:
             opened.append(cand)
             identity = lane_identity(lane)
             engine = lane.engine
+            max_context = lane.limits.max_context_tokens
             records = LocalRecords(open_store(args.routes, args.records, args.redis))
 
             def baseline_client(name: str) -> tuple[Any, str] | None:
@@ -219,6 +221,14 @@ async def _qualify(args: argparse.Namespace) -> int:
                 opened.append(c)
                 return c, other.engine
 
+        if perf is not None and max_context:
+            too_big = [s.name for s in perf.shapes if s.prompt_tokens + perf.decode_tokens > max_context]
+            perf.shapes = [s for s in perf.shapes if s.prompt_tokens + perf.decode_tokens <= max_context]
+            if too_big:
+                print(f"note: skipping {', '.join(too_big)}: beyond the lane's max_context_tokens {max_context}",
+                      file=sys.stderr)
+            if not perf.shapes:
+                perf = None
         baseline = None
         if args.baseline:
             if args.baseline == args.lane:

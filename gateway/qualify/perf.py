@@ -72,6 +72,8 @@ async def sample_shape(client: LaneClient, engine: str, shape: Shape, opts: Perf
             out[f"{shape.name} decode"] = r.decode_tps
         if r.ttft_ms is not None:
             out[f"{shape.name} ttft"] = r.ttft_ms
+        if r.prompt_tokens:
+            out[f"{shape.name} prompt tokens"] = float(r.prompt_tokens)  # what the shape really sent
         return out
     bodies = [perf_body(shape, opts.throughput_tokens, engine) for _ in range(shape.concurrency)]
     t0 = time.perf_counter()

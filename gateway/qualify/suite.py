@@ -143,7 +143,9 @@ def _k(n: int) -> str:
 
 THROUGHPUT_PROMPT_TOKENS = 512
 DEFAULT_SHAPES = "decode@2k,decode@32k,throughput@1,throughput@2,throughput@4"
-FULL_SHAPES = "decode@2k,decode@8k,decode@32k,decode@64k,throughput@1,throughput@2,throughput@4,throughput@8,throughput@16"
+FULL_SHAPES = "decode@2k,decode@8k,decode@32k,decode@48k,throughput@1,throughput@2,throughput@4,throughput@8,throughput@16"
+# Filler words per prompt token: ~1.0 with a whitespace tokenizer, ~1.12 tokens per word with DeepSeek's.
+WORDS_PER_TOKEN = 0.93
 
 
 def parse_shapes(text: str) -> list[Shape]:
@@ -171,7 +173,8 @@ def perf_body(shape: Shape, max_tokens: int, engine: str) -> dict[str, Any]:
     """A cold request (a unique first line defeats the prefix cache) of about the shape's prompt size."""
     nonce = uuid.uuid4().hex
     # Words are ~1 token each; the 40 covers the instruction and the chat template's headers.
-    text = f"[run {nonce}]\n" + filler(max(16, shape.prompt_tokens - 40), seed=shape.prompt_tokens)
+    words = int((shape.prompt_tokens - 40) * WORDS_PER_TOKEN)
+    text = f"[run {nonce}]\n" + filler(max(16, words), seed=shape.prompt_tokens)
     body: dict[str, Any] = {
         "messages": [{"role": "user", "content": text + "\n\nContinue this text."}],
         "temperature": 0.0,
