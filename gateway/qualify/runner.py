@@ -144,7 +144,7 @@ async def _performance(name: str, client: LaneClient, engine: str, baseline: Bas
         return result
     live = "B" in samples
     if live:
-        result["note"] = "baseline measured in this session: A1, B, A2 shape by shape"
+        result["note"] = "baseline measured in this session, interleaved A1 B A2 sample by sample"
     else:
         result["note"] = (f"baseline numbers from {baseline.label if baseline else '?'}: another session, so "
                           "machine conditions may differ; a 'worse' verdict warns instead of failing")
