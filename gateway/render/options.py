@@ -15,4 +15,7 @@ def options_for_lane(lane: Lane) -> RenderOptions:
         effort_map=r.effort_map,
         drop_thinking=r.drop_thinking,
         tokenizer_path=r.tokenizer_path,
+        # vLLM normalises requests before templating (e.g. joins text-only tool content with "\n");
+        # the renderer must do the same to match its prompt byte for byte.
+        engine="vllm" if lane.engine == "vllm" else "sglang",
     )
