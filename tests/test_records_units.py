@@ -135,13 +135,15 @@ def test_compute_stats_per_lane() -> None:
     assert a["ttft_p50_s"] == pytest.approx(0.55)
     assert a["ttft_p95_s"] == pytest.approx(quantile([0.1 * (i + 1) for i in range(10)], 0.95))
     assert a["decode_tps_p50"] == pytest.approx(44.5)
-    # The hit ratio counts only requests whose cached tokens were reported.
-    assert a["cache_hit_ratio"] == pytest.approx(0.5)
+    # Lane a reports cached tokens, so its nulls mean 0 (SGLang's shape): 2500 of 10000 tokens.
+    assert a["cache_hit_ratio"] == pytest.approx(0.25)
+    # Lane b never reported a count: no ratio rather than a made-up 0%.
+    assert b["cache_hit_ratio"] is None
     assert a["drift_tokens_lost_by_cause"] == {"effort_changed": 500}
     assert b["errors"] == 1 and b["cancelled"] == 1 and b["eviction_tokens_lost"] == 70
     assert s["total"]["requests"] == 12
     table = format_table(s)
-    assert "ALL" in table and "effort_changed" in table and "50.0%" in table
+    assert "ALL" in table and "effort_changed" in table and "25.0%" in table
 
 
 def test_series_histogram_and_causes() -> None:
@@ -150,7 +152,8 @@ def test_series_histogram_and_causes() -> None:
     ser = series(rows, 60, buckets=6, now=now)
     assert len(ser["t"]) == 6 and set(ser["lanes"]) == {"a", "b"}
     assert sum(ser["lanes"]["a"]["requests"]) == 10
-    assert ser["lanes"]["a"]["hit_ratio"][1] == pytest.approx(0.5)  # ts now-50..now-41 fall in bucket 1
+    assert ser["lanes"]["a"]["hit_ratio"][1] == pytest.approx(0.25)  # ts now-50..now-41 fall in bucket 1
+    assert ser["lanes"]["b"]["hit_ratio"] == [None] * 6
     hist = decode_histogram(rows)
     assert sum(hist["lanes"]["a"]) == 10
     assert hist["edges"][0] <= 40 and hist["edges"][-1] > 49

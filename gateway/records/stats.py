@@ -31,8 +31,26 @@ def is_error(row: Row) -> bool:
     return (row.get("status") or 0) >= 400 and not row.get("cancelled") and row.get("status") != 499
 
 
-def summarize(rows: Iterable[Row]) -> Row:
-    """One lane's (or all lanes') figures over `rows`."""
+def reports_cache(rows: Iterable[Row]) -> bool:
+    """Whether these requests' engine reports cached tokens at all.
+
+    SGLang sends `prompt_tokens_details: null` when nothing was cached, so once a lane has
+    reported a count, its nulls mean 0; a lane that never reported one has no hit ratio.
+    """
+    return any(r.get("cached_tokens") is not None for r in rows)
+
+
+def cached_of(row: Row, reports: bool) -> int | None:
+    c = row.get("cached_tokens")
+    if c is None and reports and row.get("prompt_tokens") is not None:
+        return 0
+    return c
+
+
+def summarize(rows: list[Row], reports: bool | None = None) -> Row:
+    """One lane's (or all lanes') figures over `rows`; `reports`: see reports_cache (None = decide here)."""
+    if reports is None:
+        reports = reports_cache(rows)
     n = errors = cancelled = 0
     ttft: list[float] = []
     ttfb: list[float] = []
@@ -62,8 +80,9 @@ def summarize(rows: Iterable[Row]) -> Row:
             gateway.append(r["gateway_s"])
         p = r.get("prompt_tokens") or 0
         prompt += p
-        if r.get("cached_tokens") is not None:
-            cached += r["cached_tokens"]
+        c = cached_of(r, reports)
+        if c is not None:
+            cached += c
             prompt_reported += p
         if r.get("predicted_cached_tokens") is not None:
             predicted += r["predicted_cached_tokens"]
@@ -117,13 +136,18 @@ def compute_stats(rows: list[Row], window_s: float, now: float | None = None) ->
     by_lane: dict[str, list[Row]] = defaultdict(list)
     for r in rows:
         by_lane[lane_key(r)].append(r)
-    return {
-        "window_s": window_s,
-        "since": now - window_s,
-        "until": now,
-        "lanes": {lane: summarize(rs) for lane, rs in sorted(by_lane.items())},
-        "total": summarize(rows),
-    }
+    lanes = {lane: summarize(rs) for lane, rs in sorted(by_lane.items())}
+    # The total's hit ratio covers the lanes that report caching, each judged on its own.
+    reporting = {lane for lane, rs in by_lane.items() if reports_cache(rs)}
+    total = summarize([r for r in rows if lane_key(r) not in reporting] +
+                      [_as_reported(r) for r in rows if lane_key(r) in reporting], reports=False)
+    return {"window_s": window_s, "since": now - window_s, "until": now, "lanes": lanes, "total": total}
+
+
+def _as_reported(row: Row) -> Row:
+    if row.get("cached_tokens") is None and row.get("prompt_tokens") is not None:
+        return {**row, "cached_tokens": 0}
+    return row
 
 
 def series(rows: list[Row], window_s: float, buckets: int = 60, now: float | None = None) -> Row:
@@ -140,10 +164,11 @@ def series(rows: list[Row], window_s: float, buckets: int = 60, now: float | Non
     lanes: dict[str, Row] = {}
     for lane, cells in sorted(grid.items()):
         out: dict[str, list[Any]] = defaultdict(list)
+        reports = reports_cache(r for cell in cells for r in cell)
         for cell in cells:
-            reported = [r for r in cell if r.get("cached_tokens") is not None]
-            p = sum(r.get("prompt_tokens") or 0 for r in reported)
-            c = sum(r["cached_tokens"] for r in reported)
+            cached = [(r.get("prompt_tokens") or 0, cached_of(r, reports)) for r in cell]
+            p = sum(pt for pt, c in cached if c is not None)
+            c = sum(c for _, c in cached if c is not None)
             out["requests"].append(len(cell))
             out["errors"].append(sum(1 for r in cell if is_error(r)))
             out["hit_ratio"].append(c / p if p else None)
