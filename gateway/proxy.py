@@ -152,11 +152,16 @@ async def _relay_stream(ex, lane, replica, resp, receive, on_end) -> Response:
             ex.fail(502, "upstream_disconnected", why)
             yield error_event(why, "upstream_disconnected") + DONE
         except BaseException:
-            ex.cancelled = True  # the client went away: closing the response cancels the upstream
-            why = "client disconnected"
+            # The client went away (closing the response cancels the upstream). After [DONE] that is
+            # just a client hanging up early on a finished answer, not a cancelled request.
+            if observer.done:
+                ok = True
+            else:
+                ex.cancelled = True
+                why = "client disconnected"
             raise
         finally:
-            if ok:
+            if ok and not ex.cancelled:
                 resp.release()
             else:
                 resp.close()

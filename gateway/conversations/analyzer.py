@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +36,6 @@ log = logging.getLogger("gateway.drift")
 class Outcome:
     cache: dict[str, Any]
     state: ConversationState
-    anchors: list[str]
     divergence: Divergence | None
     snippets: tuple[str, str] | None
 
@@ -49,6 +49,7 @@ class Analyzer:
         self.analysed = 0
         self.failures = 0
         self.last_ms = 0.0
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     async def __call__(self, ex: Exchange, lane: LaneRuntime | None) -> None:
         found: Found | None = ex.annotations.get("conversation")
@@ -57,28 +58,43 @@ class Analyzer:
         if ex.status != 200 or ex.cancelled or ex.error_code:
             ex.annotations["cache"] = _unknown("request did not complete")
             return
+        # Anchors first (cheap): the client's next turn may arrive before the analysis is done.
+        anchors = _anchors(found, ex.generated.as_message())
+        value = f"{found.state.id}|{found.state.turn + 1}".encode()
+        for key in anchors:
+            await self.store.set(key, value, self.ttl_s)
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
-        try:
-            outcome = await loop.run_in_executor(self.executor, self.analyse, ex, lane, found)
-        except Exception:
-            self.failures += 1
-            log.exception("analysis of %s failed", ex.request_id)
-            ex.annotations["cache"] = _unknown("analysis failed")
-            return
-        ex.annotations["cache"] = outcome.cache
-        await self._save(ex, lane, outcome)
+        async with self._lock(found.state.id):
+            # Compare with the freshest previous turn (another worker or process may have moved on).
+            raw = await self.store.get("conv:" + found.state.id)
+            if raw is not None:
+                fresh = ConversationState.from_bytes(raw)
+                if fresh.turn >= found.state.turn:
+                    found.state = fresh
+            try:
+                outcome = await loop.run_in_executor(self.executor, self.analyse, ex, lane, found)
+            except Exception:
+                self.failures += 1
+                log.exception("analysis of %s failed", ex.request_id)
+                ex.annotations["cache"] = _unknown("analysis failed")
+                return
+            ex.annotations["cache"] = outcome.cache
+            await self._save(ex, lane, outcome)
         self.analysed += 1
         self.last_ms = (time.perf_counter() - t0) * 1000
         ex.annotations["analysis_ms"] = round(self.last_ms, 3)
+
+    def _lock(self, cid: str) -> asyncio.Lock:
+        lock = self._locks.get(cid)
+        if lock is None:
+            lock = self._locks[cid] = asyncio.Lock()
+        return lock
 
     async def _save(self, ex: Exchange, lane: LaneRuntime, outcome: Outcome) -> None:
         state = outcome.state
         data = state.to_bytes()
         await self.store.set("conv:" + state.id, data, self.ttl_s)
-        value = f"{state.id}|{state.turn}".encode()
-        for key in outcome.anchors:
-            await self.store.set(key, value, self.ttl_s)
         ex.annotations["state_bytes"] = len(data)
         if outcome.divergence is not None and outcome.cache["tokens_lost"] >= 0:
             await self.alerts.raise_alert(ex, lane.name, outcome.divergence, outcome.cache, outcome.snippets)
@@ -157,14 +173,14 @@ class Analyzer:
             turn_print(new, rendered, generated, generated_msg,
                        found.lineage.chain[-1] if found.lineage.chain else 0),
         )
-        return Outcome(cache, new_state, _anchors(found, generated_msg), divergence, snippets)
+        new_state.last_cache = cache
+        return Outcome(cache, new_state, divergence, snippets)
 
     def _no_render(self, ex: Exchange, lane: LaneRuntime, found: Found) -> Outcome:
         state = found.state
         new_state = ConversationState(state.id, state.source, lane.name, state.created, time.time(), state.turn + 1,
                                       ex.effort_applied, ex.thinking_applied, state.parent, ex.replica, None)
-        return Outcome(_unknown("no renderer for this lane"), new_state, _anchors(found, ex.generated.as_message()),
-                       None, None)
+        return Outcome(_unknown("no renderer for this lane"), new_state, None, None)
 
 
 def new_turn(body: dict[str, Any], thinking: bool | None, effort: int | str | None,

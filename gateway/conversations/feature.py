@@ -64,7 +64,8 @@ def install(gw: "Gateway") -> None:
                              "pinned_effort": st.pinned_effort, "pinned_thinking": st.pinned_thinking,
                              "parent": st.parent, "replica": st.replica, "created": st.created,
                              "updated": st.updated, "state_bytes": len(raw),
-                             "prompt_tokens": st.last.prompt_tokens if st.last else None})
+                             "prompt_tokens": st.last.prompt_tokens if st.last else None,
+                             "last_cache": st.last_cache})
 
     gw.routes.append(Route("/admin/drift", drift, methods=["GET"]))
     gw.routes.append(Route("/admin/conversations/{cid}", conversation, methods=["GET"]))

@@ -46,11 +46,11 @@ class ConversationPolicy:
             return
         requested = effort_mod.resolve(body, lane.config)
         lin = lineage(messages)
-        state, is_new, anchor_turn = await self._identify(ex, body, lin, lane)
+        state, is_new, anchor_turn, source = await self._identify(ex, body, lin, lane)
         found = Found(state, lin, is_new, anchor_turn, requested)
         ex.annotations["conversation"] = found
         ex.conversation_id = state.id
-        ex.conversation_source = state.source
+        ex.conversation_source = source
         ex.turn = state.turn + 1
         self._pin(ex, lane, body, found)
 
@@ -61,8 +61,8 @@ class ConversationPolicy:
             cid = key_id(key[0])
             raw = await self.store.get("conv:" + cid)
             if raw is not None:
-                return ConversationState.from_bytes(raw), False, None
-            return ConversationState(cid, key[1], lane=lane.name), True, None
+                return ConversationState.from_bytes(raw), False, None, key[1]
+            return ConversationState(cid, key[1], lane=lane.name), True, None, key[1]
         keys = lin.anchor_keys()
         if keys:
             for value in await self.store.mget(keys):
@@ -80,10 +80,10 @@ class ConversationPolicy:
                                              turn=anchor_turn, pinned_effort=state.pinned_effort,
                                              pinned_thinking=state.pinned_thinking, parent=state.id,
                                              replica=state.replica, last=state.last)
-                    return fork, False, anchor_turn
-                return state, False, anchor_turn
-        return ConversationState("c" + uuid.uuid4().hex[:16], "new" if not keys else "lineage_unknown",
-                                 lane=lane.name), True, None
+                    return fork, False, anchor_turn, "lineage_fork"
+                return state, False, anchor_turn, "lineage"
+        source = "new" if not keys else "lineage_unknown"
+        return ConversationState("c" + uuid.uuid4().hex[:16], source, lane=lane.name), True, None, source
 
     @staticmethod
     def _is_retry(state: ConversationState, lin: Lineage) -> bool:
@@ -111,12 +111,14 @@ class ConversationPolicy:
         elif policy == "pin":
             ex.effort_applied, ex.thinking_applied = state.pinned_effort, state.pinned_thinking
             ex.effort_action = "pinned"
-            effort_mod.apply_to_body(body, lane.config, bool(state.pinned_thinking), state.pinned_effort)
         else:  # warn: forward what was asked, say what it will cost
             ex.effort_applied, ex.thinking_applied = req.effort, req.thinking
             ex.effort_action = "warned"
+        if lane.config.render.template is not None and policy != "off":
+            # Say it explicitly, so the engine renders what the gateway predicts whatever its defaults.
+            effort_mod.apply_to_body(body, lane.config, bool(ex.thinking_applied), ex.effort_applied)
         ex.response_headers["X-Gateway-Effort"] = _header(ex, state)
-        ex.response_headers["X-Gateway-Conversation"] = f"{state.id}; turn={ex.turn}; via={state.source}"
+        ex.response_headers["X-Gateway-Conversation"] = f"{state.id}; turn={ex.turn}; via={ex.conversation_source}"
 
 
 def _header(ex: Exchange, state: ConversationState) -> str:

@@ -122,16 +122,17 @@ class ConversationState:
     parent: str | None = None
     replica: str | None = None  # where the last turn ran (its KV cache lives there)
     last: TurnPrint | None = None
+    last_cache: dict[str, Any] | None = None  # the last turn's cache verdict, for admins
 
     def to_bytes(self) -> bytes:
         return orjson.dumps({
             "id": self.id, "src": self.source, "lane": self.lane, "c": self.created, "u": self.updated,
             "t": self.turn, "pe": self.pinned_effort, "pth": self.pinned_thinking, "p": self.parent,
-            "rep": self.replica, "last": self.last.to_json() if self.last else None,
+            "rep": self.replica, "last": self.last.to_json() if self.last else None, "lc": self.last_cache,
         })
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "ConversationState":
         d = orjson.loads(data)
         return cls(d["id"], d["src"], d.get("lane"), d["c"], d["u"], d["t"], d.get("pe"), d.get("pth"), d.get("p"),
-                   d.get("rep"), TurnPrint.from_json(d["last"]) if d.get("last") else None)
+                   d.get("rep"), TurnPrint.from_json(d["last"]) if d.get("last") else None, d.get("lc"))

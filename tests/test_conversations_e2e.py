@@ -1,0 +1,259 @@
+"""Conversations end to end: the emulator's real prefix cache (the DeepSeek renderer and tokenizer)
+behind the real gateway, driven like an agent with the official openai client."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.support.emulator_proc import run_emulator
+from tests.support.gateway_proc import run_gateway
+
+TOOLS = [{"type": "function", "function": {
+    "name": "read_file", "description": "Read a file from the workspace.",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
+SYSTEM = "You are a coding agent. Read files before you change them."
+
+
+def lane(url: str, **extra) -> dict:
+    base = {"engine": "vllm", "replicas": [url], "upstream_model": "deepseek-v4-flash",
+            "qualification": "not_required", "cache": {"block_size": 16},
+            "render": {"template": "deepseek_v4.1", "effort_map": {"low": 25, "high": 50, "xhigh": 75, "max": 100}}}
+    base.update(extra)
+    return base
+
+
+def routes(url: str, **extra) -> dict:
+    return {"lanes": {"ds": lane(url, **extra)}, "models": {"ds": "ds"}}
+
+
+def wait_turn(gw, cid: str, turn: int, timeout: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = httpx.get(f"{gw.url}/admin/conversations/{cid}")
+        if r.status_code == 200 and r.json()["turn"] >= turn:
+            return r.json()
+        time.sleep(0.02)
+    raise AssertionError(f"turn {turn} of {cid} was not analysed in time\n{r.text[:500]}\n{gw.log()[-3000:]}")
+
+
+class Agent:
+    """An append-only agent client: keeps the assistant's output (reasoning included) in its history."""
+
+    def __init__(self, gw, *, tools: bool = True, stream: bool = True, **kw) -> None:
+        self.gw = gw
+        self.client = openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0, timeout=30)
+        self.messages: list[dict] = [{"role": "system", "content": SYSTEM},
+                                     {"role": "user", "content": "Find why test_split fails and fix it."}]
+        self.tools = TOOLS if tools else None
+        self.stream = stream
+        self.kw = kw
+        self.cid: str | None = None
+        self.turns = 0
+
+    def turn(self, extra_headers: dict | None = None, **kw) -> tuple[dict, dict]:
+        args = dict(model="ds", messages=self.messages, max_tokens=12, **{**self.kw, **kw})
+        if self.tools:
+            args["tools"] = self.tools
+        raw = self.client.chat.completions.with_raw_response.create(stream=self.stream, extra_headers=extra_headers,
+                                                                     **args)
+        headers = dict(raw.headers)
+        msg = {"role": "assistant", "content": "", "reasoning_content": ""}
+        calls: dict[int, dict] = {}
+        if self.stream:
+            for chunk in raw.parse():
+                if not chunk.choices:
+                    continue
+                d = chunk.choices[0].delta
+                msg["content"] += d.content or ""
+                msg["reasoning_content"] += (d.model_extra or {}).get("reasoning") or ""
+                for tc in d.tool_calls or []:
+                    c = calls.setdefault(tc.index, {"id": tc.id, "type": "function",
+                                                    "function": {"name": "", "arguments": ""}})
+                    c["function"]["name"] += tc.function.name or ""
+                    c["function"]["arguments"] += tc.function.arguments or ""
+        else:
+            m = raw.parse().choices[0].message
+            msg["content"] = m.content or ""
+            msg["reasoning_content"] = (m.model_extra or {}).get("reasoning") or ""
+            for i, tc in enumerate(m.tool_calls or []):
+                calls[i] = {"id": tc.id, "type": "function",
+                            "function": {"name": tc.function.name, "arguments": tc.function.arguments}}
+        if not msg["reasoning_content"]:
+            del msg["reasoning_content"]
+        if calls:
+            msg["tool_calls"] = [calls[i] for i in sorted(calls)]
+        self.messages.append(msg)
+        for c in msg.get("tool_calls", []):
+            self.messages.append({"role": "tool", "tool_call_id": c["id"], "content": f"contents of {self.turns}.py\n"
+                                  + "def f(x):\n    return x * 2\n" * 5})
+        if not calls:
+            self.messages.append({"role": "user", "content": f"Continue with step {self.turns}."})
+        self.cid = headers["x-gateway-conversation"].split(";")[0]
+        self.turns += 1
+        state = wait_turn(self.gw, self.cid, self.turns)
+        return headers, state["last_cache"]
+
+
+@pytest.fixture(scope="module")
+def emu_proc():
+    with run_emulator(flavour="vllm", tokenizer="dsv41", default_thinking=True, block_size=16) as e:
+        yield e
+
+
+@pytest.fixture()
+def emu(emu_proc):
+    emu_proc.reset()  # an empty prefix cache: earlier tests' identical first turns would hit
+    return emu_proc
+
+
+def test_append_only_agent_hits_every_turn_and_predictions_match(emu):
+    with run_gateway(routes(emu.url)) as gw:
+        agent = Agent(gw)
+        _, first = agent.turn()
+        assert first["verdict"] == "cold"
+        for _ in range(7):
+            _, cache = agent.turn()
+            assert cache["verdict"] == "hit", cache
+            assert cache["predicted_cached_tokens"] == cache["reported_cached_tokens"] > 0
+            assert cache["render_matches_engine"]
+
+
+def test_non_streaming_turns_are_tracked_too(emu):
+    with run_gateway(routes(emu.url)) as gw:
+        agent = Agent(gw, stream=False)
+        agent.turn()
+        for _ in range(3):
+            _, cache = agent.turn()
+            assert cache["verdict"] == "hit" and cache["predicted_cached_tokens"] == cache["reported_cached_tokens"]
+
+
+def test_effort_change_is_pinned(emu):
+    with run_gateway(routes(emu.url, effort_policy="pin")) as gw:
+        agent = Agent(gw, reasoning_effort="high")
+        h, _ = agent.turn()
+        assert h["x-gateway-effort"] == "50"
+        agent.turn()
+        h, cache = agent.turn(reasoning_effort="max")
+        assert h["x-gateway-effort"] == "50; requested=100; pinned"
+        assert cache["verdict"] == "hit"
+
+
+def test_effort_change_under_warn_is_drift_and_the_engine_agrees(emu):
+    with run_gateway(routes(emu.url, effort_policy="warn")) as gw:
+        agent = Agent(gw, reasoning_effort="high")
+        agent.turn()
+        agent.turn()
+        h, cache = agent.turn(reasoning_effort="max")
+        assert h["x-gateway-effort"] == "100; pinned=50; warned"
+        assert cache["verdict"] == "drift" and cache["cause"] == "effort_changed"
+        assert cache["divergence_message_index"] == 0
+        assert cache["predicted_cached_tokens"] == cache["reported_cached_tokens"]
+        assert cache["tokens_lost"] > 0
+        alerts = httpx.get(gw.url + "/admin/drift", params={"cause": "effort_changed"}).json()["alerts"]
+        assert alerts and alerts[0]["conversation"] == agent.cid and alerts[0]["tokens_lost"] > 0
+
+
+def test_repin_header_accepts_the_change(emu):
+    with run_gateway(routes(emu.url)) as gw:
+        agent = Agent(gw, reasoning_effort="high")
+        agent.turn()
+        h, cache = agent.turn(reasoning_effort="max", extra_headers={"X-Gateway-Repin": "1"})
+        assert h["x-gateway-effort"] == "100; requested=100; repinned"
+        assert cache["verdict"] == "drift" and cache["cause"] == "effort_changed" and cache["repinned"]
+        h, cache = agent.turn(reasoning_effort="max")
+        assert h["x-gateway-effort"] == "100" and cache["verdict"] == "hit"
+
+
+def test_chat_without_tools_drops_reasoning(emu):
+    with run_gateway(routes(emu.url)) as gw:
+        agent = Agent(gw, tools=False)
+        agent.turn()
+        _, cache = agent.turn()
+        assert cache["verdict"] == "drift" and cache["cause"] == "reasoning_dropped_by_template"
+        assert cache["divergence_message_index"] == 1
+        assert cache["predicted_cached_tokens"] == cache["reported_cached_tokens"]
+
+
+def test_client_stripping_reasoning_is_named(emu):
+    with run_gateway(routes(emu.url)) as gw:
+        agent = Agent(gw)
+        agent.turn()
+        agent.turn()
+        for m in agent.messages:
+            m.pop("reasoning_content", None)
+        _, cache = agent.turn()
+        assert cache["cause"] == "client_stripped_reasoning"
+        assert cache["divergence_message_index"] == 2
+
+
+def test_explicit_key_wins_and_separates_agents(emu):
+    with run_gateway(routes(emu.url)) as gw:
+        a, b = Agent(gw, user="alice"), Agent(gw, user="bob")
+        a.turn()
+        b.turn()
+        assert a.cid != b.cid
+        h, _ = a.turn()
+        assert h["x-gateway-conversation"].endswith("via=user")
+
+
+def test_lineage_separates_agents_with_the_same_start(emu):
+    with run_gateway(routes(emu.url)) as gw:
+        a, b = Agent(gw), Agent(gw)
+        a.turn()
+        b.messages[1]["content"] += " Use the second approach."
+        b.turn()
+        assert a.cid != b.cid
+        a.turn()
+        b.turn()
+        assert a.cid != b.cid
+
+
+def test_small_cache_pool_gives_eviction_not_drift():
+    with run_emulator(flavour="vllm", tokenizer="dsv41", default_thinking=True, block_size=16,
+                      cache_blocks=40) as emu:
+        with run_gateway(routes(emu.url)) as gw:
+            agents = [Agent(gw, user=f"agent-{i}") for i in range(3)]
+            for ag in agents:
+                ag.messages[1]["content"] += " " + ("padding text " * 60) + ag.kw["user"]
+            verdicts = []
+            for _ in range(3):
+                for ag in agents:
+                    _, cache = ag.turn()
+                    verdicts.append(cache["verdict"])
+            assert "eviction" in verdicts
+            assert "drift" not in verdicts
+
+
+def test_redis_shared_between_two_gateways(emu):
+    import redis
+
+    r = redis.Redis.from_url("redis://127.0.0.1:6379/0")
+    r.ping()
+    env = {"GATEWAY_REDIS_URL": "redis://127.0.0.1:6379/0"}
+    with run_gateway(routes(emu.url), env=env) as g1, run_gateway(routes(emu.url), env=env) as g2:
+        agent = Agent(g1, reasoning_effort="high")
+        agent.turn()
+        agent.gw = g2
+        agent.client = openai.OpenAI(base_url=g2.base_url, api_key="x", max_retries=0)
+        h, cache = agent.turn(reasoning_effort="max")
+        assert h["x-gateway-effort"] == "50; requested=100; pinned"
+        assert cache["verdict"] == "hit"
+        agent.gw = g1
+        agent.client = openai.OpenAI(base_url=g1.base_url, api_key="x", max_retries=0)
+        _, cache = agent.turn()
+        assert cache["verdict"] == "hit"
+
+
+def test_conversation_state_is_small(emu):
+    with run_gateway(routes(emu.url)) as gw:
+        agent = Agent(gw)
+        for _ in range(4):
+            agent.turn()
+        state = httpx.get(f"{gw.url}/admin/conversations/{agent.cid}").json()
+        per_message = state["state_bytes"] / len(agent.messages)
+        assert per_message < 200, json.dumps(state)
