@@ -62,3 +62,23 @@ def test_threads():
         t.join()
     s = c.stats()
     assert s.bytes <= 50_000 and s.bytes == sum(v[1] for v in c._data.values())
+
+
+def test_segment_tokens_are_found_by_digest():
+    """Drift comparison reads an earlier turn's segment ids by (tokenizer path, digest, length)."""
+    from gateway.render import Renderer, RenderOptions
+    from gateway.render.tokenizer import load_tokenizer
+
+    cache = SegmentCache()
+    r = Renderer(RenderOptions(), cache=cache)
+    body = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hello"},
+                         {"role": "assistant", "content": "hi", "reasoning_content": "r"},
+                         {"role": "user", "content": "again"}]}
+    for _ in range(2):  # cold, then warm (segments reused from item entries)
+        got = r.render(body)
+        path = load_tokenizer().path
+        for s in got.segments:
+            assert list(cache.get_tokens([(path, s.digest, len(s.text))])[0]) == list(s.token_ids)
+            assert list(r.tokens_of(s.digest, len(s.text))) == list(s.token_ids)
+    g = r.render_generated(body, {"role": "assistant", "content": "done", "reasoning_content": "think"})
+    assert list(r.tokens_of(g.digest, len(g.text))) == list(g.token_ids)

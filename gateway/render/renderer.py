@@ -475,6 +475,11 @@ class Renderer:
             self.cache.put_tokens([(key, ids)])
         return Segment(n, "assistant", item.text, ids, item.fields, item.digest, (n,))
 
+    def tokens_of(self, digest: int, length: int, options: RenderOptions | None = None):
+        """Token ids of an earlier segment by its text digest and length, if still cached (else None)."""
+        tok = load_tokenizer((options or self.defaults).tokenizer_path)
+        return self.cache.get_tokens([(tok.path, digest, length)])[0]
+
     # -- preparation ------------------------------------------------------------------------------
     def _prepare(self, body: dict, opts: RenderOptions) -> _Prepared:
         if not isinstance(body, dict):
@@ -632,9 +637,10 @@ class Renderer:
                 enc = tok.encode_batch([todo[j][1] for j in missing])
                 for j, a in zip(missing, enc):
                     ids[j] = a
-                # Single items keep their ids on their cache entry (attach below); only merged
-                # segments go to the token table.
-                self.cache.put_tokens([(tkeys[j], ids[j]) for j in missing if len(todo[j][2]) > 1])
+                # The token table answers "ids of the segment with this digest" (drift comparison
+                # reads it); single items also keep their ids on their entry (attach below). The
+                # arrays are shared; the budget counts them in both places (conservative).
+                self.cache.put_tokens([(tkeys[j], ids[j]) for j in missing])
             n_tok = len(missing)
             attach = []
             for (pos, text, g), d, seg_ids in zip(todo, digests, ids):
