@@ -211,7 +211,7 @@ def _get(url: str) -> Any:
         return json.loads(exc.read())
 
 
-def _wait_state(gw_url: str, lane: str, state: str, timeout: float = 8.0) -> dict[str, Any]:
+def _wait_state(gw_url: str, lane: str, state: str, timeout: float = 15.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
         got = _get(gw_url + "/qualify/state")["lanes"][lane]
@@ -262,6 +262,7 @@ def test_unqualified_lane_is_refused_until_qualified_or_overridden(tmp_path: Pat
             # reason names what changed.
             changed = {**lane, "limits": {"max_images": 2}}
             gw.write_routes({"lanes": {"cand": changed}, "models": {"m": "cand"}})
+            gw.sighup()  # the file watcher would do it too; SIGHUP makes it prompt on a busy machine
             state = _wait_state(gw.url, "cand", "unqualified")
             assert state["state"] == "unqualified" and "limits" in state["reason"]
             status, _, body = _post(gw.url + "/v1/chat/completions", CHAT)
@@ -270,12 +271,18 @@ def test_unqualified_lane_is_refused_until_qualified_or_overridden(tmp_path: Pat
             # An override serves anyway, and says so.
             gw.write_routes({"lanes": {"cand": {**changed, "override": {"reason": "hotfix, INC-42"}}},
                              "models": {"m": "cand"}})
+            gw.sighup()
             state = _wait_state(gw.url, "cand", "overridden")
+            assert state["state"] == "overridden", gw.log()
             assert state["override"] == "hotfix, INC-42" and "limits" in state["reason"]
             status, headers, body = _post(gw.url + "/v1/chat/completions", CHAT)
             assert status == 200 and headers.get("x-gateway-lane-override") == "hotfix, INC-42"
-            ready = _get(gw.url + "/readyz")
-            assert ready["lanes"]["cand"]["qualification"]["state"] == "overridden"
+            deadline = time.monotonic() + 5  # /readyz caches its lane report for 2 s
+            while (_get(gw.url + "/readyz")["lanes"]["cand"]["qualification"]["state"] != "overridden"
+                   and time.monotonic() < deadline):
+                time.sleep(0.2)
+            ready = _get(gw.url + "/readyz")["lanes"]["cand"]["qualification"]
+            assert ready["state"] == "overridden" and ready["override"] == "hotfix, INC-42"
 
 
 def test_revision_change_is_not_covered_by_the_record(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ from ..errors import GatewayError
 from ..exchange import Exchange
 from ..runtime import LaneRuntime, Snapshot
 from .client import QUALIFY_HEADER, replica_revision
+from .identity import lane_identity
 from .records import RecordIndex, RecordStore, Summary, open_store
 from .state import evaluate
 
@@ -64,6 +65,7 @@ class QualificationService:
         self._signature: Any = object()
         self._index_error: str | None = None
         self._qualify_pipeline: Any = None
+        self._file_token: str | None = None
 
     # -- records --------------------------------------------------------------------------------
 
@@ -108,8 +110,6 @@ class QualificationService:
         snap = self.gw.runtime.snapshot
         out = {}
         for name, lane in snap.lanes.items():
-            from .identity import lane_identity
-
             state = dict(lane.extras.get("qualification") or {})
             state["identity_fields"] = lane_identity(lane.config, self.observed.get(self._key(lane))).fields
             state["engine"] = lane.config.engine
@@ -186,8 +186,6 @@ class QualificationService:
         if self._file_token:
             out.append(self._file_token)
         return out
-
-    _file_token: str | None = None
 
     def ensure_token_file(self) -> None:
         if os.environ.get("GATEWAY_QUALIFY_TOKEN"):
