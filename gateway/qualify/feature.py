@@ -6,7 +6,9 @@
   the revision the replicas report on GET /v1/models, and re-evaluates.
 - ``POST /qualify/v1/chat/completions`` addresses a lane by its name (``"model": "<lane>"``), for
   `gateway qualify --gateway URL`. It needs the qualify token (header ``X-Gateway-Qualify``) and
-  lets an unqualified lane through, so it can be qualified; every other policy still applies.
+  lets an unqualified lane through, so it can be qualified. Other gates still apply; the hot-path
+  policies (limits, effort pinning) do not: the engine sees the suite exactly as written, as it
+  does when `gateway qualify` runs in-process.
 - ``GET /qualify/state``, ``POST /qualify/refresh``, ``GET /qualify/records?lane=..``,
   ``POST /qualify/records`` (token) for the CLI and the admin page.
 
@@ -298,7 +300,10 @@ class _LaneAddressed:
 
     @property
     def policies(self) -> list[Any]:
-        return self._runtime.policies
+        # None: the engine must see the suite exactly as written, as it does in-process, so that
+        # hashes and numbers from both ways of qualifying compare (a pinned effort, for example,
+        # would switch thinking on and change every output). Policies are not part of a lane's identity.
+        return []
 
     def finish(self, ex: Exchange, lane: LaneRuntime | None) -> None:
         ex.annotations["qualification_run"] = True
