@@ -94,3 +94,18 @@ def test_metrics_endpoint_exposes_live_gauges(app) -> None:
     assert 'gateway_replica_up{lane="lane-a",replica="http://127.0.0.1:9"}' in text
     assert 'gateway_records_total{outcome="written",store="sqlite"} 5.0' in text
     assert "_created" not in text
+
+
+def test_grafana_dashboard_uses_only_exported_metric_names(app) -> None:
+    import json
+    import re
+
+    client, _ = app
+    text = client.get("/metrics").text
+    declared = set(re.findall(r"^# TYPE (gateway_\w+) (\w+)", text, re.M))
+    names = {name for name, _ in declared}
+    names |= {f"{name}{suffix}" for name, kind in declared if kind == "histogram"
+              for suffix in ("_bucket", "_sum", "_count")}
+    dashboard = json.loads((Path(__file__).parents[1] / "dashboards" / "grafana.json").read_text())
+    used = {m for p in dashboard["panels"] for t in p.get("targets", []) for m in re.findall(r"gateway_\w+", t["expr"])}
+    assert used and used <= names, sorted(used - names)

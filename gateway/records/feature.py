@@ -79,7 +79,7 @@ class Records:
         now = time.time()
         return {
             "stats": compute_stats(rows, window_s, now),
-            "series": series(rows, window_s, buckets, now),
+            "series": series(rows, window_s, buckets, now, fit=True),
             "decode_histogram": decode_histogram(rows),
             "lost_by_cause": lost_by_cause(rows),
         }

@@ -150,12 +150,21 @@ def _as_reported(row: Row) -> Row:
     return row
 
 
-def series(rows: list[Row], window_s: float, buckets: int = 60, now: float | None = None) -> Row:
-    """Per-lane time series for charts: cache-hit ratio by tokens, requests, p50 TTFT and decode speed."""
+def series(rows: list[Row], window_s: float, buckets: int = 60, now: float | None = None,
+           fit: bool = False) -> Row:
+    """Per-lane time series for charts: cache-hit ratio by tokens, requests, p50 TTFT and decode speed.
+
+    `fit`: start at the oldest row when it is younger than the window, so a gateway that has run
+    for two minutes gets two minutes of fine buckets rather than one dot at the right edge.
+    """
     now = time.time() if now is None else now
     buckets = max(1, min(buckets, 720))
     start = now - window_s
-    width = window_s / buckets
+    if fit and rows:
+        oldest = min(r["ts"] for r in rows)
+        start = max(start, oldest - max(1.0, 0.02 * (now - oldest)))
+        buckets = max(1, min(buckets, int(now - start)))  # at least a second per bucket
+    width = (now - start) / buckets
     grid: dict[str, list[list[Row]]] = defaultdict(lambda: [[] for _ in range(buckets)])
     for r in rows:
         i = int((r["ts"] - start) / width)

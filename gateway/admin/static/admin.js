@@ -74,7 +74,7 @@
       ["TTFT p50", fmtS(t.ttft_p50_s), `p95 ${fmtS(t.ttft_p95_s)}`],
       ["Decode p50", t.decode_tps_p50 === null ? "–" : `${fmtTps(t.decode_tps_p50)}`, "tokens / second"],
       ["Cache hit", fmtPct(t.cache_hit_ratio), `${fmtN(t.cached_tokens)} of ${fmtN(t.prompt_tokens_with_cache_report)} tokens`],
-      ["Tokens lost", fmtN(lostTokens), drift ? `${drift.alerts.length} drift alerts` : `drift ${fmtN(t.drift_tokens_lost)} · evict ${fmtN(t.eviction_tokens_lost)}`],
+      ["Tokens lost", fmtN(lostTokens), drift ? `${drift.alerts.length} drift alert${drift.alerts.length === 1 ? "" : "s"}` : `drift ${fmtN(t.drift_tokens_lost)} · evict ${fmtN(t.eviction_tokens_lost)}`],
     ];
     document.getElementById("kpis").innerHTML = cards.map(([label, value, detail]) =>
       `<div class="kpi"><div class="label">${label}</div><div class="value">${esc(value)}</div><div class="detail">${esc(detail)}</div></div>`).join("");
@@ -160,15 +160,25 @@
     });
   }
 
-  // Mark where two snippets stop agreeing (common prefix and suffix stay plain).
+  // Mark where two snippets stop agreeing: after their common prefix, find the nearest point where
+  // they agree again (a run of RESYNC characters) and mark only what lies between.
+  const RESYNC = 12;
   function diffPair(a, b) {
     a = a || ""; b = b || "";
     let p = 0;
     while (p < a.length && p < b.length && a[p] === b[p]) p++;
-    let s = 0;
-    while (s < a.length - p && s < b.length - p && a[a.length - 1 - s] === b[b.length - 1 - s]) s++;
-    const part = (x, cls) => esc(x.slice(0, p)) + (x.length - s > p ? `<mark class="${cls}">${esc(x.slice(p, x.length - s))}</mark>` : "") + esc(x.slice(x.length - s));
-    return [part(a, "del"), part(b, "ins")];
+    let cut = null;
+    const ra = a.length - p, rb = b.length - p;
+    for (let d = 1; d <= ra + rb && cut === null; d++) {  // smallest total edit first
+      for (let i = Math.max(0, d - rb); i <= Math.min(d, ra); i++) {
+        const j = d - i;
+        const run = Math.min(RESYNC, a.length - p - i, b.length - p - j);
+        if (run >= Math.min(RESYNC, 4) && a.substr(p + i, run) === b.substr(p + j, run)) { cut = [i, j]; break; }
+      }
+    }
+    if (cut === null) cut = [ra, rb];
+    const part = (x, n, cls) => esc(x.slice(0, p)) + (n ? `<mark class="${cls}">${esc(x.slice(p, p + n))}</mark>` : "") + esc(x.slice(p + n));
+    return [part(a, cut[0], "del"), part(b, cut[1], "ins")];
   }
 
   function renderDrift(drift) {
