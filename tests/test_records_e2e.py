@@ -347,3 +347,31 @@ def test_a_dead_redis_never_fails_a_request() -> None:
                 time.sleep(0.2)
             assert errors >= 1
             assert gw.log().count("records to Redis stream") == 1  # logged once, not per batch
+
+
+# -- several worker processes ---------------------------------------------------------------------
+
+def test_two_workers_share_the_records_file_and_sum_their_counters(tmp_path) -> None:
+    """--workers 2: both processes write one SQLite file; with PROMETHEUS_MULTIPROC_DIR set, /metrics
+    sums the counters of both, whichever worker answers the scrape."""
+    prom_dir = tmp_path / "prom"
+    prom_dir.mkdir()
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(prom_dir)}
+    with run_emulator(flavour="vllm", decode_tps=2000) as emu:
+        with run_gateway({"lanes": {"w": lane(emu.url)}, "models": {"m": "w"}}, env=env, workers=2) as gw:
+            n = 24
+            for i in range(n):
+                assert post(gw.url, {"model": "m", "messages": prompt_of(i, 10), "stream": True,
+                                     "max_tokens": 5})[0] == 200
+            recs = records(gw.url)
+            assert len(recs) == n
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                scraped = [metric_samples(gw.url) for _ in range(4)]
+                totals = [m["gateway_requests_total"].get((("lane", "w"), ("status_class", "2xx")), 0)
+                          for m in scraped]
+                if totals == [n] * 4:
+                    break
+                time.sleep(0.2)
+            assert totals == [n] * 4
+            assert scraped[0]["gateway_ttft_seconds_count"][(("lane", "w"),)] == n
