@@ -241,10 +241,16 @@ async def test_output_cap_is_its_own_error():
     assert err.param == "max_completion_tokens"
 
 
-async def test_small_request_is_decided_by_size_without_scanning():
-    lane = make_lane(max_context_tokens=100_000)
+async def test_small_request_is_decided_by_size_without_scanning(monkeypatch):
+    from gateway.limits import policy
+
+    def no_scan(*a, **k):
+        raise AssertionError("scanned")
+
+    monkeypatch.setattr(policy, "scan_chat", no_scan)
+    lane = make_lane(max_context_tokens=100_000, max_output_tokens=2000)
     ex = await run(lane, words_body(50, max_tokens=1000))
-    assert "prompt_tokens_counted" not in ex.annotations
+    assert "prompt_tokens_counted" not in ex.annotations and "limits_error" not in ex.annotations
 
 
 async def test_context_near_window_counts_with_cl100k_when_no_renderer():

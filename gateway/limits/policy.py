@@ -78,8 +78,8 @@ class LimitsPolicy:
         ctx = Context(ex, lane, lane.config.limits, body)
         try:
             for limit in plan.limits:
-                if limit.needs and ctx.facts is None:
-                    ctx.facts = plan.scan(ctx)
+                if limit.needs and ctx.facts is None and limit.needs_for(ctx):
+                    ctx.facts = plan.scan(ctx)  # once, for every limit that needs it
                 await limit.enforce(ctx)
         except GatewayError:
             raise
