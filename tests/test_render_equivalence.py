@@ -123,3 +123,30 @@ def test_append_only_turns_reuse_segments(seed: int) -> None:
         assert got.prompt == rr.render_template(sub, opts)
     fresh = Renderer(opts, cache=SegmentCache()).render(body, opts)
     assert got.token_ids == fresh.token_ids
+
+
+def test_concurrent_distinct_renders_on_one_cache():
+    """Threads rendering different requests through one renderer and cache agree with serial renders."""
+    import threading
+
+    cases = [random_request(random.Random(s)) for s in range(40)]
+    serial = [Renderer(RenderOptions(), cache=SegmentCache()).render(b, o).token_ids for b, o in cases]
+    shared = Renderer(RenderOptions(), cache=SegmentCache(64 * 1024))  # small: evictions under contention
+    errors: list = []
+
+    def work(offset: int) -> None:
+        try:
+            for rep in range(3):
+                for j in range(len(cases)):
+                    k = (j + offset) % len(cases)
+                    b, o = cases[k]
+                    assert shared.render(b, o).token_ids == serial[k]
+        except Exception as e:  # pragma: no cover
+            errors.append(e)
+
+    ts = [threading.Thread(target=work, args=(i * 7,)) for i in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors
