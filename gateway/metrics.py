@@ -37,7 +37,7 @@ GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0
 DURATION_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
 OVERHEAD_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 REWRITE_ACTION = "pinned"  # the effort policy changed the request to the conversation's pinned effort
-MAX_GAPS_PER_REQUEST = 256  # sample long streams evenly: the distribution, at bounded cost
+MAX_GAPS_PER_REQUEST = 64  # sample long streams evenly: the distribution, at bounded cost
 
 
 class BoundedLabel:
@@ -117,86 +117,95 @@ class Metrics:
                                   L, buckets=DURATION_BUCKETS, registry=r)
         self.overhead = Histogram("gateway_overhead_seconds", "Gateway time before forwarding",
                                   L, buckets=OVERHEAD_BUCKETS, registry=r)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._cause = BoundedLabel(48)
         self._limit = BoundedLabel(32)
         self._action = BoundedLabel(16)
         self._lane = BoundedLabel(256)  # lanes come from routes.yaml; the bound is a safety net
         self._replica = BoundedLabel(512)
 
+    def _c(self, metric: Any, *labels: str) -> Any:
+        """metric.labels(*labels), memoised: `labels()` validates and locks on every call."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
     def observe(self, ex: Exchange, lane_rt: "LaneRuntime | None" = None) -> None:
         lane = self._lane(ex.lane or "none")
         sc = status_class(ex)
         ok = 100 <= ex.status < 400 and not ex.cancelled
-        self.requests.labels(lane, sc).inc()
+        self._c(self.requests, lane, sc).inc()
         usage = ex.usage if isinstance(ex.usage, dict) else {}
         prompt = usage.get("prompt_tokens")
         if isinstance(prompt, int):
-            self.prompt_tokens.labels(lane).inc(prompt)
+            self._c(self.prompt_tokens, lane).inc(prompt)
         cached = reported_cached_tokens(usage)
         if cached is not None:
-            self.cached_reported.labels(lane).inc(cached)
+            self._c(self.cached_reported, lane).inc(cached)
             if isinstance(prompt, int):
-                self.prompt_tokens_reported.labels(lane).inc(prompt)
+                self._c(self.prompt_tokens_reported, lane).inc(prompt)
         completion = usage.get("completion_tokens")
         if isinstance(completion, int):
-            self.completion_tokens.labels(lane).inc(completion)
+            self._c(self.completion_tokens, lane).inc(completion)
         reasoning = reasoning_tokens(usage)
         if reasoning:
-            self.reasoning_tokens.labels(lane).inc(reasoning)
+            self._c(self.reasoning_tokens, lane).inc(reasoning)
         self._observe_cache(lane, ex.annotations.get("cache"))
         if ex.effort_action:
-            self.effort_actions.labels(lane, self._action(ex.effort_action)).inc()
+            self._c(self.effort_actions, lane, self._action(ex.effort_action)).inc()
             if ex.effort_action == REWRITE_ACTION:
-                self.effort_rewrites.labels(lane).inc()
+                self._c(self.effort_rewrites, lane).inc()
         for name in ex.limits_fired:
             limit = self._limit(name)
-            self.limits_fired.labels(lane, limit).inc()
+            self._c(self.limits_fired, lane, limit).inc()
             if ex.status >= 400:
-                self.limit_rejections.labels(lane, limit).inc()
+                self._c(self.limit_rejections, lane, limit).inc()
         if ex.upstream_error:
-            self.upstream_errors.labels(lane, self._replica(ex.replica or "none"), sc).inc()
+            self._c(self.upstream_errors, lane, self._replica(ex.replica or "none"), sc).inc()
         if ex.retries:
-            self.retries.labels(lane).inc(ex.retries)
+            self._c(self.retries, lane).inc(ex.retries)
         self._observe_timing(ex, lane, ok, completion if isinstance(completion, int) else None)
 
     def _observe_cache(self, lane: str, cache: Any) -> None:
         if not isinstance(cache, dict):
-            self.verdicts.labels(lane, "unknown").inc()
+            self._c(self.verdicts, lane, "unknown").inc()
             return
         verdict = cache.get("verdict")
         if verdict not in ("hit", "drift", "eviction", "cold", "unknown"):
             verdict = "unknown"
-        self.verdicts.labels(lane, verdict).inc()
+        self._c(self.verdicts, lane, verdict).inc()
         predicted = cache.get("predicted_cached_tokens")
         if isinstance(predicted, int):
-            self.cached_predicted.labels(lane).inc(predicted)
+            self._c(self.cached_predicted, lane).inc(predicted)
         lost = cache.get("tokens_lost") or 0
         if verdict == "drift":
             cause = self._cause(cache.get("cause") or "unknown")
-            self.drift_tokens.labels(lane, cause).inc(lost)
-            self.drift_seconds.labels(lane, cause).inc(cache.get("seconds_lost") or 0.0)
+            self._c(self.drift_tokens, lane, cause).inc(lost)
+            self._c(self.drift_seconds, lane, cause).inc(cache.get("seconds_lost") or 0.0)
         elif verdict == "eviction":
-            self.evictions.labels(lane).inc()
-            self.eviction_tokens.labels(lane).inc(lost)
+            self._c(self.evictions, lane).inc()
+            self._c(self.eviction_tokens, lane).inc(lost)
 
     def _observe_timing(self, ex: Exchange, lane: str, ok: bool, completion: int | None) -> None:
         start = ex.started
         if ex.t_end is not None:
-            self.duration.labels(lane).observe(ex.t_end - start)
+            self._c(self.duration, lane).observe(ex.t_end - start)
         if ex.t_forwarded is not None:
-            self.overhead.labels(lane).observe(ex.t_forwarded - start)
+            self._c(self.overhead, lane).observe(ex.t_forwarded - start)
         if not ok:
             return
         if ex.t_first_byte is not None:
-            self.ttfb.labels(lane).observe(ex.t_first_byte - start)
+            self._c(self.ttfb, lane).observe(ex.t_first_byte - start)
         if ex.stream and ex.t_first_token is not None:
-            self.ttft.labels(lane).observe(ex.t_first_token - start)
+            self._c(self.ttft, lane).observe(ex.t_first_token - start)
         times = ex.token_chunk_times
         tps, _ = decode_speed(ex.t_first_token, ex.t_last_token, completion, len(times))
         if tps is not None:
-            self.decode.labels(lane).observe(tps)
+            self._c(self.decode, lane).observe(tps)
         if len(times) > 1:
-            hist = self.gaps.labels(lane)
+            hist = self._c(self.gaps, lane)
             step = max(1, (len(times) - 1) // MAX_GAPS_PER_REQUEST)
             for i in range(step, len(times), step):
                 hist.observe(times[i] - times[i - 1])

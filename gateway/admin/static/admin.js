@@ -219,16 +219,23 @@
       const statusCls = `status-${String(r.status || 0)[0]}`;
       const cached = r.cached_tokens === null ? `<span class="muted" title="not reported">n/r</span>` : fmtN(r.cached_tokens);
       const pred = r.predicted_cached_tokens === null ? "" : ` <span class="muted">/ ${fmtN(r.predicted_cached_tokens)}</span>`;
+      let effort = r.effort_applied === null ? "–" : esc(r.effort_applied);
+      if (r.effort_requested !== null && r.effort_requested !== r.effort_applied) effort = `${esc(r.effort_requested)} → ${effort}`;
+      if (r.effort_action && !["first", "kept", "off"].includes(r.effort_action)) effort += ` <span class="muted">${esc(r.effort_action)}</span>`;
+      let limits = [];
+      try { limits = r.limits_fired ? JSON.parse(r.limits_fired) : []; } catch (e) { /* keep [] */ }
+      const limitText = limits.length ? ` <span class="badge warn" title="limits that fired">${limits.map(esc).join(", ")}</span>` : "";
       const verdict = `<span class="badge ${esc(r.verdict)}">${esc(r.verdict)}</span>${r.cause ? ` <span class="muted">${esc(r.cause.replace(/_/g, " "))}</span>` : ""}`;
       return `<tr><td class="mono">${fmtTime(r.ts)}</td><td>${esc(r.model || "–")}</td><td>${esc(r.lane || "–")}</td>
         <td><span class="conv mono" title="${esc(r.conversation || "")} (${esc(r.conversation_source || "")})">${esc(r.conversation || "–")}</span></td>
-        <td class="num">${r.turn ?? "–"}</td><td class="${statusCls}" title="${esc(r.error_code || "")}">${r.cancelled ? "cancelled" : r.status}${r.error_code ? ` <span class="muted">${esc(r.error_code)}</span>` : ""}</td>
+        <td class="num">${r.turn ?? "–"}</td><td class="${statusCls}" title="${esc(r.error_code || "")}">${r.cancelled ? "cancelled" : r.status}${r.error_code ? ` <span class="muted">${esc(r.error_code)}</span>` : ""}${limitText}</td>
+        <td>${effort}</td>
         <td class="num">${fmtN(r.prompt_tokens)}</td><td class="num">${cached}${pred}</td><td>${verdict}</td>
         <td class="num">${fmtS(r.ttft_s)}</td><td class="num">${fmtTps(r.decode_tps)}</td><td class="num">${fmtS(r.total_s)}</td>
         <td class="num">${r.completion_tokens ?? "–"}</td></tr>`;
     }).join("");
     box.innerHTML = `<table><thead><tr><th>time</th><th>model</th><th>lane</th><th>conversation</th><th class="num">turn</th>
-      <th>status</th><th class="num">prompt</th><th class="num">cached / pred.</th><th>verdict</th><th class="num">TTFT</th>
+      <th>status</th><th>effort</th><th class="num">prompt</th><th class="num">cached / pred.</th><th>verdict</th><th class="num">TTFT</th>
       <th class="num">tok/s</th><th class="num">total</th><th class="num">out</th></tr></thead><tbody>${rows}</tbody></table>`;
   }
 
