@@ -91,6 +91,19 @@ class Breaker(_Strict):
 
     failures: int = Field(3, ge=1)
     cool_down_s: float = Field(5.0, gt=0)
+    probe_interval_s: float | None = Field(None, gt=0, description="active health probe every so often; "
+                                                                     "None = passive health from traffic only")
+    probe_path: str = Field("/v1/models", pattern=r"^/", description="GET this on each replica to probe it")
+
+
+class Affinity(_Strict):
+    """conversation_affinity routing: when a home is overloaded, and when a new conversation follows a prefix."""
+
+    max_load_factor: float = Field(1.25, ge=1.0, description="a home with more in-flight requests than this x the "
+                                                            "lane's mean (+ load_slack) is overloaded: re-home")
+    load_slack: float = Field(1.0, ge=0, description="added to the bound so an idle lane does not bounce")
+    prefix_min_share: float = Field(0.5, ge=0, le=1, description="a new conversation follows a known prefix only "
+                                                                "when it covers this share of its messages")
 
 
 class Override(_Strict):
@@ -118,6 +131,7 @@ class Lane(_Strict):
     effort_policy: Literal["pin", "warn", "off"] = "pin"
     cache: CacheModel = Field(default_factory=CacheModel)
     routing: Literal["round_robin", "least_inflight", "conversation_affinity"] = "conversation_affinity"
+    affinity: Affinity = Field(default_factory=Affinity)
     qualification: Literal["required", "not_required"] = "required"
     override: Override | None = None
     emulator: EmulatedUpstream | None = None

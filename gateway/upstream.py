@@ -19,17 +19,41 @@ from .errors import GatewayError
 
 @dataclass
 class Replica:
+    """One replica and its circuit breaker.
+
+    closed (``open_until == 0``): every request may use it. open (``now < open_until``): skipped.
+    half-open (cool-down over): exactly one request, the probe, may use it; its answer closes the
+    breaker (any status below 500) or opens it again for another cool-down.
+    """
+
     url: str
     inflight: int = 0
     consecutive_failures: int = 0
-    open_until: float = 0.0  # circuit breaker: skip until this monotonic time
+    open_until: float = 0.0  # circuit breaker: skip until this monotonic time; 0 = closed
+    probing: bool = False  # half-open: the one trial request is in flight
     last_error: str | None = None
     last_ok: float | None = None
     requests: int = 0
     failures: int = 0
+    opened: int = 0  # times the breaker opened
+    last_opened_at: float | None = None  # wall clock
 
     def available(self, now: float) -> bool:
-        return self.open_until <= now
+        return self.open_until <= now and not self.probing
+
+    def state(self, now: float) -> str:
+        if self.open_until == 0.0:
+            return "closed"
+        return "open" if self.open_until > now or self.probing else "half_open"
+
+    def acquire(self, now: float) -> bool:
+        """May a request go to this replica now? Half-open lets exactly one through (the probe)."""
+        if self.open_until == 0.0:
+            return True
+        if self.open_until > now or self.probing:
+            return False
+        self.probing = True
+        return True
 
 
 @dataclass(frozen=True)
@@ -94,17 +118,21 @@ class Upstream:
     ) -> tuple[Replica, aiohttp.ClientResponse]:
         """POST to the first replica that answers; connection failures move on to the next one.
 
-        Waits for the response headers within the lane's first-byte timeout. Raises UpstreamFailure
-        (502 when nobody could be reached, 504 on a first-byte timeout).
+        Waits for the response headers within the lane's first-byte timeout. A replica answering
+        502/503/504 also hands over to the next one while one is left (nothing reached the client
+        yet). Raises UpstreamFailure: 503 at once when every replica's breaker is open, 502 when
+        nobody could be reached, 504 on a first-byte timeout.
         """
-        if not order:
-            raise UpstreamFailure(503, "no_healthy_replica", "every replica of this lane is failing; try again shortly")
         last = "no replica answered"
         session = self.session()
         headers = self.headers(request_id)
-        for attempt, replica in enumerate(order):
-            if attempt and on_retry is not None:
+        tried = 0
+        for i, replica in enumerate(order):
+            if not replica.acquire(time.monotonic()):
+                continue  # opened (or its one probe taken) since the order was made
+            if tried and on_retry is not None:
                 on_retry(replica)
+            tried += 1
             replica.inflight += 1
             replica.requests += 1
             try:
@@ -124,18 +152,44 @@ class Upstream:
                 continue
             except BaseException:  # cancelled: the client went away
                 replica.inflight -= 1
+                replica.probing = False  # the probe never finished: the next request may probe
                 raise
+            if resp.status in _HAND_OVER and any(r.available(time.monotonic()) for r in order[i + 1:]):
+                resp.release()
+                replica.inflight -= 1
+                last = f"HTTP {resp.status}"
+                self.record_failure(replica, last)
+                continue
+            if replica.probing and resp.status < 500:
+                self.record_success(replica)  # the half-open probe answered: close the breaker
             return replica, resp
+        if not tried:
+            raise UpstreamFailure(503, "no_healthy_replica", "every replica of this lane is failing; try again shortly")
         raise UpstreamFailure(502, "upstream_unavailable", f"no replica of this lane could be reached ({last})")
 
     def record_failure(self, replica: Replica, why: str) -> None:
+        """Passive health: a connection failure, timeout or 5xx of real traffic (or an active probe)."""
         replica.failures += 1
         replica.consecutive_failures += 1
         replica.last_error = why
-        if replica.consecutive_failures >= self.breaker.failures_to_open:
+        if replica.probing or replica.open_until or replica.consecutive_failures >= self.breaker.failures_to_open:
+            if replica.open_until == 0.0 or replica.probing:
+                replica.opened += 1
+                replica.last_opened_at = time.time()
             replica.open_until = time.monotonic() + self.breaker.cool_down_s
+            replica.probing = False
 
     def record_success(self, replica: Replica) -> None:
         replica.consecutive_failures = 0
         replica.open_until = 0.0
+        replica.probing = False
         replica.last_ok = time.time()
+
+    def probe_passed(self, replica: Replica) -> None:
+        """An active health probe answered: an open breaker may try a real request now (half-open)."""
+        if replica.open_until:
+            replica.open_until = min(replica.open_until, time.monotonic())
+
+
+# Statuses that mean "not this replica, not now": try the next one before anything reached the client.
+_HAND_OVER = frozenset((502, 503, 504))
