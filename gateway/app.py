@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 import time
 from typing import Any, AsyncIterator, Callable
 
@@ -145,6 +146,9 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 def create_app(settings: Settings | None = None) -> Starlette:
     settings = settings or Settings()
+    # Analysis threads run Python loops over long conversations; by default a thread keeps the GIL
+    # for 5 ms at a time, which would stall the event loop (and every stream) that long.
+    sys.setswitchinterval(0.0005)
     gw = Gateway(settings)
     install_all(gw)
 

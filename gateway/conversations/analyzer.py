@@ -24,7 +24,7 @@ from ..runtime import LaneRuntime
 from ..store import StateStore
 from .alerts import AlertBook
 from .drift import Comparison, Divergence, NewTurn, classify, compare
-from .identity import chain, message_digest
+from .identity import anchor, message_digest, request_chain
 from .policy import Found
 from .prints import message_prints, segment_prints
 from .state import ConversationState, TurnPrint
@@ -59,7 +59,7 @@ class Analyzer:
             ex.annotations["cache"] = _unknown("request did not complete")
             return
         # Anchors first (cheap): the client's next turn may arrive before the analysis is done.
-        anchors = _anchors(found, ex.generated.as_message())
+        anchors = _anchors(found, ex.generated.as_message(), len((ex.body or {}).get("messages") or ()))
         value = f"{found.state.id}|{found.state.turn + 1}".encode()
         for key in anchors:
             await self.store.set(key, value, self.ttl_s)
@@ -170,8 +170,7 @@ class Analyzer:
         new_state = ConversationState(
             state.id, state.source, lane.name, state.created, time.time(), state.turn + 1,
             ex.effort_applied, ex.thinking_applied, state.parent, ex.replica,
-            turn_print(new, rendered, generated, generated_msg,
-                       found.lineage.chain[-1] if found.lineage.chain else 0),
+            turn_print(new, rendered, generated, generated_msg, request_chain(body.get("messages") or [])),
         )
         new_state.last_cache = cache
         return Outcome(cache, new_state, divergence, snippets)
@@ -216,10 +215,10 @@ def char_offset(rendered: Rendered, cmp: Comparison, options: RenderOptions) -> 
     return _char_offset(rendered, cmp, options)
 
 
-def _anchors(found: Found, generated_msg: dict[str, Any]) -> list[str]:
+def _anchors(found: Found, generated_msg: dict[str, Any], n_messages: int) -> list[str]:
+    """What the client's next turn will carry as its latest assistant message, at its position."""
     gen = message_digest(generated_msg)
-    full_chain = chain([gen], seed=found.lineage.chain[-1]) if found.lineage.chain else [gen]
-    return [f"anc:{full_chain[-1]:016x}", f"gen:{gen:016x}"]
+    return [f"anc:{anchor(gen, n_messages):016x}", f"gen:{gen:016x}"]
 
 
 def _options(lane: LaneRuntime, ex: Exchange) -> RenderOptions:

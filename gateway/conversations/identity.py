@@ -1,17 +1,16 @@
 """Which conversation a request belongs to.
 
 An explicit key wins (`prompt_cache_key`, `user`, or a configured header). Otherwise lineage:
-after each turn the gateway registers two anchors for it, both over messages normalised without
-reasoning (clients strip it freely and it does not say which conversation this is):
-
-* the hash chain over the whole message list plus the generated assistant message: a request
-  that extends exactly that list is the next turn;
-* the generated assistant message alone: a request whose latest assistant message is exactly
-  what the gateway relayed is a continuation even if earlier history was edited (compaction,
-  a timestamp in the system prompt), which is precisely when drift must be explained.
-
-Two agents that share a system prompt and first instruction diverge at their first different
-message and so never share an anchor.
+after each turn the gateway registers what the model generated (normalised without reasoning,
+which clients strip freely) as an anchor of that conversation, once at its position in the message
+list and once alone. A request whose latest assistant message is exactly what the gateway relayed
+for a conversation continues it; the anchor at its position is preferred, and the bare output still
+finds the conversation when earlier history was edited (compaction, a timestamp in the system
+prompt), which is precisely when drift must be explained. Model outputs are close to unique, so two
+agents that share a system prompt and first instruction part at their first turn; if a model says
+exactly the same thing to both, they are the same conversation until they differ, and the second
+continuation becomes a fork with a common ancestor. Finding the anchor costs O(1) on the hot path;
+the full hash chain over the message list is computed after the response (retries, forks).
 """
 
 from __future__ import annotations
@@ -69,26 +68,39 @@ def chain(digests: list[int], seed: int = 0) -> list[int]:
 
 @dataclass(frozen=True)
 class Lineage:
-    digests: list[int]  # per request message
-    chain: list[int]  # running chain over them
+    """The O(1) identity of a request: its latest assistant message (what the gateway relayed)."""
+
     last_assistant: int | None  # index of the latest assistant message, if any
+    digest: int  # normalised digest of that message
+    position: int  # how many messages precede it
 
     def anchor_keys(self) -> list[str]:
         """Store keys to look the conversation up by, most specific first."""
         if self.last_assistant is None:
             return []
-        j = self.last_assistant
-        return [f"anc:{self.chain[j]:016x}", f"gen:{self.digests[j]:016x}"]
+        return [f"anc:{anchor(self.digest, self.position):016x}", f"gen:{self.digest:016x}"]
+
+
+def anchor(digest: int, position: int) -> int:
+    """The output `digest` at message `position`: a turn of one conversation, even among agents
+    whose model said the same thing at another point."""
+    return xxhash.xxh64_intdigest(digest.to_bytes(8, "little") + position.to_bytes(4, "little"))
 
 
 def lineage(messages: list[dict[str, Any]]) -> Lineage:
-    digests = [message_digest(m) for m in messages]
-    last = None
+    # Scan back from the end: an agent's latest assistant message is a few messages away, so the
+    # hot path costs the same for a 2-message chat and a 1,600-message agent session.
     for i in range(len(messages) - 1, -1, -1):
-        if messages[i].get("role") == "assistant":
-            last = i
-            break
-    return Lineage(digests, chain(digests), last)
+        m = messages[i]
+        if isinstance(m, dict) and m.get("role") == "assistant":
+            return Lineage(i, message_digest(m), i)
+    return Lineage(None, 0, 0)
+
+
+def request_chain(messages: list[dict[str, Any]]) -> int:
+    """Hash chain over the whole normalised message list (off the hot path: retry and fork checks)."""
+    digests = chain([message_digest(m) for m in messages])
+    return digests[-1] if digests else 0
 
 
 def explicit_key(body: dict[str, Any], headers: Any, header_name: str) -> tuple[str, str] | None:

@@ -14,7 +14,7 @@ from ..exchange import Exchange
 from ..runtime import LaneRuntime
 from ..store import StateStore
 from . import effort as effort_mod
-from .identity import Lineage, explicit_key, key_id, lineage
+from .identity import Lineage, explicit_key, key_id, lineage, request_chain
 from .state import ConversationState
 
 REPIN_HEADER = "x-gateway-repin"
@@ -74,7 +74,7 @@ class ConversationPolicy:
                     continue
                 state = ConversationState.from_bytes(raw)
                 anchor_turn = int(turn or 0)
-                if anchor_turn < state.turn and not self._is_retry(state, lin):
+                if anchor_turn < state.turn and not self._is_retry(state, lin, body["messages"]):
                     # A second continuation of an earlier turn: a fork with a common ancestor.
                     fork = ConversationState("c" + uuid.uuid4().hex[:16], "lineage", lane=lane.name,
                                              turn=anchor_turn, pinned_effort=state.pinned_effort,
@@ -86,8 +86,11 @@ class ConversationPolicy:
         return ConversationState("c" + uuid.uuid4().hex[:16], source, lane=lane.name), True, None, source
 
     @staticmethod
-    def _is_retry(state: ConversationState, lin: Lineage) -> bool:
-        return state.last is not None and bool(lin.chain) and lin.chain[-1] == state.last.request_chain
+    def _is_retry(state: ConversationState, lin: Lineage, messages: list) -> bool:
+        """The same request as the conversation's latest turn, sent again."""
+        if state.last is None or len(messages) != len(state.last.messages):
+            return False
+        return request_chain(messages) == state.last.request_chain
 
     def _pin(self, ex: Exchange, lane: LaneRuntime, body: dict[str, Any], found: Found) -> None:
         req = found.requested
