@@ -231,3 +231,16 @@ def test_error_bodies_are_exactly_openai_shaped(gw):
 
 def test_no_limit_check_failed_inside_the_gateway(gw):
     assert "limits check failed" not in gw.log()
+
+
+def test_completions_endpoint_is_policed_too(client, emu):
+    before = requests_seen(emu)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="strict", prompt=f"Describe {PH}", max_tokens=2)
+    assert info.value.code == "invalid_placeholder_token" and info.value.param == "prompt"
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="strict", prompt=list(range(WINDOW)), max_tokens=2)
+    assert info.value.code == "context_length_exceeded" and info.value.param == "prompt"
+    assert requests_seen(emu) == before
+    raw = client.completions.with_raw_response.create(model="lenient", prompt=f"Describe {PH}", max_tokens=2)
+    assert raw.status_code == 200 and raw.headers["x-gateway-limits"] == "placeholder_tokens escaped=1"
