@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
-from tests.test_records_e2e import agent_turns, lane, post, prompt_of, records
+from tests.test_records_e2e import TOOLS, agent_turns, lane, post, prompt_of, records
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).parent / "artifacts"
@@ -39,7 +39,7 @@ def test_admin_page_shows_lanes_charts_and_drift_alerts() -> None:
                       decode_tps=400) as agent_emu, \
             run_emulator(flavour="sglang", ttft_ms=80, decode_tps=150) as fast_emu:
         routes = {
-            "lanes": {"dsv41-vllm": lane(agent_emu.url),
+            "lanes": {"dsv41-vllm": lane(agent_emu.url, limits={"max_top_logprobs": 5}),
                       "glm-sglang": lane(fast_emu.url, engine="sglang", render={"template": None})},
             "models": {"agent": "dsv41-vllm", "glm": "glm-sglang"},
         }
@@ -47,6 +47,14 @@ def test_admin_page_shows_lanes_charts_and_drift_alerts() -> None:
             agent_turns(gw.url, agent_emu, "browser-conv", settle=True)  # cold, hit, drift, hit, eviction
             for i in range(6):
                 post(gw.url, {"model": "glm", "messages": prompt_of(i, 40), "stream": True, "max_tokens": 24})
+            # A client that changes its reasoning effort mid-conversation (pinned), and a refused request.
+            first = [{"role": "user", "content": "Plan the refactor."}]
+            post(gw.url, {"model": "agent", "messages": first, "reasoning_effort": "high", "tools": TOOLS},
+                 {"X-Conversation-Id": "effort-conv"})
+            post(gw.url, {"model": "agent", "messages": first + [{"role": "assistant", "content": "ok"},
+                                                                 {"role": "user", "content": "Go on."}],
+                          "reasoning_effort": "max", "tools": TOOLS}, {"X-Conversation-Id": "effort-conv"})
+            assert post(gw.url, {"model": "agent", "messages": first, "logprobs": True, "top_logprobs": 20})[0] == 400
             records(gw.url)
             drift_api = has_drift_api(gw.url)
 
@@ -64,12 +72,12 @@ def test_admin_page_shows_lanes_charts_and_drift_alerts() -> None:
                     page.wait_for_selector("body[data-loaded='1']", timeout=20_000)
                     lanes = page.locator("#lanes .lane-name").all_inner_texts()
                     assert sorted(lanes) == ["dsv41-vllm", "glm-sglang"]
-                    assert page.locator("#records tbody tr").count() >= 11
+                    assert page.locator("#records tbody tr").count() >= 14
                     assert page.locator("#chart-hit svg").count() == 1
                     assert page.locator("#chart-decode svg rect").count() >= 2
                     assert page.locator("#chart-lost svg").count() == 1
                     kpi = page.locator("#kpis .kpi").first.inner_text()
-                    assert "11" in kpi
+                    assert "14" in kpi
                     if drift_api:
                         alerts = page.locator("#drift .alert")
                         assert alerts.count() >= 1
@@ -77,6 +85,9 @@ def test_admin_page_shows_lanes_charts_and_drift_alerts() -> None:
                         assert "system prompt" in text.lower() or "message 0" in text
                         assert page.locator("#drift .snip mark").count() >= 1  # the diverging part is marked
                     page.screenshot(path=str(ARTIFACTS / "admin.png"), full_page=True)
+                    page.set_viewport_size({"width": 900, "height": 900})  # narrow screens reflow
+                    page.wait_for_timeout(400)
+                    page.screenshot(path=str(ARTIFACTS / "admin-narrow.png"), full_page=True)
                 finally:
                     browser.close()
             assert not errors, errors

@@ -45,7 +45,7 @@
     if (v >= 1e4) return `${(v / 1e3).toFixed(1)}K`;
     return String(Math.round(v));
   }
-  const fmtTime = (ts) => new Date(ts * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+  const fmtTime = (ts) => new Date(ts * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23" });
   function ago(ts) {
     const s = Math.max(0, Date.now() / 1000 - ts);
     if (s < 60) return `${Math.round(s)}s ago`;
@@ -142,7 +142,7 @@
     });
     const hist = ch.decode_histogram;
     Charts.histogram(document.getElementById("chart-decode"), {
-      edges: hist.edges, unit: "tok/s", xFormat: (v) => (Math.abs(v) >= 100 ? v.toFixed(0) : String(+v.toFixed(1))),
+      edges: hist.edges, unit: "tok/s", xFormat: (v) => String(+v.toFixed(2)),
       series: Object.keys(hist.lanes).map((l) => ({ name: l, color: colorOf(l), values: hist.lanes[l] })),
       emptyText: "no streamed decode in this window yet",
     });
@@ -216,7 +216,7 @@
     const box = document.getElementById("records");
     if (!records.length) { box.innerHTML = `<div class="none">no requests recorded yet</div>`; return; }
     const rows = records.map((r) => {
-      const statusCls = `status-${String(r.status || 0)[0]}`;
+      const statusCls = r.cancelled ? "status-4" : `status-${String(r.status || 0)[0]}`;
       const cached = r.cached_tokens === null ? `<span class="muted" title="not reported">n/r</span>` : fmtN(r.cached_tokens);
       const pred = r.predicted_cached_tokens === null ? "" : ` <span class="muted">/ ${fmtN(r.predicted_cached_tokens)}</span>`;
       let effort = r.effort_applied === null ? "–" : esc(r.effort_applied);
@@ -228,9 +228,9 @@
       const verdict = `<span class="badge ${esc(r.verdict)}">${esc(r.verdict)}</span>${r.cause ? ` <span class="muted">${esc(r.cause.replace(/_/g, " "))}</span>` : ""}`;
       return `<tr><td class="mono">${fmtTime(r.ts)}</td><td>${esc(r.model || "–")}</td><td>${esc(r.lane || "–")}</td>
         <td><span class="conv mono" title="${esc(r.conversation || "")} (${esc(r.conversation_source || "")})">${esc(r.conversation || "–")}</span></td>
-        <td class="num">${r.turn ?? "–"}</td><td class="${statusCls}" title="${esc(r.error_code || "")}">${r.cancelled ? "cancelled" : r.status}${r.error_code ? ` <span class="muted">${esc(r.error_code)}</span>` : ""}${limitText}</td>
+        <td class="num">${r.turn ?? "–"}</td><td class="${statusCls}" title="${esc([r.error_code, r.upstream_error].filter(Boolean).join(": "))}">${r.cancelled ? "cancelled" : r.status}${limitText}</td>
         <td>${effort}</td>
-        <td class="num">${fmtN(r.prompt_tokens)}</td><td class="num">${cached}${pred}</td><td>${verdict}</td>
+        <td class="num">${fmtN(r.prompt_tokens)}</td><td class="num">${cached}${pred}</td><td class="wrap">${verdict}</td>
         <td class="num">${fmtS(r.ttft_s)}</td><td class="num">${fmtTps(r.decode_tps)}</td><td class="num">${fmtS(r.total_s)}</td>
         <td class="num">${r.completion_tokens ?? "–"}</td></tr>`;
     }).join("");

@@ -97,9 +97,9 @@ const Charts = (() => {
     const every = Math.max(1, Math.ceil(n / Math.max(2, Math.floor(f.iw / 100))));
     for (let i = 0; i < n; i += every) {
       const d = new Date((opts.t[i] + step / 2) * 1000);
-      const label = step >= 3600 ? d.toLocaleString([], { month: "short", day: "numeric", hour: "2-digit" })
-        : step < 30 ? d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" })
-          : d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+      const label = step >= 3600 ? d.toLocaleString([], { month: "short", day: "numeric", hour: "2-digit", hourCycle: "h23" })
+        : step < 30 ? d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23" })
+          : d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", hourCycle: "h23" });
       text(g, x(i), H - 8, label, { "text-anchor": "middle" });
     }
     for (const s of series) {
@@ -123,7 +123,7 @@ const Charts = (() => {
       const px = ((evt.clientX - box.left) / box.width) * f.w;
       const i = Math.max(0, Math.min(n - 1, Math.floor(((px - PAD.l) / f.iw) * n)));
       cross.setAttribute("x1", x(i)); cross.setAttribute("x2", x(i)); cross.setAttribute("visibility", "visible");
-      const when = new Date(opts.t[i] * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: step < 60 ? "2-digit" : undefined });
+      const when = new Date(opts.t[i] * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: step < 60 ? "2-digit" : undefined, hourCycle: "h23" });
       const rows = series.map((s) => {
         const v = s.values[i];
         return `<div><span style="color:${s.color}">●</span> ${esc(s.name)}: <b>${v === null || v === undefined ? "–" : fmt(v)}</b></div>`;
