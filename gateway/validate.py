@@ -17,7 +17,7 @@ PART_TYPES = frozenset({"text", "image_url", "image", "input_image", "input_text
 
 _NUMBER_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
 _INT_FIELDS = ("max_tokens", "max_completion_tokens", "n", "seed", "top_logprobs", "top_k", "min_tokens")
-_BOOL_FIELDS = ("stream", "logprobs", "ignore_eos", "skip_special_tokens", "parallel_tool_calls")
+_BOOL_FIELDS = ("stream", "ignore_eos", "skip_special_tokens", "parallel_tool_calls")
 
 
 def check_common(body: dict[str, Any]) -> None:
@@ -52,6 +52,8 @@ def check_common(body: dict[str, Any]) -> None:
 
 def check_chat(body: dict[str, Any]) -> None:
     check_common(body)
+    if body.get("logprobs") is not None and not isinstance(body["logprobs"], bool):
+        raise invalid_request("'logprobs' must be a boolean", param="logprobs", code="invalid_type")
     messages = body.get("messages")
     if messages is None:
         raise invalid_request("'messages' is required", param="messages", code="missing_required_parameter")
@@ -82,6 +84,9 @@ def check_chat(body: dict[str, Any]) -> None:
 
 def check_completion(body: dict[str, Any]) -> None:
     check_common(body)
+    lp = body.get("logprobs")  # an integer on /v1/completions
+    if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or lp < 0):
+        raise invalid_request("'logprobs' must be a non-negative integer", param="logprobs", code="invalid_type")
     prompt = body.get("prompt")
     if prompt is None:
         raise invalid_request("'prompt' is required", param="prompt", code="missing_required_parameter")

@@ -120,7 +120,9 @@ class Analyzer:
             if estimator is None:
                 return self._no_render(ex, lane, found)
             rendered = estimator.render(body)
-            generated = estimator.render_generated(body, generated_msg)
+            # Message-level analysis: what was generated is one more message in the next request.
+            nxt = estimator.render({**body, "messages": [*(body.get("messages") or []), generated_msg]})
+            generated = nxt.segments[-1] if nxt.segments else None
 
         new = new_turn(body, ex.thinking_applied, ex.effort_applied, ex.annotations.get("history_rewritten"))
         state = found.state
