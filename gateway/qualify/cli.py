@@ -282,8 +282,11 @@ def cmd_demo_lanes(args: argparse.Namespace) -> int:
     if args.gateway:
         print("error: --demo runs in-process; drop --gateway", file=sys.stderr)
         return 2
+    import signal
+
     children = start_emulators(config)
     worst = 0
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # stop the emulators too
     try:
         for name in names:
             sub = argparse.Namespace(**{**vars(args), "lane": name})

@@ -71,7 +71,8 @@ class QualificationService:
 
     # -- records --------------------------------------------------------------------------------
 
-    def index(self) -> RecordIndex:
+    def reload_index(self) -> RecordIndex:
+        """Re-read the records if they changed (blocking: call it from a thread once serving)."""
         try:
             sig = self.store.signature()
             if sig != self._signature:
@@ -96,8 +97,8 @@ class QualificationService:
         return (lane.name, tuple(lane.config.replicas), lane.config.upstream_model)
 
     def hook(self, lane: LaneRuntime) -> None:
-        """Lane hook: runs for every lane at load and reload."""
-        state = evaluate(lane.name, lane.config, self.index(), self.observed.get(self._key(lane)),
+        """Lane hook: runs for every lane at load and reload. Memory only: the watcher keeps the index fresh."""
+        state = evaluate(lane.name, lane.config, self._index, self.observed.get(self._key(lane)),
                          self._index_error)
         previous = lane.extras.get("qualification")
         lane.extras["qualification"] = state
@@ -149,6 +150,7 @@ class QualificationService:
                     next_revision = loop.time() + REVISION_EVERY_S
                     rerun = await self.check_revisions()
                 if await asyncio.to_thread(self.changed):
+                    await asyncio.to_thread(self.reload_index)
                     rerun = True
                 if rerun:
                     self.refresh()
@@ -239,7 +241,7 @@ class QualificationService:
     async def route_refresh(self, request: Request) -> Response:
         self._require_token(request)
         await self.check_revisions()
-        await asyncio.to_thread(self.index)
+        await asyncio.to_thread(self.reload_index)
         self.refresh()
         return _json(self.states())
 
@@ -253,7 +255,7 @@ class QualificationService:
             except (orjson.JSONDecodeError, ValueError) as exc:
                 raise GatewayError(400, f"bad record: {exc}", code="invalid_record") from None
             record_id = await asyncio.to_thread(self.store.save, record)
-            await asyncio.to_thread(self.index)
+            await asyncio.to_thread(self.reload_index)
             self.refresh()
             lane = self.gw.runtime.snapshot.lanes.get(record["lane"])
             return _json({"id": record_id, "state": lane.extras.get("qualification") if lane else None})
@@ -262,7 +264,7 @@ class QualificationService:
             rec = await asyncio.to_thread(self.store.load, record_id)
             return _json(rec) if rec else _json({"error": {"message": "no such record", "code": "not_found"}}, 404)
         lane = request.query_params.get("lane")
-        idx = await asyncio.to_thread(self.index)
+        idx = await asyncio.to_thread(self.reload_index)
         runs: list[Summary] = list(idx.by_lane.get(lane, ())) if lane else [s for v in idx.by_lane.values() for s in v]
         if request.query_params.get("passed") in ("1", "true"):
             runs = [s for s in runs if s.passed]
@@ -313,6 +315,7 @@ class _LaneAddressed:
 def install(gw: "Gateway") -> None:
     service = QualificationService(gw)
     gw.services["qualification"] = service
+    service.reload_index()  # at start-up, before serving: blocking is fine here
     gw.runtime.lane_hooks.append(service.hook)
     for lane in gw.runtime.snapshot.lanes.values():  # the first snapshot was built before this hook
         service.hook(lane)
