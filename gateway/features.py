@@ -22,6 +22,7 @@ FEATURE_MODULES = (
     "gateway.render.feature",  # per-lane renderers
     "gateway.limits.feature",  # lane limits on the hot path
     "gateway.conversations.feature",  # identity, effort pinning, drift, cache verdicts
+    "gateway.routing.feature",  # replica routing lookups (after conversations: homes need them)
     "gateway.metrics",  # Prometheus
     "gateway.records.feature",  # per-request records
     "gateway.qualify.feature",  # refuse unqualified lanes

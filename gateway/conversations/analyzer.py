@@ -149,6 +149,9 @@ class Analyzer:
                 verdict, tokens_lost = "drift", max(0, potential - predicted)
             elif reported is None:
                 verdict, tokens_lost = "unknown", 0
+            elif reported < predicted and _rehomed(ex):
+                # The router moved the conversation (re-homed): its cache stayed where it was.
+                verdict, tokens_lost, predicted = "cold", predicted - reported, 0
             elif reported < predicted:
                 verdict, tokens_lost = "eviction", predicted - reported
             else:
@@ -157,7 +160,7 @@ class Analyzer:
             "predicted_cached_tokens": predicted,
             "reported_cached_tokens": reported,
             "verdict": verdict,
-            "cause": divergence.cause if divergence else None,
+            "cause": divergence.cause if divergence else ("rehomed" if verdict == "cold" and old is not None else None),
             "divergence_message_index": divergence.message_index if divergence else None,
             "divergence_field": divergence.field if divergence else None,
             "lcp_tokens": cmp.lcp_tokens if cmp else 0,
@@ -273,6 +276,12 @@ def _snippets(rendered: Rendered, cmp: Comparison, old: TurnPrint, tokens_of, op
         if ids is not None:
             before = tok.decode(list(ids)[max(0, k - width): k + width])
     return before[:200], after[:200]
+
+
+def _rehomed(ex: Exchange) -> bool:
+    """The router says this turn runs away from the conversation's cache (see gateway/routing/base.py)."""
+    routing = ex.annotations.get("routing")
+    return isinstance(routing, dict) and bool(routing.get("expected_cold"))
 
 
 def _reported_cached(usage: dict[str, Any] | None) -> int | None:

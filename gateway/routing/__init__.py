@@ -1,16 +1,16 @@
-"""Replica routing policies: one module per policy behind one small interface."""
+"""Replica routing policies: one module per policy behind one small interface (base.py)."""
 
 from __future__ import annotations
 
 from .base import RoutingPolicy, healthy_first
+from .conversation_affinity import ConversationAffinity
 from .least_inflight import LeastInflight
 from .round_robin import RoundRobin
 
 POLICIES: dict[str, type[RoutingPolicy]] = {
     "round_robin": RoundRobin,
     "least_inflight": LeastInflight,
-    # Until conversation affinity lands it degrades to least-inflight ordering.
-    "conversation_affinity": LeastInflight,
+    "conversation_affinity": ConversationAffinity,
 }
 
 
@@ -18,4 +18,4 @@ def make_policy(name: str) -> RoutingPolicy:
     return POLICIES[name]()
 
 
-__all__ = ["RoutingPolicy", "POLICIES", "make_policy", "healthy_first"]
+__all__ = ["RoutingPolicy", "POLICIES", "make_policy", "healthy_first", "ConversationAffinity"]

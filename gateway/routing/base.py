@@ -1,12 +1,25 @@
-"""The routing interface: given a lane's replicas and a request, the order to try them in."""
+"""The routing interface: given a lane's replicas and a request, the order to try them in.
+
+Every policy also writes what it decided to ``ex.annotations["routing"]``:
+
+    {"policy": "conversation_affinity", "replica": URL, "reason": "home", "expected_cold": False, ...}
+
+`reason` is one of home | prefix | least_loaded | rehomed_overload | rehomed_unhealthy (affinity) or
+the policy's name (round_robin, least_inflight). `expected_cold` says the conversation's KV cache is
+not where this turn runs (it moved, or its prefix drifted at the head): the analyzer judges a miss
+on such a turn `cold` (cause `rehomed`), not `eviction`. The response carries the same decision in
+``X-Gateway-Route: <reason>; replica=<index in the lane>[; cold]``.
+"""
 
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..exchange import Exchange
 from ..upstream import Replica
+
+ROUTE_HEADER = "X-Gateway-Route"
 
 
 class RoutingPolicy(Protocol):
@@ -25,3 +38,51 @@ def healthy_first(replicas: list[Replica]) -> list[Replica]:
     """Replicas whose circuit is closed (or cooling down to a probe), in the given order."""
     now = time.monotonic()
     return [r for r in replicas if r.available(now)]
+
+
+def previous_replica(ex: Exchange) -> str | None:
+    """Where the conversation's last turn ran (its KV cache lives there), when known."""
+    found = ex.annotations.get("conversation")
+    state = getattr(found, "state", None)
+    return getattr(state, "replica", None)
+
+
+def note(ex: Exchange, policy: str, chosen: Replica, replicas: list[Replica], reason: str,
+         expected_cold: bool, **extra: Any) -> dict[str, Any]:
+    """Record a routing decision on the exchange (annotation and response header)."""
+    record: dict[str, Any] = {"policy": policy, "replica": chosen.url, "reason": reason,
+                              "expected_cold": expected_cold, **extra}
+    ex.annotations["routing"] = record
+    _header(ex, record, replicas)
+    return record
+
+
+def _header(ex: Exchange, record: dict[str, Any], replicas: list[Replica] | None = None) -> None:
+    if replicas is not None:
+        ex.annotations["routing_urls"] = [r.url for r in replicas]
+    urls = ex.annotations.get("routing_urls") or []
+    index = urls.index(record["replica"]) if record["replica"] in urls else -1
+    value = f"{record['reason']}; replica={index}"
+    if record.get("expected_cold"):
+        value += "; cold"
+    ex.response_headers[ROUTE_HEADER] = value
+
+
+def moved_note(ex: Exchange, policy: str, chosen: Replica, replicas: list[Replica]) -> None:
+    """For policies blind to conversations: say when a turn lands away from its previous replica."""
+    prev = previous_replica(ex)
+    note(ex, policy, chosen, replicas, policy, prev is not None and prev != chosen.url, previous=prev)
+
+
+def served_note(ex: Exchange, replica: Replica) -> dict[str, Any] | None:
+    """After failover the serving replica may differ from the planned one: update the record."""
+    record = ex.annotations.get("routing")
+    if not isinstance(record, dict) or record.get("replica") == replica.url:
+        return record
+    record["planned"] = record["replica"]
+    record["replica"] = replica.url
+    record["failover"] = True
+    prev = record.get("previous")
+    record["expected_cold"] = prev is not None and prev != replica.url
+    _header(ex, record)
+    return record

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from ..exchange import Exchange
 from ..upstream import Replica
-from .base import healthy_first
+from .base import healthy_first, moved_note, served_note
 
 
 class LeastInflight:
     name = "least_inflight"
 
     def order(self, replicas: list[Replica], ex: Exchange) -> list[Replica]:
-        return sorted(healthy_first(replicas), key=lambda r: r.inflight)
+        ordered = sorted(healthy_first(replicas), key=lambda r: r.inflight)
+        if ordered:
+            moved_note(ex, self.name, ordered[0], replicas)
+        return ordered
 
     def served(self, replica: Replica, ex: Exchange) -> None:
-        pass
+        served_note(ex, replica)

@@ -6,7 +6,7 @@ from itertools import count
 
 from ..exchange import Exchange
 from ..upstream import Replica
-from .base import healthy_first
+from .base import healthy_first, moved_note, served_note
 
 
 class RoundRobin:
@@ -20,7 +20,9 @@ class RoundRobin:
         if not live:
             return []
         start = next(self._next) % len(live)
-        return live[start:] + live[:start]
+        ordered = live[start:] + live[:start]
+        moved_note(ex, self.name, ordered[0], replicas)
+        return ordered
 
     def served(self, replica: Replica, ex: Exchange) -> None:
-        pass
+        served_note(ex, replica)

@@ -1,0 +1,235 @@
+"""conversation_affinity: a conversation's turns go where its KV cache lives.
+
+Decision, per request (ex.annotations["routing"]["reason"]):
+
+* home: the conversation has a home (the replica that served its last turn, from the shared home
+  record or the conversation state, whichever is fresher) that is healthy and not overloaded.
+* rehomed_unhealthy / rehomed_overload: the home's breaker is open (or it left the lane), or its
+  in-flight count exceeds max_load_factor x the lane's mean + load_slack (all gateway processes
+  counted). The turn goes to the least loaded other replica, which becomes the home; the record
+  says the turn runs cold there (expected_cold).
+* prefix: a new conversation (or one whose head drifted, so its cache is lost wherever it was)
+  goes to the replica known to hold the longest prefix of its messages (prefix_index.py), if that
+  covers at least prefix_min_share of it and the replica is not overloaded;
+* least_loaded: otherwise, the replica home to the fewest conversations, then with the fewest
+  requests in flight.
+
+The store lookups (home record, prefix index) happen in `prepare`, one round trip before the
+request is forwarded; `order` itself is plain arithmetic. What was decided is written back (home
+record, prefix entries) beside the request once a replica accepted it (`served`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import xxhash
+
+from ..config import Affinity
+from ..exchange import Exchange
+from ..upstream import Replica
+from . import prefix_index
+from .base import healthy_first, note, served_note
+from .shared import HOME_PREFIX, RoutingShared
+
+log = logging.getLogger("gateway.routing")
+
+REFRESH_EVERY_TURNS = 16  # rewrite every prefix entry now and then, so long conversations' entries live on
+
+
+@dataclass
+class Hint:
+    """What `prepare` found in the store for one request."""
+
+    home: str | None = None  # replica URL
+    home_turn: int = 0
+    prefix: dict[str, float] = field(default_factory=dict)  # replica URL -> share of the request it holds
+    head: int | None = None  # prefix-index seed of this request
+    drift: str | None = None  # "thinking" | "effort" | "tools": the render's head changed since the last turn
+
+
+class ConversationAffinity:
+    name = "conversation_affinity"
+
+    def __init__(self, settings: Affinity | None = None, shared: RoutingShared | None = None,
+                 lane: str = "") -> None:
+        self.settings = settings or Affinity()
+        self.shared = shared or RoutingShared()
+        self.lane = lane
+
+    def bind(self, shared: RoutingShared, lane: str, settings: Affinity) -> None:
+        self.shared, self.lane, self.settings = shared, lane, settings
+
+    # -- before forwarding: one store round trip ---------------------------------------------------
+
+    async def prepare(self, ex: Exchange, lane: Any, body: dict[str, Any]) -> None:
+        found = ex.annotations.get("conversation")
+        state = getattr(found, "state", None)
+        messages = body.get("messages")
+        hint = Hint()
+        ex.annotations["routing_hint"] = hint
+        if isinstance(messages, list) and messages:
+            hint.head = prefix_index.seed(self.lane, ex.thinking_applied, ex.effort_applied, body.get("tools"))
+            hint.drift = _head_drift(state, ex, body)
+        if self.shared.store is None:
+            return
+        keys: list[str] = []
+        if state is not None:
+            keys.append(HOME_PREFIX + state.id)
+        lookup = None
+        wants_prefix = state is None or getattr(found, "is_new", True) or state.replica is None or hint.drift
+        if wants_prefix and hint.head is not None:
+            lookup = prefix_index.Lookup(messages, hint.head, [r.url for r in lane.upstream.replicas])
+            keys += lookup.keys
+        if not keys:
+            return
+        values = await self.shared.mget(keys)
+        if state is not None:
+            raw = values[0]
+            values = values[1:]
+            if raw is not None:
+                try:
+                    d = orjson.loads(raw)
+                    hint.home, hint.home_turn = d["r"], int(d["t"])
+                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                    pass
+        if lookup is not None:
+            hint.prefix = lookup.best(values)
+
+    # -- the decision --------------------------------------------------------------------------------
+
+    def order(self, replicas: list[Replica], ex: Exchange) -> list[Replica]:
+        live = healthy_first(replicas)
+        if not live:
+            return []
+        hint: Hint = ex.annotations.get("routing_hint") or Hint()
+        state = getattr(ex.annotations.get("conversation"), "state", None)
+        home = _freshest_home(hint, state)
+        board = self.shared.board
+        lane = self.lane
+        load = {r.url: board.inflight(lane, r.url, r.inflight) for r in replicas}
+        mean = sum(load[r.url] for r in live) / len(live)
+        bound = self.settings.max_load_factor * mean + self.settings.load_slack
+
+        def over(r: Replica) -> bool:
+            return load[r.url] > bound
+
+        def least_loaded(candidates: list[Replica]) -> Replica:
+            return min(candidates, key=lambda r: (load[r.url], board.home_count(lane, r.url)))
+
+        extra: dict[str, Any] = {"previous": home}
+        by_url = {r.url: r for r in live}
+        if hint.drift:
+            extra["drift"] = hint.drift
+        if home is not None and not hint.drift:
+            r = by_url.get(home)
+            if r is not None and not over(r):
+                chosen, reason, cold = r, "home", False
+            else:
+                others = [x for x in live if x.url != home] or live
+                reason = "rehomed_unhealthy" if r is None else "rehomed_overload"
+                chosen, cold = least_loaded(others), True
+                extra["load"] = {"home": load.get(home), "mean": round(mean, 2), "bound": round(bound, 2)}
+        else:
+            chosen, reason, share = self._place(live, hint, load, over)
+            if share is not None:
+                extra["share"] = round(share, 3)
+            # A conversation with turns behind it whose head drifted: its cache is lost wherever it goes.
+            cold = home is not None and hint.drift is not None
+        if chosen.url != home:
+            self._moved(home, chosen.url)
+        self.shared.count(lane, reason)
+        note(ex, self.name, chosen, replicas, reason, cold, **extra)
+        rest = sorted((r for r in live if r is not chosen), key=lambda r: (over(r), load[r.url]))
+        return [chosen, *rest]
+
+    def _place(self, live: list[Replica], hint: Hint, load: dict[str, float], over) -> tuple[Replica, str, float | None]:
+        """Where a conversation without a usable home goes: the longest known prefix, else the least loaded."""
+        board = self.shared.board
+        candidates = [(share, r) for r in live if (share := hint.prefix.get(r.url, 0.0)) > 0
+                      and share >= self.settings.prefix_min_share and not over(r)]
+        if candidates:
+            best = max(s for s, _ in candidates)
+            tied = [r for s, r in candidates if s >= best - 1e-9]
+            chosen = min(tied, key=lambda r: (load[r.url], board.home_count(self.lane, r.url)))
+            return chosen, "prefix", best
+        fine = [r for r in live if not over(r)] or live
+        chosen = min(fine, key=lambda r: (board.home_count(self.lane, r.url), load[r.url]))
+        return chosen, "least_loaded", None
+
+    def _moved(self, old: str | None, new: str) -> None:
+        homes = self.shared.board.homes
+        if old is not None:
+            homes.add(self.lane, old, -1.0)
+        homes.add(self.lane, new, 1.0)
+
+    # -- after a replica accepted the request -------------------------------------------------------
+
+    def served(self, replica: Replica, ex: Exchange) -> None:
+        record = ex.annotations.get("routing")
+        planned = record.get("replica") if isinstance(record, dict) else None
+        if record is not None and planned is not None and planned != replica.url:
+            # Failover: the planned replica did not answer; this one is the conversation's home now.
+            previous = record.get("previous")
+            if previous == replica.url:
+                record["reason"] = "home"
+            elif previous is not None:
+                record["reason"] = "rehomed_unhealthy"
+            served_note(ex, replica)
+            self._moved(planned, replica.url)
+        if self.shared.store is None:
+            return
+        writes: list[tuple[str, bytes, float]] = []
+        found = ex.annotations.get("conversation")
+        state = getattr(found, "state", None)
+        if state is not None:
+            value = orjson.dumps({"r": replica.url, "t": state.turn + 1, "at": round(time.time(), 3)})
+            writes.append((HOME_PREFIX + state.id, value, self.shared.home_ttl_s))
+        hint: Hint | None = ex.annotations.get("routing_hint")
+        messages = (ex.body or {}).get("messages")
+        if hint is not None and hint.head is not None and isinstance(messages, list) and messages:
+            since = 0
+            last = getattr(state, "last", None)
+            if (last is not None and state.replica == replica.url and not hint.drift
+                    and (state.turn + 1) % REFRESH_EVERY_TURNS):
+                since = max(0, len(last.messages) - 1)
+            for key in prefix_index.entries(messages, hint.head, replica.url, since):
+                writes.append((key, b"1", prefix_index.TTL_S))
+        if writes:
+            self.shared.spawn(self.shared.set_many(writes))
+
+
+def _freshest_home(hint: Hint, state: Any) -> str | None:
+    """The shared home record is written as soon as a replica accepts a turn; the conversation state
+    only after that turn's analysis. Take whichever describes the later turn."""
+    state_turn = getattr(state, "turn", 0) or 0
+    state_home = getattr(state, "replica", None)
+    if hint.home is not None and (state_home is None or hint.home_turn >= state_turn):
+        return hint.home
+    return state_home
+
+
+def _head_drift(state: Any, ex: Exchange, body: dict[str, Any]) -> str | None:
+    """Did something the engine renders ahead of every message change since the conversation's last turn?"""
+    last = getattr(state, "last", None)
+    if last is None:
+        return None
+    if last.thinking is not None and ex.thinking_applied is not None and bool(last.thinking) != bool(ex.thinking_applied):
+        return "thinking"
+    if ex.thinking_applied and last.effort is not None and ex.effort_applied is not None \
+            and last.effort != ex.effort_applied:
+        return "effort"
+    if _tools_digest(body.get("tools")) != last.tools_digest:
+        return "tools"
+    return None
+
+
+def _tools_digest(value: Any) -> int:
+    """As the analyzer fingerprints tool schemas (TurnPrint.tools_digest)."""
+    if not value:
+        return 0
+    return xxhash.xxh32_intdigest(orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
