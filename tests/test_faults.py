@@ -1,0 +1,500 @@
+"""Faults under load, through real processes: the gateway, emulated engines, Redis, routes.yaml.
+
+Each test is bounded in time (a few seconds of traffic). What must hold:
+- an engine killed mid-stream: that client gets an error event and the end of the stream, the
+  record says so, streams on other engines carry on untouched;
+- an engine stalling before its first byte: 504 within the lane's first-byte timeout;
+- one of two replicas down: zero failed requests (failover before the first byte), and the
+  replica rejoins through its half-open breaker when it comes back;
+- every replica's breaker open: 503 at once, not a timeout; half-open lets exactly one probe through;
+- Redis stopped and started again during traffic: zero failed requests;
+- routes.yaml replaced by broken files during traffic: the old config keeps serving;
+- a client that disconnects: the engine sees the cancellation within 100 ms.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from gateway.config import Lane
+from gateway.upstream import Replica, Upstream
+from tests.support.emulator_proc import run_emulator
+from tests.support.gateway_proc import free_port, run_gateway
+
+ADMIN = "fault-tests-admin-key-0123456789"
+
+
+def lane(urls: str | list[str], **extra) -> dict:
+    base = {"engine": "vllm", "replicas": urls if isinstance(urls, list) else [urls],
+            "upstream_model": "deepseek-v4-flash", "qualification": "not_required",
+            "timeouts": {"connect": 1, "first_byte": 5, "idle": 5}}
+    base.update(extra)
+    return base
+
+
+def routes(lanes: dict, models: dict) -> dict:
+    return {"gateway": {"admin_key_env": "FAULT_ADMIN_KEY"}, "lanes": lanes, "models": models}
+
+
+ENV = {"FAULT_ADMIN_KEY": ADMIN}
+
+
+def body(model: str, stream: bool, max_tokens: int = 8, content: str = "Hello there") -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+            "stream": stream}
+
+
+def data_events(text: str) -> list[str]:
+    return [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
+
+
+def outcome(resp_status: int, text: str, stream: bool) -> str:
+    """'ok', or what went wrong."""
+    if resp_status != 200:
+        return f"http {resp_status}: {text[:200]}"
+    if not stream:
+        try:
+            return "ok" if json.loads(text)["choices"] else "no choices"
+        except (ValueError, KeyError):
+            return f"bad body: {text[:200]}"
+    events = data_events(text)
+    if not events or events[-1] != "[DONE]":
+        return "stream without [DONE]"
+    for e in events[:-1]:
+        if '"error"' in e and "error" in json.loads(e):
+            return f"error event: {e[:200]}"
+    return "ok"
+
+
+@dataclass
+class Load:
+    """Worker threads sending mixed streaming/non-streaming requests until stopped."""
+
+    url: str
+    model: str
+    workers: int = 12
+    max_tokens: int = 8
+    outcomes: Counter = field(default_factory=Counter)
+    failures: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _worker(self, n: int) -> None:
+        with httpx.Client(timeout=30) as client:
+            i = 0
+            while not self._stop.is_set():
+                stream = (i + n) % 2 == 0
+                i += 1
+                payload = body(self.model, stream, self.max_tokens, f"worker {n} request {i}")
+                t0 = time.monotonic()
+                try:
+                    r = client.post(self.url + "/v1/chat/completions", json=payload)
+                    result = outcome(r.status_code, r.text, stream)
+                except httpx.HTTPError as exc:
+                    result = f"client error {type(exc).__name__}: {exc}"
+                with self._lock:
+                    self.outcomes["ok" if result == "ok" else "failed"] += 1
+                    if result != "ok":
+                        self.failures.append(f"{time.monotonic() - t0:.2f}s {result}")
+
+    def __enter__(self) -> "Load":
+        for n in range(self.workers):
+            t = threading.Thread(target=self._worker, args=(n,), daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(40)
+
+    @property
+    def total(self) -> int:
+        return sum(self.outcomes.values())
+
+
+def admin_get(gw, path: str) -> dict:
+    r = httpx.get(gw.url + path, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def wait_record(gw, request_id: str, timeout: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for rec in admin_get(gw, "/admin/api/records?limit=200")["records"]:
+            if rec["request_id"] == request_id:
+                return rec
+        time.sleep(0.1)
+    raise AssertionError(f"no record of {request_id} within {timeout}s")
+
+
+# -- the breaker, without processes ---------------------------------------------------------------
+
+
+def _upstream(failures: int = 2, cool_down_s: float = 0.05) -> Upstream:
+    return Upstream.for_lane(Lane(replicas=["http://127.0.0.1:9"], upstream_model="m",
+                                  breaker={"failures": failures, "cool_down_s": cool_down_s}))
+
+
+def test_breaker_opens_half_opens_with_one_probe_and_closes() -> None:
+    up = _upstream()
+    rep = up.replicas[0]
+    now = time.monotonic()
+    assert rep.state(now) == "closed" and rep.acquire(now) and rep.acquire(now)
+    up.record_failure(rep, "x")
+    assert rep.state(time.monotonic()) == "closed"
+    up.record_failure(rep, "x")
+    assert rep.state(time.monotonic()) == "open" and not rep.available(time.monotonic())
+    assert not rep.acquire(time.monotonic()) and rep.opened == 1
+    time.sleep(0.06)
+    now = time.monotonic()
+    assert rep.state(now) == "half_open" and rep.available(now)
+    assert rep.acquire(now)  # the probe
+    assert not rep.acquire(now) and not rep.available(now) and rep.state(now) == "open"
+    up.record_failure(rep, "probe failed")  # one failed probe re-opens at once
+    assert rep.state(time.monotonic()) == "open" and not rep.probing and rep.opened == 2
+    time.sleep(0.06)
+    assert rep.acquire(time.monotonic())
+    up.record_success(rep)
+    assert rep.state(time.monotonic()) == "closed" and rep.consecutive_failures == 0
+    assert rep.acquire(time.monotonic()) and rep.acquire(time.monotonic())
+
+
+def test_active_probe_pass_only_shortens_the_cool_down() -> None:
+    up = _upstream(failures=1, cool_down_s=60)
+    rep = up.replicas[0]
+    up.probe_passed(rep)
+    assert rep.state(time.monotonic()) == "closed"
+    up.record_failure(rep, "x")
+    assert rep.state(time.monotonic()) == "open"
+    up.probe_passed(rep)
+    assert rep.state(time.monotonic()) == "half_open"  # a real request decides; the probe never closes it
+
+
+# -- faults through real processes ---------------------------------------------------------------
+
+
+def test_engine_killed_midstream_others_unaffected() -> None:
+    with run_emulator(flavour="vllm", decode_tps=40) as doomed, run_emulator(flavour="vllm", decode_tps=40) as other:
+        cfg = routes({"a": lane(doomed.url), "b": lane(other.url)}, {"ma": "a", "mb": "b"})
+        with run_gateway(cfg, env=ENV) as gw:
+            results: dict[str, str] = {}
+
+            def run(name: str, model: str, n: int) -> None:
+                with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body(model, True, n),
+                                  headers={"X-Request-Id": name}, timeout=30) as r:
+                    results[name] = r.read().decode()
+                    results[name + ".status"] = str(r.status_code)
+
+            threads = [threading.Thread(target=run, args=("doomed-1", "ma", 200))]
+            threads += [threading.Thread(target=run, args=(f"other-{i}", "mb", 60)) for i in range(3)]
+            for t in threads:
+                t.start()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:  # the doomed stream is under way
+                if any(r.get("chunks_sent", 0) >= 3 for r in doomed.stats()["recent"]):
+                    break
+                time.sleep(0.02)
+            doomed.proc.send_signal(signal.SIGKILL)
+            for t in threads:
+                t.join(30)
+            assert not any(t.is_alive() for t in threads)
+
+            events = data_events(results["doomed-1"])
+            assert results["doomed-1.status"] == "200"
+            assert events[-1] == "[DONE]", events[-3:]
+            err = json.loads(events[-2])["error"]
+            assert err["code"] == "upstream_disconnected" and set(err) >= {"message", "type", "code"}
+            assert len(events) > 3, "the stream was under way when the engine died"
+            for i in range(3):
+                assert outcome(200, results[f"other-{i}"], True) == "ok"
+                assert len(data_events(results[f"other-{i}"])) > 10
+
+            rec = wait_record(gw, "doomed-1")
+            assert rec["error_code"] == "upstream_disconnected" and rec["status"] == 502
+            assert not rec["cancelled"]
+            for i in range(3):
+                other_rec = wait_record(gw, f"other-{i}")
+                assert other_rec["error_code"] is None and other_rec["status"] == 200
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_stall_before_first_byte_is_504_within_the_timeout(stream: bool) -> None:
+    first_byte = 1.0
+    with run_emulator(flavour="vllm", stall_before_first_byte_s=8) as emu:
+        cfg = routes({"a": lane(emu.url, timeouts={"connect": 1, "first_byte": first_byte, "idle": 5})}, {"m": "a"})
+        with run_gateway(cfg, env=ENV) as gw:
+            for _ in range(2):
+                t0 = time.monotonic()
+                r = httpx.post(gw.url + "/v1/chat/completions", json=body("m", stream), timeout=20)
+                took = time.monotonic() - t0
+                assert r.status_code == 504, r.text
+                assert r.json()["error"]["code"] == "upstream_timeout"
+                assert first_byte <= took < first_byte + 0.5, took
+
+
+def test_one_of_two_replicas_down_zero_failures_and_rejoin() -> None:
+    port_b = free_port()
+    with run_emulator(flavour="vllm", decode_tps=400) as a:
+        with run_emulator(flavour="vllm", decode_tps=400, port=port_b):
+            pass  # B came up once and is gone now: the gateway will find out the hard way
+        cfg = routes({"l": lane([a.url, f"http://127.0.0.1:{port_b}"], routing="round_robin",
+                                breaker={"failures": 2, "cool_down_s": 0.5})}, {"m": "l"})
+        with run_gateway(cfg, env=ENV) as gw:
+            with Load(gw.url, "m", workers=12) as load:
+                time.sleep(2.5)
+                with run_emulator(flavour="vllm", decode_tps=400, port=port_b) as b:
+                    time.sleep(3.0)  # B rejoins: half-open probe, then closed
+                    served_by_b = b.stats()["requests"]
+                    before_stop = load.total
+                    load._stop.set()
+                    for t in load._threads:
+                        t.join(40)
+            assert load.failures == [], load.failures[:5]
+            assert before_stop > 100, load.outcomes
+            assert served_by_b > 20, "replica B rejoined once it came back"
+            ov = admin_get(gw, "/admin/api/overview?probe=0")
+            reps = {r["url"]: r for r in ov["lanes"][0]["replicas"]}
+            assert reps[f"http://127.0.0.1:{port_b}"]["failures"] >= 2
+
+
+def test_all_replicas_open_answers_503_at_once() -> None:
+    dead = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
+    cfg = routes({"l": lane(dead, breaker={"failures": 1, "cool_down_s": 30})}, {"m": "l"})
+    with run_gateway(cfg, env=ENV) as gw:
+        r = httpx.post(gw.url + "/v1/chat/completions", json=body("m", False), timeout=10)
+        assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_unavailable"
+        for stream in (False, True):
+            t0 = time.monotonic()
+            r = httpx.post(gw.url + "/v1/chat/completions", json=body("m", stream), timeout=10)
+            assert time.monotonic() - t0 < 0.3
+            assert r.status_code == 503, r.text
+            err = r.json()["error"]
+            assert err["code"] == "no_healthy_replica" and set(err) == {"message", "type", "param", "code"}
+        ov = admin_get(gw, "/admin/api/overview?probe=0")
+        assert all(rep["breaker_open"] for rep in ov["lanes"][0]["replicas"])
+
+
+def test_half_open_lets_exactly_one_probe_through() -> None:
+    with run_emulator(flavour="vllm") as emu:
+        cfg = routes({"l": lane(emu.url, breaker={"failures": 1, "cool_down_s": 0.4})}, {"m": "l"})
+        with run_gateway(cfg, env=ENV) as gw:
+            url = gw.url + "/v1/chat/completions"
+            emu.configure(fail_rate=1.0)
+            assert httpx.post(url, json=body("m", False)).status_code == 500  # opens the breaker
+            emu.configure(fail_rate=0.0, stall_before_first_byte_s=1.0)
+            r = httpx.post(url, json=body("m", False))
+            assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_replica"
+            time.sleep(0.5)  # cool-down over: half-open
+            before = emu.stats()["requests"]
+            probe: dict = {}
+            t = threading.Thread(target=lambda: probe.update(r=httpx.post(url, json=body("m", False), timeout=10)))
+            t.start()
+            time.sleep(0.3)  # the probe is in flight (the engine stalls 1 s)
+            for _ in range(3):
+                r = httpx.post(url, json=body("m", False))
+                assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_replica"
+            t.join(10)
+            assert probe["r"].status_code == 200
+            assert emu.stats()["requests"] - before == 1, "only the probe reached the engine"
+            emu.configure(stall_before_first_byte_s=0)
+            for _ in range(3):  # closed again
+                assert httpx.post(url, json=body("m", False)).status_code == 200
+
+
+def test_active_probe_finds_a_dead_replica_before_traffic_does() -> None:
+    port_b = free_port()
+    with run_emulator(flavour="vllm") as a:
+        cfg = routes({"l": lane([f"http://127.0.0.1:{port_b}", a.url], routing="round_robin",
+                                breaker={"failures": 2, "cool_down_s": 0.3, "probe_interval_s": 0.1,
+                                         "probe_path": "/health"})}, {"m": "l"})
+        with run_gateway(cfg, env=ENV) as gw:
+            dead = f"http://127.0.0.1:{port_b}"
+
+            def replica(url: str) -> dict:
+                ov = admin_get(gw, "/admin/api/overview?probe=0")
+                return {r["url"]: r for r in ov["lanes"][0]["replicas"]}[url]
+
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and not replica(dead)["breaker_open"]:
+                time.sleep(0.05)
+            assert replica(dead)["breaker_open"] and "health probe /health" in replica(dead)["last_error"]
+            for i in range(6):
+                r = httpx.post(gw.url + "/v1/chat/completions", json=body("m", False),
+                               headers={"X-Request-Id": f"probe-test-{i}"})
+                assert r.status_code == 200
+            assert wait_record(gw, "probe-test-5")["retries"] == 0, "no request paid for the dead replica"
+            with run_emulator(flavour="vllm", port=port_b) as b:
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline and replica(dead)["breaker_open"]:
+                    time.sleep(0.05)
+                assert not replica(dead)["breaker_open"], "a passed probe ends the cool-down"
+                for _ in range(6):
+                    assert httpx.post(gw.url + "/v1/chat/completions", json=body("m", False)).status_code == 200
+                assert b.stats()["requests"] >= 2
+
+
+def _redis(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", "6379", *args],
+                          capture_output=True, text=True, timeout=10)
+
+
+def _redis_up() -> bool:
+    try:
+        return _redis("ping").stdout.strip() == "PONG"
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _start_redis(workdir: str) -> None:
+    subprocess.run(["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "--port", "6379",
+                    "--save", "", "--appendonly", "no", "--dir", workdir], check=False, timeout=10,
+                   capture_output=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not _redis_up():
+        time.sleep(0.05)
+
+
+@pytest.mark.skipif(not _redis_up(), reason="needs the machine's Redis on 127.0.0.1:6379")
+def test_redis_stopped_and_restarted_during_traffic() -> None:
+    workdir = (_redis("config", "get", "dir").stdout.split() or ["", "/tmp"])[-1]
+    with run_emulator(flavour="vllm", decode_tps=400) as emu:
+        cfg = routes({"l": lane(emu.url)}, {"m": "l"})
+        with run_gateway(cfg, env={**ENV, "GATEWAY_REDIS_URL": "redis://127.0.0.1:6379/0"}) as gw:
+            try:
+                with Load(gw.url, "m", workers=12) as load:
+                    time.sleep(1.5)
+                    at_stop = load.total
+                    _redis("shutdown", "nosave")
+                    down_at = time.monotonic()
+                    while _redis_up() and time.monotonic() - down_at < 5:
+                        time.sleep(0.02)
+                    assert not _redis_up()
+                    time.sleep(2.0)
+                    during = load.total - at_stop
+                    _start_redis(workdir)
+                    assert _redis_up()
+                    time.sleep(2.0)
+            finally:
+                if not _redis_up():
+                    _start_redis(workdir)
+            assert load.failures == [], load.failures[:5]
+            assert during > 50, "traffic went on while Redis was away"
+            assert load.total > 150
+            log = gw.log()
+            assert "redis unavailable" in log
+
+
+BROKEN_ROUTES = [
+    "lanes: {l: {replicas: [not-a-url]}}\nmodels: {m: l}\n",
+    "lanes: [\n  unclosed",
+    "",
+    "\x00\xff binary junk \x01",
+    "lanes: {}\nmodels: {m: l}\n",
+    "gateway: {surprise: 1}\nlanes: {l: {replicas: ['http://127.0.0.1:1'], upstream_model: x}}\nmodels: {m: l}\n",
+    "lanes: {l: {replicas: ['http://127.0.0.1:1'], upstream_model: x}}\nmodels: {m: nowhere}\n",
+]
+
+
+def test_broken_routes_during_traffic_keep_the_old_config() -> None:
+    with run_emulator(flavour="vllm", decode_tps=400) as emu:
+        cfg = routes({"l": lane(emu.url)}, {"m": "l"})
+        with run_gateway(cfg, env=ENV) as gw:
+            with Load(gw.url, "m", workers=8) as load:
+                time.sleep(0.8)
+                version = httpx.get(gw.url + "/readyz").json()["config"]["version"]
+                for text in BROKEN_ROUTES:
+                    gw.write_routes(text)
+                    time.sleep(0.4)
+                ready = httpx.get(gw.url + "/readyz").json()["config"]
+                assert ready["version"] == version, "no broken file was applied"
+                assert ready["last_reload_error"]
+                gw.write_routes({**cfg, "models": {"m": "l", "m2": "l"}})
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline:
+                    if httpx.get(gw.url + "/readyz").json()["config"]["version"] > version:
+                        break
+                    time.sleep(0.05)
+                time.sleep(0.5)
+            assert load.failures == [], load.failures[:5]
+            assert load.total > 50
+            r = httpx.post(gw.url + "/v1/chat/completions", json=body("m2", False))
+            assert r.status_code == 200, "the good file that followed was applied"
+
+
+def _disconnect_mid_stream(gw_url: str, payload: dict) -> float:
+    """Open a stream on a raw socket, read its first bytes, hang up; the wall time of the hang-up."""
+    port = int(gw_url.rsplit(":", 1)[1])
+    data = json.dumps(payload).encode()
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+        got = s.recv(65536)
+        assert got.startswith(b"HTTP/1.1 200"), got[:200]
+        time.sleep(0.15)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x00" * 8)  # plain close, no lingering
+        closed_at = time.time()
+    return closed_at
+
+
+def test_client_disconnect_reaches_the_engine_within_100ms() -> None:
+    with run_emulator(flavour="vllm", decode_tps=100) as emu:
+        cfg = routes({"l": lane(emu.url)}, {"m": "l"})
+        with run_gateway(cfg, env=ENV) as gw:
+            delays = []
+            for i in range(5):
+                before = emu.stats()["cancelled_count"]
+                closed_at = _disconnect_mid_stream(gw.url, body("m", True, 2000, f"cancel me {i}"))
+                deadline = time.monotonic() + 3
+                stats = emu.stats()
+                while time.monotonic() < deadline and stats["cancelled_count"] == before:
+                    time.sleep(0.01)
+                    stats = emu.stats()
+                assert stats["cancelled_count"] == before + 1
+                delays.append(stats["cancelled"][-1]["at"] - closed_at)
+            assert max(delays) < 0.1, delays
+            # The gateway's records say the client left (records are written just after the end).
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                recs = admin_get(gw, "/admin/api/records?limit=20")["records"]
+                if sum(1 for r in recs if r["cancelled"]) >= 5:
+                    break
+                time.sleep(0.1)
+            assert sum(1 for r in recs if r["cancelled"]) >= 5
+            print("cancel delays (s):", [round(d, 4) for d in delays])
+
+
+def test_client_disconnect_while_waiting_for_first_byte() -> None:
+    """Hanging up before the engine's first byte cancels the upstream request too."""
+    with run_emulator(flavour="vllm", ttft_ms=3000) as emu:
+        cfg = routes({"l": lane(emu.url)}, {"m": "l"})
+        with run_gateway(cfg, env=ENV) as gw:
+            port = int(gw.url.rsplit(":", 1)[1])
+            data = json.dumps(body("m", True, 10)).encode()
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline and emu.stats()["active"] == 0:
+                    time.sleep(0.01)
+                closed_at = time.time()
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and emu.stats()["active"]:
+                time.sleep(0.01)
+            stats = emu.stats()
+            assert stats["active"] == 0, "the engine stopped working on it"
+            assert stats["cancelled_count"] == 1 and stats["cancelled"][-1]["stage"] == "prefill"
+            assert stats["cancelled"][-1]["at"] - closed_at < 0.1
