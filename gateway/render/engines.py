@@ -13,7 +13,10 @@ so the renderer applies the lane's engine normalisation first:
     `defer_loading` appear only when set, other keys are dropped;
   - drops the first line of a system text part that starts with Claude Code's
     "x-anthropic-billing-header" (and the part when nothing remains);
-  - renames `reasoning_content` to `reasoning` and gives the template both (no effect here).
+  - renames `reasoning_content` to `reasoning` and gives the template both (no effect here);
+  - never hands the request's top-level `response_format` to the chat template (it only drives
+    guided decoding): the template sees one only through `chat_template_kwargs.response_format`
+    (checked on vLLM 0.32's chat path with `return_token_ids`: golden case 13 renders without it).
   Tool-call arguments that are not a JSON object are coerced to {} by vLLM; the gateway rejects
   them instead (the reference encoder fails on them), so that difference never reaches an engine.
 """
@@ -65,6 +68,14 @@ def normalize_messages(engine: str, messages: list) -> list:
 def _is_billing(p: Any) -> bool:
     text = p if isinstance(p, str) else p.get("text") if isinstance(p, dict) and p.get("type") == "text" else None
     return isinstance(text, str) and text.startswith(_CLAUDE_CODE_BILLING_HEADER)
+
+
+def template_response_format(engine: str, body: dict) -> Any:
+    """The response_format the engine's chat template sees (None when it sees none)."""
+    if engine == "vllm":
+        kwargs = body.get("chat_template_kwargs")
+        return (kwargs.get("response_format") if isinstance(kwargs, dict) else None) or None
+    return body.get("response_format") or None
 
 
 def normalize_tools(engine: str, tools: list | None) -> list | None:

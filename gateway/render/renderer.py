@@ -27,7 +27,7 @@ import jinja2
 import orjson
 import xxhash
 
-from .engines import ENGINES, normalize_messages, normalize_tools
+from .engines import ENGINES, normalize_messages, normalize_tools, template_response_format
 from .cache import ItemEntry, RenderedItem, SegmentCache, default_cache
 from .template import ChatTemplate, load_template
 from .tokenizer import TextTokenizer, load_tokenizer
@@ -498,6 +498,7 @@ class Renderer:
         tools = tools or None
         rf = body.get("response_format") or None
         if opts.engine != "sglang":
+            rf = template_response_format(opts.engine, body)
             if opts.engine not in ENGINES:
                 raise RenderError(f"unknown engine {opts.engine!r} (expected one of {', '.join(ENGINES)})", None)
             messages = normalize_messages(opts.engine, messages)
