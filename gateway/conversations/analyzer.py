@@ -139,9 +139,10 @@ class Analyzer:
         else:
             tokens_of = _tokens_of(renderer, options)
             cmp = compare(old, rendered, tokens_of)
-            usable = min(cmp.lcp_tokens, cmp.old_tokens - 1, n - 1)
+            held = cmp.old_tokens - 1 if old.kv_tokens is None else min(cmp.old_tokens - 1, old.kv_tokens)
+            usable = min(cmp.lcp_tokens, held, n - 1)
             predicted = max(0, usable) // block * block
-            potential = max(0, min(cmp.old_tokens - 1, n - 1)) // block * block
+            potential = max(0, min(held, n - 1)) // block * block
             if not cmp.stable:
                 offset_chars = _char_offset(rendered, cmp, options)
                 divergence = classify(old, new, rendered, cmp, offset_chars)
@@ -175,7 +176,8 @@ class Analyzer:
         new_state = ConversationState(
             state.id, state.source, lane.name, state.created, time.time(), state.turn + 1,
             ex.effort_applied, ex.thinking_applied, state.parent, ex.replica,
-            turn_print(new, rendered, generated, generated_msg, request_chain(body.get("messages") or [])),
+            turn_print(new, rendered, generated, generated_msg, request_chain(body.get("messages") or []),
+                       _kv_tokens(ex, rendered)),
         )
         new_state.last_cache = cache
         return Outcome(cache, new_state, divergence, snippets)
@@ -200,7 +202,7 @@ def new_turn(body: dict[str, Any], thinking: bool | None, effort: int | str | No
 
 
 def turn_print(new: NewTurn, rendered: Rendered, generated: Segment | None, generated_msg: dict[str, Any],
-               request_chain: int) -> TurnPrint:
+               request_chain: int, kv_tokens: int | None = None) -> TurnPrint:
     return TurnPrint(
         segments=segment_prints(rendered.segments),
         generated=segment_prints([generated] if generated is not None else []),
@@ -213,7 +215,16 @@ def turn_print(new: NewTurn, rendered: Rendered, generated: Segment | None, gene
         prompt_tokens=rendered.n_tokens,
         exact=rendered.exact,
         request_chain=request_chain,
+        kv_tokens=kv_tokens,
     )
+
+
+def _kv_tokens(ex: Exchange, rendered: Rendered) -> int | None:
+    """The engine's KV extent after an output cut at max_tokens (see TurnPrint.kv_tokens)."""
+    completion = (ex.usage or {}).get("completion_tokens")
+    if ex.generated.finish_reason != "length" or not isinstance(completion, int) or completion < 1:
+        return None
+    return rendered.n_tokens + completion - 1
 
 
 def char_offset(rendered: Rendered, cmp: Comparison, options: RenderOptions) -> int:
@@ -236,6 +247,7 @@ def _options(lane: LaneRuntime, ex: Exchange) -> RenderOptions:
         effort_map=r.effort_map,
         drop_thinking=r.drop_thinking,
         tokenizer_path=r.tokenizer_path,
+        engine="vllm" if lane.config.engine == "vllm" else "sglang",  # the lane's request normalisation
     )
 
 

@@ -94,19 +94,24 @@ class TurnPrint:
     prompt_tokens: int
     exact: bool
     request_chain: int  # chain hash of the request's messages (retry detection)
+    # Tokens of prompt + output the engine holds KV for, when fewer than the render says: an output cut
+    # at max_tokens never generated the closing tokens the next render adds, and its last token was
+    # never fed back (prompt + completion_tokens - 1). None: the whole render minus its final token.
+    kv_tokens: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "s": self.segments.to_json(), "g": self.generated.to_json(), "m": self.messages.to_json(),
             "gm": self.generated_message.to_json(), "th": self.thinking, "ef": self.effort,
             "td": self.tools_digest, "rd": self.response_format_digest, "pt": self.prompt_tokens,
-            "ex": self.exact, "rc": self.request_chain,
+            "ex": self.exact, "rc": self.request_chain, "kv": self.kv_tokens,
         }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "TurnPrint":
         return cls(SegmentPrints.from_json(d["s"]), SegmentPrints.from_json(d["g"]), MessagePrints.from_json(d["m"]),
-                   MessagePrints.from_json(d["gm"]), d["th"], d["ef"], d["td"], d["rd"], d["pt"], d["ex"], d["rc"])
+                   MessagePrints.from_json(d["gm"]), d["th"], d["ef"], d["td"], d["rd"], d["pt"], d["ex"], d["rc"],
+                   d.get("kv"))
 
 
 @dataclass
