@@ -39,6 +39,9 @@ from .shared import HOME_PREFIX, RoutingShared
 log = logging.getLogger("gateway.routing")
 
 REFRESH_EVERY_TURNS = 16  # rewrite every prefix entry now and then, so long conversations' entries live on
+# A prefix this long (~8K tokens) is worth following to a replica already home to more than its share
+# of conversations (within the bounded-load limit); a shorter one only to a replica at or below its share.
+LONG_PREFIX_CHARS = 32_000
 
 
 @dataclass
@@ -47,7 +50,7 @@ class Hint:
 
     home: str | None = None  # replica URL
     home_turn: int = 0
-    prefix: dict[str, float] = field(default_factory=dict)  # replica URL -> share of the request it holds
+    prefix: dict[str, tuple[float, int]] = field(default_factory=dict)  # replica URL -> (share, characters) held
     head: int | None = None  # prefix-index seed of this request
     drift: str | None = None  # "thinking" | "effort" | "tools": the render's head changed since the last turn
 
@@ -63,6 +66,7 @@ class ConversationAffinity:
 
     def bind(self, shared: RoutingShared, lane: str, settings: Affinity) -> None:
         self.shared, self.lane, self.settings = shared, lane, settings
+        shared.board.windows[lane] = settings.load_window_s
 
     # -- before forwarding: one store round trip ---------------------------------------------------
 
@@ -111,12 +115,21 @@ class ConversationAffinity:
         home = _freshest_home(hint, state)
         board = self.shared.board
         lane = self.lane
+        factor, slack = self.settings.max_load_factor, self.settings.load_slack
         load = {r.url: board.inflight(lane, r.url, r.inflight) for r in replicas}
         mean = sum(load[r.url] for r in live) / len(live)
-        bound = self.settings.max_load_factor * mean + self.settings.load_slack
+        bound = factor * mean + slack
+        smooth_bound = None
+        if self.settings.load_window_s > 0:
+            smooth = {r.url: board.smoothed(lane, r.url) for r in live}
+            if all(v is not None for v in smooth.values()):
+                smooth_bound = factor * sum(smooth.values()) / len(live) + slack  # type: ignore[arg-type]
 
         def over(r: Replica) -> bool:
-            return load[r.url] > bound
+            """Bounded load: over the bound now, and (with a window) over it on average lately too."""
+            if load[r.url] <= bound:
+                return False
+            return smooth_bound is None or (board.smoothed(lane, r.url) or 0.0) > smooth_bound
 
         def least_loaded(candidates: list[Replica]) -> Replica:
             return min(candidates, key=lambda r: (load[r.url], board.home_count(lane, r.url)))
@@ -150,15 +163,25 @@ class ConversationAffinity:
     def _place(self, live: list[Replica], hint: Hint, load: dict[str, float], over) -> tuple[Replica, str, float | None]:
         """Where a conversation without a usable home goes: the longest known prefix, else the least loaded."""
         board = self.shared.board
-        candidates = [(share, r) for r in live if (share := hint.prefix.get(r.url, 0.0)) > 0
-                      and share >= self.settings.prefix_min_share and not over(r)]
+        homes = {r.url: board.home_count(self.lane, r.url) for r in live}
+        fair = sum(homes.values()) / len(live) + 1e-6
+        homes_bound = self.settings.max_load_factor * fair + self.settings.load_slack
+
+        def takes(r: Replica, chars: int) -> bool:
+            # Pools fill with homes: a replica already home to more than its share of conversations takes
+            # a new one only for a long prefix (a short one saves less than its pool would then evict).
+            return homes[r.url] <= fair or (chars >= LONG_PREFIX_CHARS and homes[r.url] <= homes_bound)
+
+        candidates = [(share, r) for r in live if r.url in hint.prefix
+                      and (share := hint.prefix[r.url][0]) >= self.settings.prefix_min_share and share > 0
+                      and not over(r) and takes(r, hint.prefix[r.url][1])]
         if candidates:
             best = max(s for s, _ in candidates)
             tied = [r for s, r in candidates if s >= best - 1e-9]
-            chosen = min(tied, key=lambda r: (load[r.url], board.home_count(self.lane, r.url)))
+            chosen = min(tied, key=lambda r: (load[r.url], homes[r.url]))
             return chosen, "prefix", best
         fine = [r for r in live if not over(r)] or live
-        chosen = min(fine, key=lambda r: (board.home_count(self.lane, r.url), load[r.url]))
+        chosen = min(fine, key=lambda r: (homes[r.url], load[r.url]))
         return chosen, "least_loaded", None
 
     def _moved(self, old: str | None, new: str) -> None:

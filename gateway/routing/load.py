@@ -5,6 +5,12 @@ processes on one store publish theirs every `interval_s` and read the others', s
 compares a replica's whole in-flight count with the lane's mean (the others' part is at most one
 interval old). With the memory store (one process) nothing is published.
 
+Smoothed load: every `sample_s` the board also folds each replica's whole in-flight count into an
+exponential moving average (time constant: the lane's `load_window_s`). Bounded load re-homes a
+conversation only when its home is over the bound now *and* on that average, so the ordinary
+jitter of a few agents' turns does not move conversations (each move costs a cold prefill), while
+a home that stays overloaded sheds conversations until it is not.
+
 Homes: how many conversations each replica is home to (placements, decayed with a half-life, since
 conversations end without saying so). New conversations go where fewer live, so the replicas'
 prefix-cache pools fill evenly, not just their queues.
@@ -57,10 +63,14 @@ class Homes:
 class LoadBoard:
     """This process's view of every process's in-flight requests and homes, per lane and replica."""
 
-    def __init__(self, store: Any = None, interval_s: float = 0.5, ttl_s: float = 3.0) -> None:
+    def __init__(self, store: Any = None, interval_s: float = 0.5, ttl_s: float = 3.0, sample_s: float = 0.1) -> None:
         self.store = store
         self.interval_s = interval_s
         self.ttl_s = ttl_s
+        self.sample_s = sample_s
+        self.windows: dict[str, float] = {}  # lane -> load_window_s
+        self._ewma: dict[tuple[str, str], float] = {}
+        self._sampled_at: float | None = None
         self.proc = uuid.uuid4().hex[:12]
         self.homes = Homes()
         # Other processes' figures: lane -> url -> value.
@@ -79,6 +89,25 @@ class LoadBoard:
     def inflight(self, lane: str, url: str, local: int) -> float:
         return local + self.remote_inflight.get(lane, {}).get(url, 0.0)
 
+    def smoothed(self, lane: str, url: str) -> float | None:
+        """The replica's in-flight count averaged over the lane's window; None before the first sample."""
+        return self._ewma.get((lane, url))
+
+    def sample(self, now: float | None = None) -> None:
+        """Fold the current in-flight counts into the moving averages (called every `sample_s`)."""
+        now = time.monotonic() if now is None else now
+        dt = self.sample_s if self._sampled_at is None else now - self._sampled_at
+        self._sampled_at = now
+        lanes = self._lanes() if self._lanes is not None else {}
+        for lane, replicas in lanes.items():
+            window = self.windows.get(lane, 2.0)
+            alpha = 1.0 if window <= 0 else 1.0 - math.exp(-dt / window)
+            for r in replicas:
+                key = (lane, r.url)
+                value = self.inflight(lane, r.url, r.inflight)
+                old = self._ewma.get(key)
+                self._ewma[key] = value if old is None else old + alpha * (value - old)
+
     def home_count(self, lane: str, url: str) -> float:
         return self.homes.get(lane, url) + self.remote_homes.get(lane, {}).get(url, 0.0)
 
@@ -87,7 +116,7 @@ class LoadBoard:
     def start(self, lanes) -> None:
         """`lanes()` -> {lane name: [Replica]}: what to publish. Runs until stop()."""
         self._lanes = lanes
-        if self.shared and self._task is None:
+        if self._task is None:
             self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
@@ -101,15 +130,20 @@ class LoadBoard:
                     pass
 
     async def _run(self) -> None:
+        next_exchange = 0.0
         while True:
-            try:
-                await self.exchange()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - a hiccup must never stop the board
-                self.read_failures += 1
-                log.debug("load board exchange failed", exc_info=True)
-            await asyncio.sleep(self.interval_s)
+            now = time.monotonic()
+            if self.shared and now >= next_exchange:
+                next_exchange = now + self.interval_s
+                try:
+                    await self.exchange()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # noqa: BLE001 - a hiccup must never stop the board
+                    self.read_failures += 1
+                    log.debug("load board exchange failed", exc_info=True)
+            self.sample()
+            await asyncio.sleep(self.sample_s)
 
     def mine(self) -> dict[str, Any]:
         lanes = self._lanes() if self._lanes is not None else {}
@@ -148,4 +182,5 @@ class LoadBoard:
     def describe(self) -> dict[str, Any]:
         return {"process": self.proc, "shared": self.shared, "peers": self.peers, "published": self.published,
                 "remote_inflight": self.remote_inflight, "homes": self.homes.snapshot(),
+                "smoothed": {f"{lane} {url}": round(v, 2) for (lane, url), v in self._ewma.items()},
                 "remote_homes": self.remote_homes}

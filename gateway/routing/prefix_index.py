@@ -141,8 +141,8 @@ class Lookup:
         self.chain = sampled_chain(messages, head)
         self.keys = [key(d, u) for _, d in self.chain for u in self.urls]
 
-    def best(self, values: list[bytes | None]) -> dict[str, float]:
-        """Per replica URL: the share of the request covered by the longest prefix it is known to hold."""
+    def best(self, values: list[bytes | None]) -> dict[str, tuple[float, int]]:
+        """Per replica URL: (share of the request's characters, characters) of the longest prefix it holds."""
         n = len(self.urls)
         longest: dict[str, int] = {}
         for i, (p, _) in enumerate(self.chain):
@@ -158,7 +158,7 @@ class Lookup:
         for s in sizes:
             acc += s
             cumulative.append(acc)
-        return {url: cumulative[p] / total for url, p in longest.items()}
+        return {url: (cumulative[p] / total, cumulative[p]) for url, p in longest.items()}
 
 
 def entries(messages: list[Any], head: int, url: str, since: int = 0) -> list[str]:
