@@ -102,6 +102,8 @@ class Affinity(_Strict):
     max_load_factor: float = Field(1.25, ge=1.0, description="a home with more in-flight requests than this x the "
                                                             "lane's mean (+ load_slack) is overloaded: re-home")
     load_slack: float = Field(1.0, ge=0, description="added to the bound so an idle lane does not bounce")
+    load_window_s: float = Field(2.0, ge=0, description="the home must also be over the bound on average over "
+                                                        "about this many seconds (0: the instant count alone)")
     prefix_min_share: float = Field(0.5, ge=0, le=1, description="a new conversation follows a known prefix only "
                                                                 "when it covers this share of its messages")
 
