@@ -298,3 +298,26 @@ def test_revision_change_is_not_covered_by_the_record(tmp_path: Path) -> None:
     assert evaluate("cand", lane, index, None)["state"] == "qualified"  # not probed yet: the record stands
     moved = evaluate("cand", lane, index, "org/model@rev2")
     assert moved["state"] == "unqualified" and "revision changed" in moved["reason"]
+
+
+def test_cli_in_process_with_a_record_file_as_baseline(tmp_path: Path, capsys) -> None:
+    from gateway.cli import main
+
+    with run_emulator(flavour="sglang", model=MODEL, decode_tps=400) as emu:
+        routes = tmp_path / "routes.yaml"
+        routes.write_text(json.dumps({"lanes": {"cand": {"engine": "sglang", "replicas": [emu.url],
+                                                         "upstream_model": MODEL}}, "models": {"m": "cand"}}))
+        small = ["--shapes", "decode@1k", "--samples", "3", "--decode-tokens", "16", "--determinism-tokens", "8",
+                 "--probe-tokens", "8", "--no-progress", "--routes", str(routes)]
+        assert main(["qualify", "cand", "--json", *small]) == 0
+        first = json.loads(capsys.readouterr().out)
+        path = tmp_path / "qualifications" / (first["id"] + ".json")
+        assert path.is_file() and first["stored_in"] == str(tmp_path / "qualifications")
+        emu.configure(decode_tps=100)
+        assert main(["qualify", "cand", "--baseline", str(path), "--no-save", *small]) == 0  # stored: warns
+    out = capsys.readouterr().out
+    assert "Qualification of lane cand: PASSED" in out
+    assert f"A/B/A against record {first['id']}" in out
+    assert "decode@1k decode" in out and "worse" in out
+    assert "note performance: worse than record" in out
+    assert main(["qualify", "nope", "--routes", str(routes)]) == 2
