@@ -253,6 +253,7 @@ def test_unqualified_lane_is_refused_until_qualified_or_overridden(tmp_path: Pat
             assert rc == 0
             files = list(records.glob("cand/*.json"))
             assert len(files) == 1 and json.loads(files[0].read_text())["by"] == "ci@test"
+            assert json.loads(files[0].read_text())["identity"]["revision"] == "deepseek-ai/DeepSeek-V4-Flash"
             state = _wait_state(gw.url, "cand", "qualified")
             assert state["state"] == "qualified" and state["record"] == "cand/" + files[0].stem
             status, headers, body = _post(gw.url + "/v1/chat/completions", CHAT)

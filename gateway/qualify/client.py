@@ -247,7 +247,10 @@ class GatewayLane:
             return orjson.loads(data) if data else None
 
     async def revision(self) -> str | None:
-        state = await self.get_json("/qualify/state")
+        try:
+            state = await self.post_json("/qualify/refresh", {})  # asks the replicas now
+        except RuntimeError:
+            state = await self.get_json("/qualify/state")
         lane = (state.get("lanes") or {}).get(self.name) or {}
         return lane.get("revision")
 
