@@ -11,7 +11,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import pytest
 
 from gateway.config import parse_routes
 from gateway.qualify.client import InProcessLane
