@@ -208,4 +208,8 @@ def _load_subcommands() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m gateway.cli`: run the importable module's main, so that subcommands registered
+    # by other modules (which import gateway.cli) land in the same registry.
+    from gateway.cli import main as _main
+
+    sys.exit(_main())

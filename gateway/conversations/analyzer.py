@@ -27,7 +27,7 @@ from .drift import Comparison, Divergence, NewTurn, classify, compare
 from .identity import anchor, message_digest, request_chain
 from .policy import Found
 from .prints import message_prints, segment_prints
-from .state import ConversationState, TurnPrint
+from .state import ConversationState, Head, TurnPrint
 
 log = logging.getLogger("gateway.drift")
 
@@ -38,6 +38,37 @@ class Outcome:
     state: ConversationState
     divergence: Divergence | None
     snippets: tuple[str, str] | None
+
+
+class TurnEnd:
+    """The moment a response ends: anchors and head, so the client's next turn finds its
+    conversation, turn number and pins even before this turn's analysis is done."""
+
+    def __init__(self, store: StateStore, ttl_s: float) -> None:
+        self.store = store
+        self.ttl_s = ttl_s
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def exchange_ended(self, ex: Exchange, lane: LaneRuntime | None) -> None:
+        found: Found | None = ex.annotations.get("conversation")
+        if found is None or lane is None or ex.status != 200 or ex.cancelled or ex.error_code:
+            return
+        task = asyncio.get_running_loop().create_task(self._write(ex, found, lane.name))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _write(self, ex: Exchange, found: Found, lane: str) -> None:
+        state = found.state
+        n = len((ex.body or {}).get("messages") or ())
+        head = Head(state.turn + 1, ex.effort_applied, ex.thinking_applied, ex.replica, n, state.source, lane,
+                    state.created)
+        value = f"{state.id}|{state.turn + 1}".encode()
+        try:
+            await self.store.set("head:" + state.id, head.to_bytes(), self.ttl_s)
+            for key in _anchors(found, ex.generated.as_message(), n):
+                await self.store.set(key, value, self.ttl_s)
+        except Exception:  # never let bookkeeping hurt anyone; the analyzer writes state later
+            log.exception("writing the head of %s failed", state.id)
 
 
 class Analyzer:
@@ -58,11 +89,6 @@ class Analyzer:
         if ex.status != 200 or ex.cancelled or ex.error_code:
             ex.annotations["cache"] = _unknown("request did not complete")
             return
-        # Anchors first (cheap): the client's next turn may arrive before the analysis is done.
-        anchors = _anchors(found, ex.generated.as_message(), len((ex.body or {}).get("messages") or ()))
-        value = f"{found.state.id}|{found.state.turn + 1}".encode()
-        for key in anchors:
-            await self.store.set(key, value, self.ttl_s)
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
         async with self._lock(found.state.id):
@@ -94,6 +120,9 @@ class Analyzer:
     async def _save(self, ex: Exchange, lane: LaneRuntime, outcome: Outcome) -> None:
         state = outcome.state
         data = state.to_bytes()
+        current = await self.store.get("conv:" + state.id)
+        if current is not None and ConversationState.from_bytes(current).turn >= state.turn:
+            return  # another process already stored a later turn: never move the state back
         await self.store.set("conv:" + state.id, data, self.ttl_s)
         ex.annotations["state_bytes"] = len(data)
         if outcome.divergence is not None and outcome.cache["tokens_lost"] >= 0:
@@ -129,7 +158,7 @@ class Analyzer:
         old = state.last
         block = lane.config.cache.block_size
         n = rendered.n_tokens
-        reported = _reported_cached(ex.usage)
+        reported = _reported_cached(ex.usage, lane.config.engine)
         divergence: Divergence | None = None
         snippets = None
         cmp: Comparison | None = None
@@ -296,7 +325,7 @@ def _rehomed(ex: Exchange) -> bool:
     return isinstance(routing, dict) and bool(routing.get("expected_cold"))
 
 
-def _reported_cached(usage: dict[str, Any] | None) -> int | None:
+def _reported_cached(usage: dict[str, Any] | None, engine: str = "vllm") -> int | None:
     if not usage:
         return None
     details = usage.get("prompt_tokens_details")
@@ -304,6 +333,8 @@ def _reported_cached(usage: dict[str, Any] | None) -> int | None:
         return details["cached_tokens"]
     if isinstance(usage.get("cached_tokens"), int):
         return usage["cached_tokens"]
+    if engine == "sglang" and "prompt_tokens_details" in usage and details is None:
+        return 0  # SGLang sends null details when nothing was cached
     return None
 
 

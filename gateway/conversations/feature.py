@@ -11,7 +11,7 @@ from starlette.routing import Route
 
 from ..errors import invalid_request
 from .alerts import AlertBook
-from .analyzer import Analyzer
+from .analyzer import Analyzer, TurnEnd
 from .policy import ConversationPolicy
 
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ def install(gw: "Gateway") -> None:
     alerts = AlertBook(store)
     analyzer = Analyzer(store, alerts, TTL_S, threads=gw.settings.analysis_threads)
     gw.runtime.policies.append(ConversationPolicy(store, header, TTL_S))
+    gw.runtime.finishers.insert(0, TurnEnd(store, TTL_S))  # before the aftermath queue
     gw.aftermath.analyzers.append(analyzer)
     gw.services["alerts"] = alerts
     gw.services["analyzer"] = analyzer

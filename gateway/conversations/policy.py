@@ -15,7 +15,7 @@ from ..runtime import LaneRuntime
 from ..store import StateStore
 from . import effort as effort_mod
 from .identity import Lineage, explicit_key, key_id, lineage, request_chain
-from .state import ConversationState
+from .state import ConversationState, Head
 
 REPIN_HEADER = "x-gateway-repin"
 
@@ -59,9 +59,9 @@ class ConversationPolicy:
         key = explicit_key(body, headers, self.header_name)
         if key is not None:
             cid = key_id(key[0])
-            raw = await self.store.get("conv:" + cid)
-            if raw is not None:
-                return ConversationState.from_bytes(raw), False, None, key[1]
+            state = await self._load(cid)
+            if state is not None:
+                return state, False, None, key[1]
             return ConversationState(cid, key[1], lane=lane.name), True, None, key[1]
         keys = lin.anchor_keys()
         if keys:
@@ -69,10 +69,9 @@ class ConversationPolicy:
                 if value is None:
                     continue
                 cid, _, turn = value.decode().partition("|")
-                raw = await self.store.get("conv:" + cid)
-                if raw is None:
+                state = await self._load(cid)
+                if state is None:
                     continue
-                state = ConversationState.from_bytes(raw)
                 anchor_turn = int(turn or 0)
                 if anchor_turn < state.turn and not self._is_retry(state, lin, body["messages"]):
                     # A second continuation of an earlier turn: a fork with a common ancestor.
@@ -85,11 +84,27 @@ class ConversationPolicy:
         source = "new" if not keys else "lineage_unknown"
         return ConversationState("c" + uuid.uuid4().hex[:16], source, lane=lane.name), True, None, source
 
+    async def _load(self, cid: str) -> ConversationState | None:
+        """The conversation's state, with its head (turn, pins, replica) as of the latest response.
+
+        The full state lands when a turn's analysis is done; the head is written the moment the
+        response ends, so a client that sends its next turn at once still gets the right turn
+        number and pins.
+        """
+        raw, head_raw = await self.store.mget(["conv:" + cid, "head:" + cid])
+        head = Head.from_bytes(head_raw) if head_raw else None
+        if raw is None:
+            return head.as_state(cid) if head is not None else None
+        state = ConversationState.from_bytes(raw)
+        if head is not None and head.turn > state.turn:
+            head.apply(state)
+        return state
+
     @staticmethod
     def _is_retry(state: ConversationState, lin: Lineage, messages: list) -> bool:
         """The same request as the conversation's latest turn, sent again."""
         if state.last is None or len(messages) != len(state.last.messages):
-            return False
+            return state.last is None and state.n_messages == len(messages)
         return request_chain(messages) == state.last.request_chain
 
     def _pin(self, ex: Exchange, lane: LaneRuntime, body: dict[str, Any], found: Found) -> None:

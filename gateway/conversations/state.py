@@ -128,6 +128,7 @@ class ConversationState:
     replica: str | None = None  # where the last turn ran (its KV cache lives there)
     last: TurnPrint | None = None
     last_cache: dict[str, Any] | None = None  # the last turn's cache verdict, for admins
+    n_messages: int = 0  # messages in the latest turn's request (from the head)
 
     def to_bytes(self) -> bytes:
         return orjson.dumps({
@@ -141,3 +142,36 @@ class ConversationState:
         d = orjson.loads(data)
         return cls(d["id"], d["src"], d.get("lane"), d["c"], d["u"], d["t"], d.get("pe"), d.get("pth"), d.get("p"),
                    d.get("rep"), TurnPrint.from_json(d["last"]) if d.get("last") else None, d.get("lc"))
+
+
+@dataclass
+class Head:
+    """The few facts the next turn needs at once: written when a response ends, before analysis."""
+
+    turn: int
+    pinned_effort: int | str | None
+    pinned_thinking: bool | None
+    replica: str | None
+    n_messages: int
+    source: str
+    lane: str | None
+    created: float
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps([self.turn, self.pinned_effort, self.pinned_thinking, self.replica, self.n_messages,
+                             self.source, self.lane, self.created])
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "Head":
+        return cls(*orjson.loads(data))
+
+    def apply(self, state: ConversationState) -> None:
+        state.turn = self.turn
+        state.pinned_effort, state.pinned_thinking = self.pinned_effort, self.pinned_thinking
+        state.replica = self.replica
+        state.n_messages = self.n_messages
+
+    def as_state(self, cid: str) -> ConversationState:
+        state = ConversationState(cid, self.source, self.lane, self.created)
+        self.apply(state)
+        return state

@@ -30,3 +30,17 @@ def attach(lane: "LaneRuntime") -> None:
 def install(gw: "Gateway") -> None:
     gw.runtime.lane_hooks.append(attach)
     gw.runtime.rerun_lane_hooks()
+
+    async def preload() -> None:
+        # Loading a 128K-entry tokenizer holds the GIL for about half a second: do it before serving,
+        # not in the middle of the first analysis (where it would stall every stream in flight).
+        import asyncio
+
+        from .tokenizer import load_tokenizer
+
+        paths = {lane.config.render.tokenizer_path for lane in gw.runtime.snapshot.lanes.values()
+                 if lane.config.render.template}
+        for path in paths:
+            await asyncio.to_thread(load_tokenizer, path)
+
+    gw.startup.append(preload)
