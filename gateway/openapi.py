@@ -18,7 +18,7 @@ from starlette.routing import Route
 if TYPE_CHECKING:
     from .app import Gateway
 
-ROLES = ["system", "user", "assistant", "tool", "developer"]
+ROLES = ["system", "user", "assistant", "developer"]
 
 
 def _error_responses(*statuses: int) -> dict[str, Any]:
@@ -35,33 +35,25 @@ _GEN_ERRORS = (400, 401, 404, 413, 422, 429, 500, 502, 503, 504)
 
 
 def _message_schema() -> dict[str, Any]:
-    part = {
-        "type": "object",
-        "required": ["type"],
-        "properties": {
-            "type": {"type": "string", "enum": ["text", "image_url"]},
-            "text": {"type": "string"},
-            "image_url": {"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]},
-        },
-    }
+    # The common shapes only: tool results, images and the rest are accepted but not described.
+    part = {"type": "object", "required": ["type", "text"],
+            "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
     return {
         "type": "object",
         "required": ["role", "content"],
         "properties": {
             "role": {"type": "string", "enum": ROLES},
-            "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": part}, {"type": "null"}]},
+            "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": part}]},
             "name": {"type": "string"},
             "reasoning_content": {"type": "string"},
-            "tool_call_id": {"type": "string"},
         },
     }
 
 
 def _sampling() -> dict[str, Any]:
     return {
-        "model": {"type": "string", "description": "a public model name (GET /v1/models)"},
+        "model": {"type": "string", "minLength": 1, "description": "a public model name (GET /v1/models)"},
         "stream": {"type": "boolean"},
-        "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
         "max_tokens": {"type": "integer", "minimum": 1},
         "temperature": {"type": "number", "minimum": 0, "maximum": 2},
         "top_p": {"type": "number", "minimum": 0, "maximum": 1},
@@ -72,13 +64,14 @@ def _sampling() -> dict[str, Any]:
     }
 
 
-def build(gw: "Gateway") -> dict[str, Any]:
+def build(gw: "Gateway", request: Request | None = None) -> dict[str, Any]:
+    """The description; it names the public models to whoever may list them (GET /v1/models)."""
     config = gw.runtime.snapshot.config
     security = gw.services.get("security")
     keyed = security is not None and security.client_keys is not None
     sampling = _sampling()
-    if not keyed:  # the public names are no secret without keys (GET /v1/models lists them too)
-        sampling["model"] = {**sampling["model"], "examples": sorted(config.models)}
+    if _may_list_models(security, request):
+        sampling["model"] = {**sampling["model"], "enum": sorted(config.models)}
     chat = {
         "type": "object",
         "required": ["model", "messages"],
@@ -156,8 +149,14 @@ def build(gw: "Gateway") -> dict[str, Any]:
     return doc
 
 
+def _may_list_models(security: Any, request: Request | None) -> bool:
+    if security is None or security.client_keys is None:
+        return True
+    return request is not None and security.client_verdict(request) is None
+
+
 def install(gw: "Gateway") -> None:
     async def openapi(request: Request) -> Response:
-        return Response(orjson.dumps(build(gw)), media_type="application/json")
+        return Response(orjson.dumps(build(gw, request)), media_type="application/json")
 
     gw.routes.append(Route("/openapi.json", openapi, methods=["GET"]))

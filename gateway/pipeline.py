@@ -128,7 +128,10 @@ class Pipeline:
             # Always ask for usage: the cached-token count lives there.
             so["include_usage"] = True
             out["stream_options"] = so
-        return orjson.dumps(out)
+        try:
+            return orjson.dumps(out)
+        except TypeError:  # orjson.JSONEncodeError: it reads deeper nesting than it writes
+            raise invalid_request("the request body is nested too deeply to forward", code="invalid_json") from None
 
 
 def _parse_object(body: bytes) -> dict[str, Any]:

@@ -201,20 +201,27 @@ class Security:
 
     # -- checks --------------------------------------------------------------------------------
 
-    def check_client(self, request: Request) -> None:
+    def client_verdict(self, request: Request) -> str | None:
+        """None when the request may use /v1/*, else "missing" or "invalid"."""
         self._current()
         ring = self.client_keys
         if ring is None:
-            return
+            return None
         key = presented_key(request)
         if key is None:
-            self.rejected["client_missing"] += 1
+            return "missing"
+        return None if ring.matches(key) else "invalid"
+
+    def check_client(self, request: Request) -> None:
+        verdict = self.client_verdict(request)
+        if verdict is None:
+            return
+        self.rejected["client_" + verdict] += 1
+        if verdict == "missing":
             raise GatewayError(401, "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.",
                                code="missing_api_key", type="invalid_request_error", headers=_CHALLENGE)
-        if not ring.matches(key):
-            self.rejected["client_invalid"] += 1
-            raise GatewayError(401, "Incorrect API key provided.", code="invalid_api_key",
-                               type="invalid_request_error", headers=_CHALLENGE)
+        raise GatewayError(401, "Incorrect API key provided.", code="invalid_api_key",
+                           type="invalid_request_error", headers=_CHALLENGE)
 
     async def admin_guard(self, request: Request) -> None:
         self._current()
