@@ -1,0 +1,264 @@
+"""Conversation-affine routing end to end: real gateway processes, real emulator replicas, one Redis.
+
+Each emulator replica has its own prefix cache, so a turn that lands away from its conversation's
+home shows up in the usage the engine reports, not only in the gateway's headers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.support.emulator_proc import run_emulator
+from tests.support.gateway_proc import run_gateway
+
+REDIS_URL = "redis://127.0.0.1:6379/13"  # this file's own database, flushed per test
+SYSTEM = "You are a coding agent. Read files before you change them."
+TOOLS = [{"type": "function", "function": {
+    "name": "read_file", "description": "Read a file from the workspace.",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
+
+
+def _redis():
+    import redis
+
+    r = redis.Redis.from_url(REDIS_URL)
+    try:
+        r.ping()
+    except redis.RedisError:
+        pytest.skip("no Redis on 127.0.0.1:6379")
+    return r
+
+
+@pytest.fixture()
+def redis_db():
+    r = _redis()
+    r.flushdb()
+    yield r
+    r.flushdb()
+
+
+@pytest.fixture(scope="module")
+def emus():
+    knobs = dict(flavour="vllm", tokenizer="dsv41", default_thinking=True, block_size=16, decode_tps=200)
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(run_emulator(**knobs)) for _ in range(3)]
+
+
+@pytest.fixture()
+def replicas(emus):
+    for e in emus:
+        e.reset()
+    return emus
+
+
+def routes(urls: list[str], policy: str = "conversation_affinity", **affinity) -> dict:
+    lane = {"engine": "vllm", "replicas": urls, "upstream_model": "deepseek-v4-flash",
+            "qualification": "not_required", "cache": {"block_size": 16}, "routing": policy,
+            "render": {"template": "deepseek_v4.1", "effort_map": {"low": 25, "high": 50, "xhigh": 75, "max": 100}},
+            "breaker": {"failures": 1, "cool_down_s": 30}}
+    if affinity:
+        lane["affinity"] = affinity
+    return {"lanes": {"ds": lane}, "models": {"ds": "ds"}}
+
+
+class Route:
+    def __init__(self, header: str) -> None:
+        parts = [p.strip() for p in header.split(";")]
+        self.reason = parts[0]
+        self.replica = int(next(p for p in parts if p.startswith("replica="))[8:])
+        self.cold = "cold" in parts[1:]
+
+    def __repr__(self) -> str:
+        return f"Route({self.reason}, {self.replica}, cold={self.cold})"
+
+
+class Conversation:
+    """An append-only agent: keeps what the model said (reasoning and tool calls) and answers its tools."""
+
+    def __init__(self, name: str, *, key: bool = True) -> None:
+        self.name = name
+        self.key = key
+        self.messages: list[dict] = [{"role": "system", "content": SYSTEM},
+                                     {"role": "user", "content": f"Task {name}: " + "find the failing test. " * 40}]
+        self.cid: str | None = None
+        self.turns = 0
+        self.last_prompt = 0  # prompt tokens of the previous turn
+
+    def warm(self, usage: dict) -> bool:
+        """Did this turn hit the whole previous turn's prompt (to the engine's 16-token block)?"""
+        return cached(usage) >= self.previous_prompt - 16 > 0
+
+    def turn(self, gw, max_tokens: int = 4) -> tuple[Route, dict, dict]:
+        headers = {"X-Conversation-Id": self.name} if self.key else {}
+        body = {"model": "ds", "messages": self.messages, "tools": TOOLS, "max_tokens": max_tokens}
+        r = httpx.post(gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=60)
+        assert r.status_code == 200, r.text
+        data = r.json()
+        msg = data["choices"][0]["message"]
+        out = {"role": "assistant", "content": msg.get("content") or ""}
+        reasoning = msg.get("reasoning") or msg.get("reasoning_content")
+        if reasoning:
+            out["reasoning_content"] = reasoning
+        if msg.get("tool_calls"):
+            out["tool_calls"] = msg["tool_calls"]
+        self.messages.append(out)
+        for call in msg.get("tool_calls") or []:
+            self.messages.append({"role": "tool", "tool_call_id": call["id"],
+                                  "content": f"contents of {self.name}_{self.turns}.py\n" + "x = 1\n" * 30})
+        if not msg.get("tool_calls"):
+            self.messages.append({"role": "user", "content": f"Continue with step {self.turns}."})
+        self.cid = r.headers["x-gateway-conversation"].split(";")[0]
+        self.turns += 1
+        self.previous_prompt, self.last_prompt = self.last_prompt, data["usage"]["prompt_tokens"]
+        return Route(r.headers["x-gateway-route"]), data["usage"], dict(r.headers)
+
+
+def wait_analysed(gw, cid: str, turn: int, timeout: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = httpx.get(f"{gw.url}/admin/conversations/{cid}")
+        if r.status_code == 200 and r.json()["turn"] >= turn:
+            return r.json()
+        time.sleep(0.02)
+    raise AssertionError(f"turn {turn} of {cid} not analysed in time: {r.text[:300]}")
+
+
+def cached(usage: dict) -> int:
+    return (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+
+
+def test_affinity_keeps_each_conversation_on_one_replica(replicas, redis_db):
+    with run_gateway(routes([e.url for e in replicas]), env={"GATEWAY_REDIS_URL": REDIS_URL}) as gw:
+        convs = [Conversation(f"keep-{i}") for i in range(3)]
+        homes: dict[str, set[int]] = {c.name: set() for c in convs}
+        for t in range(5):
+            for c in convs:
+                route, usage, _ = c.turn(gw)
+                homes[c.name].add(route.replica)
+                assert not route.cold
+                assert route.reason == ("least_loaded" if t == 0 else "home"), (t, route)
+                if t:
+                    assert c.warm(usage), usage
+        assert all(len(h) == 1 for h in homes.values()), homes
+        assert len(set().union(*homes.values())) == 3  # three conversations, three homes
+        per_replica = [e.stats()["requests"] for e in replicas]
+        assert per_replica == [5, 5, 5]
+        state = wait_analysed(gw, convs[0].cid, 5)
+        assert state["replica"] == replicas[next(iter(homes[convs[0].name]))].url
+        assert state["last_cache"]["verdict"] == "hit"
+        routing = httpx.get(gw.url + "/admin/routing").json()["lanes"]["ds"]
+        assert routing["decisions"] == {"least_loaded": 3, "home": 12}
+
+
+def test_round_robin_moves_turns_and_says_so(replicas, redis_db):
+    with run_gateway(routes([e.url for e in replicas], "round_robin"), env={"GATEWAY_REDIS_URL": REDIS_URL}) as gw:
+        conv = Conversation("rr")
+        seen = []
+        for _ in range(3):
+            route, usage, _ = conv.turn(gw)
+            wait_analysed(gw, conv.cid, conv.turns)
+            seen.append(route)
+        assert len({r.replica for r in seen}) == 3
+        assert [r.cold for r in seen] == [False, True, True]
+        state = wait_analysed(gw, conv.cid, 3)
+        # A miss because the turn moved is not an eviction.
+        assert state["last_cache"]["verdict"] == "cold" and state["last_cache"]["cause"] == "rehomed"
+
+
+def test_overloaded_home_rehomes_and_the_next_turn_stays_there(replicas, redis_db):
+    cfg = routes([e.url for e in replicas], load_window_s=0.5)
+    with run_gateway(cfg, env={"GATEWAY_REDIS_URL": REDIS_URL}) as gw:
+        target = Conversation("target")
+        home = target.turn(gw)[0].replica
+        wait_analysed(gw, target.cid, 1)
+        target.turn(gw)
+        # Other conversations, placed by homes: keep the ones that live where the target does.
+        crowd = []
+        i = 0
+        while len(crowd) < 4:
+            c = Conversation(f"crowd-{i}")
+            i += 1
+            if c.turn(gw)[0].replica == home:
+                crowd.append(c)
+            assert i < 20
+        # Their next turns go home and stay in flight (slow decode): the home is overloaded.
+        threads = [threading.Thread(target=c.turn, args=(gw,), kwargs={"max_tokens": 600}) for c in crowd]
+        for th in threads:
+            th.start()
+        time.sleep(1.5)  # past the load window: overloaded now and on average
+        route, usage, _ = target.turn(gw)
+        assert route.reason == "rehomed_overload" and route.cold and route.replica != home, route
+        assert not target.warm(usage)  # cold on its new home
+        new_home = route.replica
+        state = wait_analysed(gw, target.cid, 3)
+        assert state["replica"] == replicas[new_home].url
+        assert state["last_cache"]["verdict"] == "cold" and state["last_cache"]["cause"] == "rehomed"
+        for th in threads:
+            th.join()
+        route, usage, _ = target.turn(gw)
+        assert route.reason == "home" and route.replica == new_home and not route.cold
+        assert target.warm(usage)
+
+
+def test_unhealthy_home_rehomes(redis_db):
+    knobs = dict(flavour="vllm", tokenizer="dsv41", default_thinking=True, block_size=16)
+    with contextlib.ExitStack() as stack:
+        emus = [stack.enter_context(run_emulator(**knobs)) for _ in range(3)]
+        with run_gateway(routes([e.url for e in emus]), env={"GATEWAY_REDIS_URL": REDIS_URL}) as gw:
+            conv = Conversation("sick")
+            home = conv.turn(gw)[0].replica
+            conv.turn(gw)
+            wait_analysed(gw, conv.cid, 2)
+            emus[home].proc.terminate()
+            emus[home].proc.wait(10)
+            # The home refuses connections: failover walks on, and the conversation has a new home.
+            route, usage, headers = conv.turn(gw)
+            assert route.reason == "rehomed_unhealthy" and route.cold and route.replica != home, route
+            new_home = route.replica
+            state = wait_analysed(gw, conv.cid, 3)
+            assert state["replica"] == emus[new_home].url
+            assert state["last_cache"]["verdict"] == "cold" and state["last_cache"]["cause"] == "rehomed"
+            # The breaker is open now: the next turns go to the new home directly, warm.
+            for _ in range(2):
+                route, usage, _ = conv.turn(gw)
+                assert route.reason == "home" and route.replica == new_home, route
+                assert conv.warm(usage)
+
+
+def test_two_gateways_on_one_redis_alternate_turns_and_keep_affinity(replicas, redis_db):
+    env = {"GATEWAY_REDIS_URL": REDIS_URL}
+    cfg = routes([e.url for e in replicas])
+    with run_gateway(cfg, env=env) as g1, run_gateway(cfg, env=env) as g2:
+        gws = [g1, g2]
+        # One conversation named by a header, two found by lineage only (what the model said).
+        convs = [Conversation("two-0"), Conversation("two-1", key=False), Conversation("two-2", key=False)]
+        homes: dict[str, set[int]] = {c.name: set() for c in convs}
+        for t in range(6):
+            for c in convs:
+                route, usage, headers = c.turn(gws[t % 2])
+                homes[c.name].add(route.replica)
+                assert not route.cold, (c.name, t, route)
+                if t:
+                    assert route.reason in ("home", "prefix"), route
+                    assert c.warm(usage), (c.name, t, usage)
+            for c in convs:  # both processes see the same conversations
+                wait_analysed(gws[t % 2], c.cid, c.turns)
+        assert all(len(h) == 1 for h in homes.values()), homes
+        for c in convs:
+            a = httpx.get(f"{g1.url}/admin/conversations/{c.cid}").json()
+            b = httpx.get(f"{g2.url}/admin/conversations/{c.cid}").json()
+            assert a["replica"] == b["replica"] == replicas[homes[c.name].pop()].url
+            assert a["turn"] == b["turn"] == 6
+        # Each process sees the other on the load board.
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            proc = httpx.get(g2.url + "/admin/routing").json()["process"]
+            if proc["board"]["peers"] >= 1:
+                break
+            time.sleep(0.1)
+        assert proc["board"]["peers"] >= 1 and proc["store"] == "redis"
