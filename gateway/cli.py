@@ -97,10 +97,21 @@ def start_emulators(config) -> list[subprocess.Popen]:
             knobs = {"flavour": lane.emulator.flavour, "model": lane.upstream_model, **lane.emulator.knobs}
             cmd = [sys.executable, "-m", "gateway.emulator", "--host", parts.hostname or "127.0.0.1",
                    "--port", str(parts.port or 80), "--config-json", json.dumps(knobs)]
-            children.append(subprocess.Popen(cmd))
+            children.append(subprocess.Popen(cmd, preexec_fn=_die_with_parent))
             _wait_http(url + "/v1/models", 20.0)
             print(f"  emulator for lane {name}: {url} ({lane.emulator.flavour})", flush=True)
     return children
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the gateway exits, however it exits (Linux)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 def _wait_http(url: str, timeout: float) -> None:

@@ -74,7 +74,7 @@ def test_admin_page_shows_lanes_charts_and_drift_alerts() -> None:
                     assert sorted(lanes) == ["dsv41-vllm", "glm-sglang"]
                     assert page.locator("#records tbody tr").count() >= 14
                     assert page.locator("#chart-hit svg").count() == 1
-                    assert page.locator("#chart-decode svg rect").count() >= 2
+                    assert page.locator("#chart-decode svg rect").count() >= 1  # one bin when speeds agree
                     assert page.locator("#chart-lost svg").count() == 1
                     kpi = page.locator("#kpis .kpi").first.inner_text()
                     assert "14" in kpi
