@@ -262,3 +262,102 @@ def test_two_gateways_on_one_redis_alternate_turns_and_keep_affinity(replicas, r
                 break
             time.sleep(0.1)
         assert proc["board"]["peers"] >= 1 and proc["store"] == "redis"
+
+
+class TcpProxy:
+    """A loopback TCP proxy to Redis that can be cut (stop) and restored (start): Redis briefly away."""
+
+    def __init__(self, target_port: int = 6379) -> None:
+        import asyncio
+
+        self.target_port = target_port
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.server = None
+        self.writers: set = set()
+        from tests.support.gateway_proc import free_port
+
+        self.port = free_port()
+
+    def _call(self, coro):
+        import asyncio
+
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(5)
+
+    async def _pipe(self, reader, writer) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except (OSError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def _client(self, reader, writer) -> None:
+        import asyncio
+
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.close()
+            return
+        self.writers |= {writer, up_writer}
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+
+    async def _start(self) -> None:
+        import asyncio
+
+        self.server = await asyncio.start_server(self._client, "127.0.0.1", self.port)
+
+    async def _stop(self) -> None:
+        self.server.close()
+        for w in list(self.writers):
+            w.close()
+        self.writers.clear()
+        await self.server.wait_closed()
+
+    def start(self) -> None:
+        self._call(self._start())
+
+    def stop(self) -> None:
+        self._call(self._stop())
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def test_redis_briefly_away_local_decisions_then_convergence(replicas, redis_db):
+    import orjson
+
+    proxy = TcpProxy()
+    proxy.start()
+    try:
+        env = {"GATEWAY_REDIS_URL": f"redis://127.0.0.1:{proxy.port}/13"}
+        with run_gateway(routes([e.url for e in replicas]), env=env) as gw:
+            conv = Conversation("outage")
+            home = conv.turn(gw)[0].replica
+            conv.turn(gw)
+            wait_analysed(gw, conv.cid, 2)
+            proxy.stop()  # Redis unreachable: the store falls back to the process's local copy
+            for _ in range(2):
+                route, usage, _ = conv.turn(gw)
+                assert route.reason == "home" and route.replica == home and conv.warm(usage), route
+            newcomer = Conversation("during-outage")
+            assert newcomer.turn(gw)[0].reason == "least_loaded"
+            proxy.start()
+            time.sleep(1.5)  # the store retries Redis a second after a failure
+            back = time.time()
+            route, usage, _ = conv.turn(gw)
+            assert route.reason == "home" and route.replica == home and conv.warm(usage)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:  # the first write after the outage reaches Redis again
+                raw = redis_db.get(f"gw:route:home:{conv.cid}")
+                if raw is not None and orjson.loads(raw)["at"] >= back:
+                    break
+                time.sleep(0.05)
+            record = orjson.loads(raw)
+            assert record["r"] == replicas[home].url and record["at"] >= back
+    finally:
+        proxy.close()

@@ -275,3 +275,64 @@ def test_affinity_settings_are_validated():
         parse_routes(base % "max_load_factor: 0.5")
     with pytest.raises(ConfigError, match="unknown key"):
         parse_routes(base % "bogus: 1")
+
+
+class FallbackStore(MemoryStore):
+    """Redis-like: a shared copy plus the process's local fallback (`local`)."""
+
+    name = "redis"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.local = MemoryStore()
+
+
+def test_after_an_outage_the_later_home_decision_wins():
+    import orjson
+
+    async def main():
+        store = FallbackStore()
+        router = ConversationAffinity()
+        router.bind(RoutingShared(store, LoadBoard(store)), "lane", Affinity(load_window_s=0))
+        lane = SimpleNamespace(name="lane", upstream=SimpleNamespace(replicas=replicas(0, 0, 0)))
+        # Redis kept the pre-outage home; during the outage this process moved the conversation to r2.
+        await store.set("route:home:c1", orjson.dumps({"r": "http://r0", "t": 3, "at": 100.0}), 60)
+        await store.local.set("route:home:c1", orjson.dumps({"r": "http://r2", "t": 5, "at": 200.0}), 60)
+        ex = exchange(home="http://r0", turn=3)
+        await router.prepare(ex, lane, {"messages": [{"role": "user", "content": "hi"}]})
+        assert router.order(lane.upstream.replicas, ex)[0].url == "http://r2"
+        # ... and a later decision of another process (only in the shared copy) wins over a stale local one.
+        await store.set("route:home:c1", orjson.dumps({"r": "http://r1", "t": 6, "at": 300.0}), 60)
+        ex = exchange(home="http://r0", turn=3)
+        await router.prepare(ex, lane, {"messages": [{"role": "user", "content": "hi"}]})
+        assert router.order(lane.upstream.replicas, ex)[0].url == "http://r1"
+
+    asyncio.run(main())
+
+
+def test_served_writes_the_home_and_prefix_entries():
+    import orjson
+
+    async def main():
+        store = FallbackStore()
+        shared = RoutingShared(store, LoadBoard(store))
+        router = ConversationAffinity()
+        router.bind(shared, "lane", Affinity(load_window_s=0))
+        reps = replicas(0, 0, 0)
+        lane = SimpleNamespace(name="lane", upstream=SimpleNamespace(replicas=reps))
+        body = {"messages": _messages(10)}
+        ex = exchange(is_new=True)
+        ex.body = body
+        await router.prepare(ex, lane, body)
+        chosen = router.order(reps, ex)[0]
+        router.served(chosen, ex)
+        await shared.drain()
+        home = orjson.loads(await store.get("route:home:c1"))
+        assert home["r"] == chosen.url and home["t"] == 1
+        # A new conversation that starts the same way finds it.
+        ex2 = exchange(is_new=True)
+        ex2.annotations["conversation"].state.id = "c2"
+        await router.prepare(ex2, lane, {"messages": _messages(12)})
+        assert ex2.annotations["routing_hint"].prefix[chosen.url][0] > 0.5
+
+    asyncio.run(main())

@@ -93,14 +93,17 @@ class ConversationAffinity:
             return
         values = await self.shared.mget(keys)
         if state is not None:
-            raw = values[0]
+            record = _home_record(values[0])
             values = values[1:]
-            if raw is not None:
-                try:
-                    d = orjson.loads(raw)
-                    hint.home, hint.home_turn = d["r"], int(d["t"])
-                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                    pass
+            # After a store outage the shared copy may be older than what this process decided
+            # meanwhile (kept in the store's local fallback): the later decision wins.
+            local = getattr(self.shared.store, "local", None)
+            if local is not None:
+                mine = _home_record(await local.get(HOME_PREFIX + state.id))
+                if mine is not None and (record is None or mine[2] > record[2]):
+                    record = mine
+            if record is not None:
+                hint.home, hint.home_turn = record[0], record[1]
         if lookup is not None:
             hint.prefix = lookup.best(values)
 
@@ -210,7 +213,7 @@ class ConversationAffinity:
         found = ex.annotations.get("conversation")
         state = getattr(found, "state", None)
         if state is not None:
-            value = orjson.dumps({"r": replica.url, "t": state.turn + 1, "at": round(time.time(), 3)})
+            value = orjson.dumps({"r": replica.url, "t": state.turn + 1, "at": round(time.time(), 6)})
             writes.append((HOME_PREFIX + state.id, value, self.shared.home_ttl_s))
         hint: Hint | None = ex.annotations.get("routing_hint")
         messages = (ex.body or {}).get("messages")
@@ -224,6 +227,17 @@ class ConversationAffinity:
                 writes.append((key, b"1", prefix_index.TTL_S))
         if writes:
             self.shared.spawn(self.shared.set_many(writes))
+
+
+def _home_record(raw: bytes | None) -> tuple[str, int, float] | None:
+    """(replica URL, turn, wall time) of a stored home record."""
+    if raw is None:
+        return None
+    try:
+        d = orjson.loads(raw)
+        return str(d["r"]), int(d["t"]), float(d.get("at", 0.0))
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
 
 
 def _freshest_home(hint: Hint, state: Any) -> str | None:
