@@ -247,9 +247,9 @@ def main() -> int:
     p.add_argument("--approx-tokens", type=int, default=16000, help="corpus size per conversation")
     p.add_argument("--turns", type=int, default=24, help="turns per conversation (at most)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--headroom", type=float, default=1.25,
+    p.add_argument("--headroom", type=float, default=1.0,
                    help="pool per replica = headroom x conversations/replicas x mean final conversation tokens")
-    p.add_argument("--prefill-tps", type=float, default=40000.0, help="emulator: uncached tokens per second")
+    p.add_argument("--prefill-tps", type=float, default=10000.0, help="emulator: uncached tokens per second")
     p.add_argument("--ttft-ms", type=float, default=5.0)
     p.add_argument("--decode-tps", type=float, default=2000.0)
     p.add_argument("--max-tokens", type=int, default=16)

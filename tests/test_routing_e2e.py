@@ -361,3 +361,17 @@ def test_redis_briefly_away_local_decisions_then_convergence(replicas, redis_db)
             assert record["r"] == replicas[home].url and record["at"] >= back
     finally:
         proxy.close()
+
+
+def test_uvicorn_workers_share_homes_through_redis(replicas, redis_db):
+    """`gateway serve --workers 2 --redis ...`: the kernel spreads connections over two processes."""
+    with run_gateway(routes([e.url for e in replicas]), env={"GATEWAY_REDIS_URL": REDIS_URL}, workers=2) as gw:
+        convs = [Conversation(f"workers-{i}") for i in range(2)]
+        homes: dict[str, set[int]] = {c.name: set() for c in convs}
+        for t in range(6):
+            for c in convs:
+                route, usage, _ = c.turn(gw)  # a new connection each turn: either worker may answer
+                homes[c.name].add(route.replica)
+                if t:
+                    assert route.reason == "home" and c.warm(usage), (t, route, usage)
+        assert all(len(h) == 1 for h in homes.values()), homes
