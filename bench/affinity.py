@@ -90,7 +90,11 @@ class Workload:
         # Tokens as the emulator counts them (simple tokenizer): the final turn of each conversation.
         self.final_tokens = [len(simple_tokenize_prompt(turns[-1])) for turns in self.conversations]
         self.turns = sum(len(t) for t in self.conversations)
-        self.prompt_tokens = sum(len(simple_tokenize_prompt(t)) for turns in self.conversations for t in turns)
+        sizes = [[len(simple_tokenize_prompt(t)) for t in turns] for turns in self.conversations]
+        self.prompt_tokens = sum(map(sum, sizes))
+        # An unbounded pool: every turn hits the whole previous turn (block-aligned, the last token recomputed).
+        ideal = sum(min(a, b - 1) // BLOCK * BLOCK for s in sizes for a, b in zip(s, s[1:]))
+        self.ideal_hit_ratio = ideal / self.prompt_tokens
 
 
 # -- one run -----------------------------------------------------------------------------------------
@@ -267,7 +271,8 @@ def main() -> int:
     per_replica = args.conversations / args.replicas
     pool = math.ceil(args.headroom * per_replica * mean_final / BLOCK)
     print(f"workload: {args.conversations} conversations, {work.turns} turns, {work.prompt_tokens:,} prompt tokens "
-          f"(final conversation {min(work.final_tokens):,}-{max(work.final_tokens):,} tokens, mean {mean_final:,.0f})")
+          f"(final conversation {min(work.final_tokens):,}-{max(work.final_tokens):,} tokens, mean {mean_final:,.0f}); "
+          f"hit ratio with unbounded pools: {work.ideal_hit_ratio:.3f}")
     print(f"pools: {args.replicas} replicas x {pool:,} blocks of {BLOCK} tokens "
           f"(= {args.headroom:g} x {per_replica:g} conversations); single replica {args.replicas * pool:,} blocks; "
           f"prefill {args.prefill_tps:,.0f} tok/s, ttft {args.ttft_ms:g} ms")
@@ -300,6 +305,7 @@ def main() -> int:
     print(f"\nbench took {time.perf_counter() - t0:.0f}s")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "final_tokens": work.final_tokens,
+                                               "ideal_hit_ratio": work.ideal_hit_ratio,
                                                "pool_blocks": pool, "runs": summaries}, indent=2))
     return 0
 
