@@ -83,18 +83,6 @@ def forwarded(case: dict[str, Any], lane: Lane) -> tuple[dict[str, Any], RenderO
     return body, opts
 
 
-def tokenize_body(body: dict[str, Any]) -> dict[str, Any]:
-    msgs = []
-    for m in body["messages"]:
-        m = dict(m)
-        if "reasoning_content" in m and m.get("reasoning") is None:
-            m["reasoning"] = m.pop("reasoning_content")  # what vLLM's chat endpoint does before templating
-        msgs.append(m)
-    out = {"model": "deepseek-v4-tiny", "messages": msgs, "add_generation_prompt": True,
-           "chat_template_kwargs": body["chat_template_kwargs"]}
-    if body.get("tools"):
-        out["tools"] = body["tools"]
-    return out
 
 
 def chat_body(body: dict[str, Any]) -> dict[str, Any]:
@@ -118,11 +106,11 @@ def compare_case(engine: EngineProc, renderer: Renderer, lane: Lane, name: str, 
     body, opts = forwarded(case, lane)
     ours = list(renderer.render(body, opts).token_ids)
     mismatches, skips = [], []
-    status, out = http_json("POST", engine.url + "/tokenize", tokenize_body(body))
-    if status != 200:
-        skips.append(f"{name} [tokenize]: HTTP {status} {str(out)[:160]}")
-    elif out["tokens"] != ours:
-        mismatches.append(describe(name, "tokenize", out["tokens"], ours))
+    ids = engine.tokenize_chat(body["messages"], tools=body.get("tools"), **body["chat_template_kwargs"])
+    if isinstance(ids, str):
+        skips.append(f"{name} [tokenize]: {ids[:200]}")
+    elif ids != ours:
+        mismatches.append(describe(name, "tokenize", ids, ours))
     if chat:
         status, out = http_json("POST", engine.url + "/v1/chat/completions", chat_body(body))
         if status != 200:

@@ -43,7 +43,7 @@ TEMPLATE = REPO / "chat_templates" / "deepseek_v4.1.jinja"
 MODEL = "deepseek-v4-tiny"  # --served-model-name in serve.sh
 BLOCK_SIZE = 32  # the smallest vLLM block on CPU
 POOL_BLOCKS = 128  # 4,096 tokens of KV: room for any one test conversation, not for four long ones
-MAX_MODEL_LEN = 4096  # vLLM refuses to start when one sequence cannot fit the pool
+MAX_MODEL_LEN = (POOL_BLOCKS - 1) * BLOCK_SIZE  # one sequence must fit the pool (one block is vLLM's null block)
 START_TIMEOUT_S = float(os.environ.get("ENGINE_START_TIMEOUT", "240"))
 
 
@@ -108,7 +108,13 @@ class EngineProc:
         return self.url + "/v1"
 
     def tokenize_chat(self, messages: list, *, tools: list | None = None, **template_kwargs: Any) -> list[int] | str:
-        """The engine's own render of a chat request, as token ids (or "HTTP <code>: <message>")."""
+        """The engine's own render of a chat request, as token ids (or "HTTP <code>: <message>").
+
+        vLLM's chat endpoint renames `reasoning_content` to `reasoning` before templating, its /tokenize
+        endpoint does not (the template would see no reasoning): this does the rename, so the ids are
+        those the chat endpoint would prefill.
+        """
+        messages = [_renamed(m) for m in messages]
         body: dict[str, Any] = {"model": MODEL, "messages": messages, "add_generation_prompt": True,
                                 "chat_template_kwargs": template_kwargs}
         if tools is not None:
@@ -152,6 +158,13 @@ class EngineProc:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+
+
+def _renamed(m: Any) -> Any:
+    if isinstance(m, dict) and "reasoning_content" in m and m.get("reasoning") is None:
+        m = dict(m)
+        m["reasoning"] = m.pop("reasoning_content")
+    return m
 
 
 def _ready(url: str) -> bool:

@@ -1,0 +1,366 @@
+"""The gateway's cache predictions against a real engine's prefix cache (vLLM CPU, shared/engine).
+
+The real gateway runs in front of the session's engine (tests/support/engine_proc.py: the gateway's
+own template, DeepSeek-V4.1 tool and reasoning parsers, 32-token blocks, a 128-block KV pool) and is
+driven with the official `openai` client like an agent. For every turn the gateway predicts how many
+prompt tokens the engine should find cached and the engine reports how many it did
+(`usage.prompt_tokens_details.cached_tokens`); the tests require them to be equal, token for token,
+wherever the prefix was stable, and the right verdict (hit, drift and its cause, eviction) otherwise.
+
+Determinism: temperature 0, `ignore_eos`, a fixed max_tokens, and `logit_bias` that confines the
+random-weight model to a few whole words. Unbiased, this model emits `<think>` special tokens between
+words; the text the client gets back (and appends to its history) then re-renders to other tokens than
+the engine generated, which no gateway can see. The bias makes the model behave like a trained one in
+the only way that matters here: the history the client appends re-renders to the tokens generated.
+The model never emits DSML tool calls or `</think>`, so each assistant turn comes back as reasoning
+only; the agent appends exactly what the engine returned (reasoning, empty content) plus the next user
+message, and the tool-call part of the history is the client's own (a tool call with a text-parts
+result in the opening request), which is rendered on every turn.
+
+Per-turn figures (predicted vs reported, verdicts, timings) are printed (`pytest -s`) and written to
+tests/artifacts/engine-cache.json.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.support.engine_proc import REPO, EngineProc, engine_fixture, engine_lane
+from tests.support.gateway_proc import run_gateway
+
+pytestmark = pytest.mark.engine
+
+# Whole words with a leading space: each one token, and a run of them re-encodes to the same tokens.
+WORDS = {" the": 270, " code": 4181, " file": 4245, " read": 1733, " test": 1950, " fix": 11284,
+         " split": 14241, " value": 1990, " line": 2562, " check": 4085}
+LOGIT_BIAS = {str(i): 100 for i in WORDS.values()}
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "read_file", "description": "Read a file from the workspace.",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}},
+    {"type": "function", "function": {
+        "name": "run_tests", "description": "Run the test suite, optionally one test.",
+        "parameters": {"type": "object", "properties": {"select": {"type": "string"}}}}},
+]
+ARTIFACT = REPO / "tests" / "artifacts" / "engine-cache.json"
+REPORT: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="session")
+def engine() -> EngineProc:
+    return engine_fixture()
+
+
+@pytest.fixture(scope="module")
+def gw(engine: EngineProc):
+    routes = {
+        "lanes": {
+            "vllm-cpu": engine_lane(engine.url),  # effort_policy: pin
+            "vllm-cpu-warn": engine_lane(engine.url, effort_policy="warn"),
+        },
+        "models": {"ds": "vllm-cpu", "ds-warn": "vllm-cpu-warn"},
+    }
+    with run_gateway(routes) as g:
+        yield g
+    ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
+    ARTIFACT.write_text(json.dumps({"engine": engine.url, "engine_start_s": round(engine.started_s, 1),
+                                    **REPORT}, indent=1))
+
+
+def wait_turn(gw, cid: str, turn: int, timeout: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout
+    r = None
+    while time.monotonic() < deadline:
+        r = httpx.get(f"{gw.url}/admin/conversations/{cid}")
+        if r.status_code == 200 and r.json()["turn"] >= turn and r.json().get("last_cache"):
+            return r.json()
+        time.sleep(0.02)
+    raise AssertionError(f"turn {turn} of {cid} was not analysed in time\n{r.text[:500] if r else ''}\n"
+                         f"{gw.log()[-3000:]}")
+
+
+def wait_record(gw, cid: str, turn: int, timeout: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = httpx.get(f"{gw.url}/admin/api/records", params={"conversation": cid, "limit": 50}).json()["records"]
+        for row in rows:
+            if row.get("turn") == turn and row.get("verdict") not in (None, "unknown"):
+                return row
+        time.sleep(0.05)
+    raise AssertionError(f"no record of turn {turn} of {cid}")
+
+
+def filler(tag: str, lines: int) -> str:
+    """Deterministic, distinct text of about 13 tokens a line."""
+    return "\n".join(f"{tag} line {i}: value = compute({i}, {i * 7 % 13}) + offset_{i % 5}" for i in range(lines))
+
+
+class Agent:
+    """An append-only agent: appends what the engine returned, then its next user message.
+
+    `tag` opens the system prompt, so no two tests share a cached block beyond the first few tokens.
+    """
+
+    def __init__(self, gw, tag: str, *, model: str = "ds", tools: bool = True, max_tokens: int = 16,
+                 opening: str = "", **kw: Any) -> None:
+        self.gw = gw
+        self.tag = tag
+        # The client's clock starts when the request leaves (httpx's request hook), not when the openai
+        # library starts building it (its first call in a process costs ~100 ms of lazy setup).
+        self.t_sent = 0.0
+        http = httpx.Client(timeout=120, event_hooks={"request": [self._sent]})
+        self.client = openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0, http_client=http)
+        self.model = model
+        self.tools = TOOLS if tools else None
+        self.max_tokens = max_tokens
+        self.kw = kw
+        self.cid: str | None = None
+        self.turns = 0
+        self.rows: list[dict[str, Any]] = []
+        system = f"[{tag}] You are a coding agent working in a Python repository. Read files before you change them."
+        self.messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
+        if tools:
+            # The client's own history of a tool call (a resumed session), rendered on every turn.
+            self.messages += [
+                {"role": "user", "content": "test_split fails on empty input. Find out why." + opening},
+                {"role": "assistant", "content": "", "reasoning_content": "Read the implementation first.",
+                 "tool_calls": [{"id": "call_1", "type": "function",
+                                 "function": {"name": "read_file", "arguments": json.dumps({"path": "src/split.py"})}}]},
+                {"role": "tool", "tool_call_id": "call_1",
+                 "content": [{"type": "text", "text": "def split(s, sep=','):"},
+                             {"type": "text", "text": "    return s.split(sep)"}]},
+                {"role": "user", "content": "Go on: fix it and run the tests."},
+            ]
+        else:
+            self.messages.append({"role": "user", "content": "Explain what a prefix cache is." + opening})
+
+    def _sent(self, request: httpx.Request) -> None:
+        self.t_sent = time.perf_counter()
+
+    def turn(self, next_user: str | None = None, **kw: Any) -> dict[str, Any]:
+        args: dict[str, Any] = dict(model=self.model, messages=self.messages, max_tokens=self.max_tokens,
+                                    temperature=0, logit_bias=LOGIT_BIAS, stream=True,
+                                    stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        if self.tools:
+            args["tools"] = self.tools
+        args.update(self.kw)
+        args.update(kw)
+        raw = self.client.chat.completions.with_raw_response.create(**args)
+        t0 = self.t_sent
+        headers = dict(raw.headers)
+        reasoning, content, calls, usage, finish = "", "", {}, None, None
+        t_first = t_last = None
+        for chunk in raw.parse():
+            if chunk.usage is not None:
+                usage = chunk.usage
+            if not chunk.choices:
+                continue
+            ch = chunk.choices[0]
+            d = ch.delta
+            piece_r = (d.model_extra or {}).get("reasoning") or (d.model_extra or {}).get("reasoning_content") or ""
+            piece_c = d.content or ""
+            if piece_r or piece_c or d.tool_calls:
+                now = time.perf_counter()
+                t_first = t_first or now
+                t_last = now
+            reasoning += piece_r
+            content += piece_c
+            for tc in d.tool_calls or []:
+                c = calls.setdefault(tc.index, {"id": tc.id, "type": "function",
+                                                "function": {"name": "", "arguments": ""}})
+                c["function"]["name"] += tc.function.name or ""
+                c["function"]["arguments"] += tc.function.arguments or ""
+            finish = ch.finish_reason or finish
+        msg: dict[str, Any] = {"role": "assistant", "content": content}
+        if reasoning:
+            msg["reasoning_content"] = reasoning
+        if calls:
+            msg["tool_calls"] = [calls[i] for i in sorted(calls)]
+        self.messages.append(msg)
+        for c in msg.get("tool_calls", []):
+            self.messages.append({"role": "tool", "tool_call_id": c["id"], "content": f"ok ({self.turns})"})
+        self.messages.append({"role": "user", "content": next_user or f"Step {self.turns + 1}: continue."})
+        self.cid = headers["x-gateway-conversation"].split(";")[0]
+        self.turns += 1
+        state = wait_turn(self.gw, self.cid, self.turns)
+        cache = state["last_cache"]
+        n = usage.completion_tokens if usage else None
+        row = {
+            "turn": self.turns, "verdict": cache["verdict"], "cause": cache.get("cause"),
+            "predicted": cache["predicted_cached_tokens"], "reported": cache["reported_cached_tokens"],
+            "prompt_tokens": usage.prompt_tokens if usage else None,
+            "rendered_prompt_tokens": cache.get("rendered_prompt_tokens"), "lcp_tokens": cache.get("lcp_tokens"),
+            "tokens_lost": cache.get("tokens_lost"), "divergence_message_index": cache.get("divergence_message_index"),
+            "render_matches_engine": cache.get("render_matches_engine"),
+            "effort_header": headers.get("x-gateway-effort"), "finish_reason": finish, "completion_tokens": n,
+            "client_ttft_s": None if t_first is None else t_first - t0,
+            "client_decode_tps": (n - 1) / (t_last - t_first) if n and n > 1 and t_last and t_last > t_first else None,
+            "output": (reasoning + content)[:60],
+        }
+        self.rows.append(row)
+        return row
+
+
+def report(name: str, agent_rows: list[dict[str, Any]], **extra: Any) -> None:
+    REPORT[name] = {"turns": agent_rows, **extra}
+    print(f"\n{name}")
+    for r in agent_rows:
+        print(f"  turn {r['turn']:>2} {r['verdict']:<8} {str(r['cause'] or ''):<30} predicted {r['predicted']!s:>5} "
+              f"reported {r['reported']!s:>5} prompt {r['prompt_tokens']!s:>5} lost {r['tokens_lost']!s:>5}"
+              f"  effort {r['effort_header']}")
+
+
+def assert_exact(row: dict[str, Any]) -> None:
+    assert row["predicted"] == row["reported"], row
+    assert row["predicted"] % 32 == 0, row
+    assert row["render_matches_engine"] is True, row
+    assert row["finish_reason"] == "length" and row["completion_tokens"] is not None, row
+
+
+# -- 1. append-only agent with tools ---------------------------------------------------------------
+
+
+def test_append_only_agent_with_tools_hits_every_turn_exactly(gw):
+    agent = Agent(gw, "agent-append")
+    first = agent.turn()
+    assert first["verdict"] == "cold", first
+    assert first["output"].strip(), "the engine returned no text"
+    for _ in range(8):
+        agent.turn()
+    report("append_only_agent_with_tools", agent.rows)
+    for row in agent.rows[1:]:
+        assert row["verdict"] == "hit", row
+        assert row["predicted"] > 0
+        assert_exact(row)
+    # The conversation grew: the last turn found more of it cached than the second did.
+    assert agent.rows[-1]["reported"] > agent.rows[1]["reported"]
+
+
+def test_output_cut_at_a_block_boundary_is_predicted_exactly(gw, engine):
+    """The output stops at max_tokens exactly where prompt + output fills whole blocks: the engine holds
+    KV for prompt + completion - 1 tokens (one block less than the next render's common prefix)."""
+    agent = Agent(gw, "agent-boundary")
+    # Find the prompt length the engine will see (its own render), then cut the output there.
+    probe = engine.tokenize_chat(agent.messages, tools=TOOLS, thinking=True, enable_thinking=True,
+                                 reasoning_effort="high")
+    assert isinstance(probe, list), probe
+    agent.max_tokens = 32 - len(probe) % 32 + 32  # prompt + output = a multiple of 32
+    first = agent.turn()
+    assert first["prompt_tokens"] == len(probe)
+    assert (first["prompt_tokens"] + first["completion_tokens"]) % 32 == 0
+    agent.max_tokens = 16
+    second = agent.turn()
+    report("output_cut_at_block_boundary", agent.rows)
+    assert second["verdict"] == "hit", second
+    assert_exact(second)
+    # The whole first turn (prompt + output) is in the new prompt, but its last block was never filled.
+    assert second["reported"] == first["prompt_tokens"] + first["completion_tokens"] - 32
+
+
+# -- 2. effort changes mid-conversation ------------------------------------------------------------
+
+
+def test_effort_change_under_warn_is_drift_and_the_engine_reports_the_collapse(gw):
+    agent = Agent(gw, "effort-warn", model="ds-warn", reasoning_effort="high")
+    for _ in range(3):
+        agent.turn()
+    changed = agent.turn(reasoning_effort="max")
+    after = agent.turn(reasoning_effort="max")
+    report("effort_change_warn", agent.rows)
+    assert [r["verdict"] for r in agent.rows[1:3]] == ["hit", "hit"]
+    assert changed["effort_header"] == "100; pinned=50; warned"
+    assert changed["verdict"] == "drift" and changed["cause"] == "effort_changed", changed
+    assert changed["divergence_message_index"] == 0
+    assert_exact(changed)  # the collapse the gateway predicted is the one the engine reports
+    assert changed["reported"] < 32 < agent.rows[2]["reported"]  # "Reasoning Effort: N" is the second line
+    assert changed["tokens_lost"] >= agent.rows[2]["reported"]
+    assert after["verdict"] == "hit", after  # the new effort is now the conversation's prefix
+    assert_exact(after)
+
+
+def test_effort_change_under_pin_stays_a_hit(gw):
+    agent = Agent(gw, "effort-pin", reasoning_effort="high")
+    for _ in range(3):
+        agent.turn()
+    changed = agent.turn(reasoning_effort="max")
+    report("effort_change_pin", agent.rows)
+    assert changed["effort_header"] == "50; requested=100; pinned"
+    for row in agent.rows[1:]:
+        assert row["verdict"] == "hit", row
+        assert_exact(row)
+
+
+# -- 3. chat without tools in thinking mode ------------------------------------------------------
+
+
+def test_chat_without_tools_drops_reasoning_and_the_engine_agrees(gw):
+    """Each new user message makes the template drop the previous answer's reasoning (and turn its
+    `<think>` into `</think>`): the prefix moves at that answer, every turn, and the engine's cache
+    shows exactly the loss the gateway predicted."""
+    agent = Agent(gw, "chat-no-tools", tools=False, max_tokens=40)
+    for i in range(5):
+        agent.turn(next_user=f"Question {i + 2}, with the log it refers to:\n" + filler(f"q{i}", 3))
+    report("chat_without_tools_thinking", agent.rows)
+    for prev, row in zip(agent.rows, agent.rows[1:]):
+        assert row["verdict"] == "drift" and row["cause"] == "reasoning_dropped_by_template", row
+        assert_exact(row)
+        # Everything before the previous answer is still cached, nothing of the answer itself.
+        assert row["reported"] == prev["prompt_tokens"] // 32 * 32, (prev, row)
+        assert row["tokens_lost"] > 0, row
+    assert agent.rows[-1]["reported"] > agent.rows[1]["reported"] > 0
+
+
+# -- 5. timings: the gateway's records agree with the client ---------------------------------------
+
+
+def test_recorded_first_byte_and_decode_speed_match_the_client(gw):
+    """First content byte after an uncached prefill of ~3,000 tokens, and decode speed over 64 tokens,
+    for three conversations: what the gateway recorded against what the client measured."""
+    rows = []
+    for i in range(3):
+        agent = Agent(gw, f"timings-{i}", max_tokens=64, opening="\n" + filler(f"timings-{i}", 120))
+        row = agent.turn()
+        rec = wait_record(gw, agent.cid, row["turn"])
+        row.update(gw_ttft_s=rec["ttft_s"], gw_decode_tps=rec["decode_tps"], decode_source=rec["decode_source"])
+        rows.append(row)
+    report("timings", rows)
+    for r in rows:
+        print(f"  first content byte: client {r['client_ttft_s'] * 1000:.1f} ms, gateway {r['gw_ttft_s'] * 1000:.1f} ms"
+              f" ({r['prompt_tokens']} prompt tokens); decode: client {r['client_decode_tps']:.1f} tok/s, gateway "
+              f"{r['gw_decode_tps']:.1f} tok/s ({r['completion_tokens']} tokens)")
+    for r in rows:
+        assert r["verdict"] == "cold" and r["completion_tokens"] == 64, r
+        assert r["decode_source"] == "usage"
+        assert abs(r["gw_ttft_s"] - r["client_ttft_s"]) <= 0.10 * r["client_ttft_s"], r
+        assert abs(r["gw_decode_tps"] - r["client_decode_tps"]) <= 0.10 * r["client_decode_tps"], r
+        assert r["gw_ttft_s"] <= r["client_ttft_s"]  # the gateway's clock starts after the client's
+
+
+# -- 4. a KV pool too small: eviction, not drift -----------------------------------------------------
+
+
+def test_interleaved_long_conversations_evict_each_other(gw, engine):
+    """Three conversations of ~1,550 tokens (49 blocks) take turns on a 127-block pool: every prefix is
+    stable, and each returning conversation finds the tail of its prefix evicted by the other two
+    (vLLM evicts the least recently freed blocks, a request's tail first)."""
+    agents = [Agent(gw, f"evict-{i}", user=f"evict-{i}", opening="\n" + filler(f"evict-{i}", 50)) for i in range(3)]
+    for _ in range(3):
+        for ag in agents:
+            ag.turn()
+    for i, ag in enumerate(agents):
+        report(f"eviction_conversation_{i}", ag.rows)
+    later = [r for ag in agents for r in ag.rows[1:]]
+    assert all(ag.rows[0]["verdict"] == "cold" for ag in agents)
+    assert sum(ag.rows[0]["prompt_tokens"] for ag in agents) > (engine.pool_blocks - 1) * engine.block_size
+    for r in later:  # never drift: the prefixes were stable; the engine let them go
+        assert r["verdict"] == "eviction" and r["cause"] is None, r
+        assert r["reported"] < r["predicted"] and r["tokens_lost"] == r["predicted"] - r["reported"], r
+        assert r["reported"] % 32 == 0 and r["render_matches_engine"] is True, r
+    assert any(r["reported"] > 0 for r in later), "no partial eviction: the head of some prefix should survive"
