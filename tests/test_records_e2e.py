@@ -279,8 +279,6 @@ def test_back_to_back_turns_get_the_same_verdicts(agent) -> None:
     check_verdicts(recs, gw.url)
 
 
-@pytest.mark.xfail(strict=False, reason="conversations: ex.turn is read on the hot path from the state saved by "
-                   "the previous turn's analysis, which may not have finished yet")
 def test_back_to_back_turns_are_numbered(agent) -> None:
     pytest.importorskip("gateway.conversations.feature", reason="the conversations part is not in this checkout")
     emu, gw = agent

@@ -9,7 +9,6 @@ processes writing the same file) run beside the writer.
 from __future__ import annotations
 
 import logging
-import queue
 import sqlite3
 import threading
 import time
@@ -22,7 +21,6 @@ from .stats import STATS_COLUMNS
 log = logging.getLogger("gateway.records.sqlite")
 
 FILENAME = "records.sqlite3"
-_STOP = object()
 
 
 def connect(path: Path, readonly: bool = False) -> sqlite3.Connection:
@@ -97,7 +95,11 @@ def _filters(lane: str | None, since: float | None, conversation: str | None) ->
 
 
 class SQLiteStore(RecordReader):
-    """Batched writer plus reader. `put` never blocks; a full queue drops the record and counts it."""
+    """Batched writer plus reader. `put` never blocks; past `max_queue` waiting records it drops and counts.
+
+    `put` only appends to a list: the writer thread wakes on its own every `flush_interval_s` and
+    takes the whole list, so the request path never pays for waking another thread.
+    """
 
     def __init__(self, data_dir: Path, max_age_s: float = 7 * 86400, max_rows: int = 1_000_000,
                  batch: int = 512, flush_interval_s: float = 0.2, max_queue: int = 100_000) -> None:
@@ -106,12 +108,17 @@ class SQLiteStore(RecordReader):
         self.max_rows = max_rows
         self.batch = batch
         self.flush_interval_s = flush_interval_s
+        self.max_queue = max_queue
         self.written = 0
         self.dropped = 0
         self.errors = 0
-        self._queue: queue.Queue[Any] = queue.Queue(max_queue)
+        self._buf: list[dict[str, Any]] = []
+        self._buf_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = False
         self._thread: threading.Thread | None = None
-        self._pending = 0  # put but not yet committed; lets flush() wait for exactly that
+        self._put_count = 0  # accepted by put()
+        self._done_count = 0  # taken by the writer and settled (written or failed)
         self._cv = threading.Condition()
         self._columns = list(FIELDS)
         cols = ", ".join(f'"{c}"' for c in self._columns)
@@ -128,19 +135,21 @@ class SQLiteStore(RecordReader):
         self._thread.start()
 
     def put(self, record: dict[str, Any]) -> None:
-        with self._cv:
-            self._pending += 1
-        try:
-            self._queue.put_nowait(record)
-        except queue.Full:
-            self.dropped += 1
-            self._settle(1)
+        with self._buf_lock:
+            if len(self._buf) >= self.max_queue:
+                self.dropped += 1
+                return
+            self._buf.append(record)
+            self._put_count += 1
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Block until everything put so far is committed (tests, shutdown)."""
         deadline = time.monotonic() + timeout
+        with self._buf_lock:
+            target = self._put_count
+        self._wake.set()
         with self._cv:
-            while self._pending > 0:
+            while self._done_count < target:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -150,41 +159,31 @@ class SQLiteStore(RecordReader):
     def close(self, timeout: float = 5.0) -> None:
         if self._thread is None:
             return
-        self._queue.put(_STOP)
+        self._stopping = True
+        self._wake.set()
         self._thread.join(timeout)
         self._thread = None
-
-    def _settle(self, n: int) -> None:
-        with self._cv:
-            self._pending -= n
-            if self._pending <= 0:
-                self._cv.notify_all()
 
     def _run(self) -> None:
         conn = connect(self.path)
         last_prune = time.monotonic()
-        stop = False
-        while not stop:
-            try:
-                first = self._queue.get(timeout=1.0)
-            except queue.Empty:
-                first = None
-            items = [] if first is None else [first]
-            # Gather a batch: whatever is already queued, waiting at most one flush interval.
-            deadline = time.monotonic() + self.flush_interval_s
-            while items and len(items) < self.batch:
-                try:
-                    items.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
-                except queue.Empty:
-                    break
-            if _STOP in items:
-                stop = True
-                items = [i for i in items if i is not _STOP]
+        while True:
+            self._wake.wait(self.flush_interval_s)
+            self._wake.clear()
+            stopping = self._stopping
+            with self._buf_lock:
+                items, self._buf = self._buf, []
+            for i in range(0, len(items), self.batch):
+                self._write(conn, items[i:i + self.batch])
             if items:
-                self._write(conn, items)
+                with self._cv:
+                    self._done_count += len(items)
+                    self._cv.notify_all()
             if time.monotonic() - last_prune > 60.0:
                 last_prune = time.monotonic()
                 self._prune(conn)
+            if stopping:
+                break
         conn.close()
 
     def _write(self, conn: sqlite3.Connection, items: list[dict[str, Any]]) -> None:
@@ -202,8 +201,6 @@ class SQLiteStore(RecordReader):
                 conn.rollback()
             except sqlite3.Error:
                 pass
-        finally:
-            self._settle(len(items))
 
     def _prune(self, conn: sqlite3.Connection) -> None:
         try:

@@ -36,11 +36,13 @@ def install(gw: "Gateway") -> None:
         # not in the middle of the first analysis (where it would stall every stream in flight).
         import asyncio
 
+        from .template import load_template
         from .tokenizer import load_tokenizer
 
-        paths = {lane.config.render.tokenizer_path for lane in gw.runtime.snapshot.lanes.values()
-                 if lane.config.render.template}
-        for path in paths:
+        renders = [lane.config.render for lane in gw.runtime.snapshot.lanes.values() if lane.config.render.template]
+        for path in {r.tokenizer_path for r in renders}:
             await asyncio.to_thread(load_tokenizer, path)
+        for name in {r.template for r in renders}:
+            await asyncio.to_thread(load_template, name)
 
     gw.startup.append(preload)

