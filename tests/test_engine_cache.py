@@ -323,6 +323,7 @@ def test_chat_without_tools_drops_reasoning_and_the_engine_agrees(gw):
 def test_recorded_first_byte_and_decode_speed_match_the_client(gw):
     """First content byte after an uncached prefill of ~3,000 tokens, and decode speed over 64 tokens,
     for three conversations: what the gateway recorded against what the client measured."""
+    Agent(gw, "timings-warm-up", max_tokens=2).turn()  # first request of a process: imports, connections
     rows = []
     for i in range(3):
         agent = Agent(gw, f"timings-{i}", max_tokens=64, opening="\n" + filler(f"timings-{i}", 120))
