@@ -59,8 +59,9 @@ free_gb=$(df -Pk "$ENGINE_HOME" | awk 'NR==2 {print int($4 / 1048576)}')
 [ "${free_gb:-0}" -ge "$NEED_GB" ] || unavailable "only ${free_gb} GB free under $ENGINE_HOME, the engine needs ${NEED_GB} GB"
 log="$(mktemp /tmp/engine-install.XXXXXX.log)"
 echo "installing the engine into $ENGINE_HOME ($why); log: $log"
-if ! timeout "${ENGINE_INSTALL_TIMEOUT:-600}" "$SHARED/engine/install.sh" >"$log" 2>&1; then
-  rc=$?
+timeout "${ENGINE_INSTALL_TIMEOUT:-600}" "$SHARED/engine/install.sh" >"$log" 2>&1
+rc=$?
+if [ "$rc" != 0 ]; then
   reason="$(grep -E -i 'error|not find|no matching|denied|timed out|resolve|network|space' "$log" | tail -n 3 | tr '\n' ' ')"
   [ "$rc" = 124 ] && reason="install.sh timed out after ${ENGINE_INSTALL_TIMEOUT:-600}s. $reason"
   unavailable "install.sh failed (exit $rc): ${reason:-$(tail -n 3 "$log" | tr '\n' ' ')} (full log: $log)"
