@@ -328,37 +328,51 @@ class TcpProxy:
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
-def test_redis_briefly_away_local_decisions_then_convergence(replicas, redis_db):
+def test_redis_briefly_away_local_decisions_then_convergence(redis_db):
     import orjson
 
     proxy = TcpProxy()
     proxy.start()
+    knobs = dict(flavour="vllm", block_size=16)
     try:
-        env = {"GATEWAY_REDIS_URL": f"redis://127.0.0.1:{proxy.port}/13"}
-        with run_gateway(routes([e.url for e in replicas]), env=env) as gw:
+        with contextlib.ExitStack() as stack:
+            emus = [stack.enter_context(run_emulator(**knobs)) for _ in range(3)]
+            cfg = routes([e.url for e in emus])
+            gw = stack.enter_context(run_gateway(cfg, env={"GATEWAY_REDIS_URL": f"redis://127.0.0.1:{proxy.port}/13"}))
+            other = stack.enter_context(run_gateway(cfg, env={"GATEWAY_REDIS_URL": REDIS_URL}))
             conv = Conversation("outage")
             home = conv.turn(gw)[0].replica
             conv.turn(gw)
             wait_analysed(gw, conv.cid, 2)
-            proxy.stop()  # Redis unreachable: the store falls back to the process's local copy
-            for _ in range(2):
-                route, usage, _ = conv.turn(gw)
-                assert route.reason == "home" and route.replica == home and conv.warm(usage), route
-            newcomer = Conversation("during-outage")
-            assert newcomer.turn(gw)[0].reason == "least_loaded"
+            proxy.stop()  # Redis unreachable from `gw`: its store falls back to the process's local copy
+            route, usage, _ = conv.turn(gw)
+            assert route.reason == "home" and route.replica == home and conv.warm(usage), route
+            emus[home].proc.terminate()  # ... and the home dies meanwhile: a move only `gw` knows of
+            emus[home].proc.wait(10)
+            route, _, _ = conv.turn(gw)
+            assert route.reason == "rehomed_unhealthy" and route.replica != home, route
+            moved = route.replica
+            route, usage, _ = conv.turn(gw)
+            assert route.reason == "home" and route.replica == moved and conv.warm(usage), route
+            assert Conversation("during-outage").turn(gw)[0].reason == "least_loaded"
+            stale = orjson.loads(redis_db.get(f"gw:route:home:{conv.cid}"))
+            assert stale["r"] == emus[home].url  # Redis still has the pre-outage home
             proxy.start()
             time.sleep(1.5)  # the store retries Redis a second after a failure
-            back = time.time()
+            # The later decision (the move, in gw's local copy) wins over Redis's older record ...
             route, usage, _ = conv.turn(gw)
-            assert route.reason == "home" and route.replica == home and conv.warm(usage)
+            assert route.reason == "home" and route.replica == moved and conv.warm(usage), route
+            # ... and is written back: Redis converges, and another process follows it.
             deadline = time.monotonic() + 5
-            while time.monotonic() < deadline:  # the first write after the outage reaches Redis again
-                raw = redis_db.get(f"gw:route:home:{conv.cid}")
-                if raw is not None and orjson.loads(raw)["at"] >= back:
+            while time.monotonic() < deadline:
+                record = orjson.loads(redis_db.get(f"gw:route:home:{conv.cid}"))
+                if record["r"] == emus[moved].url:
                     break
                 time.sleep(0.05)
-            record = orjson.loads(raw)
-            assert record["r"] == replicas[home].url and record["at"] >= back
+            assert record["r"] == emus[moved].url
+            wait_analysed(other, conv.cid, 1)
+            route, usage, _ = conv.turn(other)
+            assert route.replica == moved and conv.warm(usage), route
     finally:
         proxy.close()
 

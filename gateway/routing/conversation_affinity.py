@@ -50,6 +50,7 @@ class Hint:
 
     home: str | None = None  # replica URL
     home_turn: int = 0
+    shared_home: str | None = None  # what the store's shared copy says (a write is needed when it differs)
     prefix: dict[str, tuple[float, int]] = field(default_factory=dict)  # replica URL -> (share, characters) held
     head: int | None = None  # prefix-index seed of this request
     drift: str | None = None  # "thinking" | "effort" | "tools": the render's head changed since the last turn
@@ -95,6 +96,7 @@ class ConversationAffinity:
         if state is not None:
             record = _home_record(values[0])
             values = values[1:]
+            hint.shared_home = record[0] if record is not None else None
             # After a store outage the shared copy may be older than what this process decided
             # meanwhile (kept in the store's local fallback): the later decision wins.
             local = getattr(self.shared.store, "local", None)
@@ -212,17 +214,19 @@ class ConversationAffinity:
         writes: list[tuple[str, bytes, float]] = []
         found = ex.annotations.get("conversation")
         state = getattr(found, "state", None)
-        if state is not None:
+        hint: Hint | None = ex.annotations.get("routing_hint")
+        if state is not None and (hint is None or hint.shared_home != replica.url):
+            # Written only when the shared record does not say this replica already (a new home, a move,
+            # or a move made during a store outage that the shared copy has not heard of).
             value = orjson.dumps({"r": replica.url, "t": state.turn + 1, "at": round(time.time(), 6)})
             writes.append((HOME_PREFIX + state.id, value, self.shared.home_ttl_s))
-        hint: Hint | None = ex.annotations.get("routing_hint")
         messages = (ex.body or {}).get("messages")
         if hint is not None and hint.head is not None and isinstance(messages, list) and messages:
             since = 0
             last = getattr(state, "last", None)
             if (last is not None and state.replica == replica.url and not hint.drift
                     and (state.turn + 1) % REFRESH_EVERY_TURNS):
-                since = max(0, len(last.messages) - 1)
+                since = len(last.messages)  # the previous turn wrote the sampled positions before this
             for key in prefix_index.entries(messages, hint.head, replica.url, since):
                 writes.append((key, b"1", prefix_index.TTL_S))
         if writes:

@@ -161,6 +161,11 @@ class Lookup:
         return {url: (cumulative[p] / total, cumulative[p]) for url, p in longest.items()}
 
 
+_SAMPLED = frozenset(POSITIONS)
+
+
 def entries(messages: list[Any], head: int, url: str, since: int = 0) -> list[str]:
-    """Keys to write once `url` served `messages` (positions from `since` on; earlier ones are known)."""
-    return [key(d, url) for p, d in sampled_chain(messages, head) if p >= since]
+    """Keys to write once `url` served `messages`: the sampled positions from `since` on (earlier ones
+    are known). The request's own last position is looked up, never written unless it is a sampled
+    one: a later request extending this one shares only the sampled positions with it."""
+    return [key(d, url) for p, d in sampled_chain(messages, head) if p >= since and p in _SAMPLED]
