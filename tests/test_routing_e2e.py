@@ -254,6 +254,15 @@ def test_two_gateways_on_one_redis_alternate_turns_and_keep_affinity(replicas, r
             b = httpx.get(f"{g2.url}/admin/conversations/{c.cid}").json()
             assert a["replica"] == b["replica"] == replicas[homes[c.name].pop()].url
             assert a["turn"] == b["turn"] == 6
+        # A drift seen by one process is an alert for both; the drifted turn still goes home.
+        c = convs[0]
+        for m in c.messages:
+            m.pop("reasoning_content", None)
+        route, _, _ = c.turn(g1)
+        assert route.reason == "home" and not route.cold
+        wait_analysed(g1, c.cid, 7)
+        alerts = httpx.get(g2.url + "/admin/drift").json()["alerts"]
+        assert any(a["conversation"] == c.cid and a["cause"] == "client_stripped_reasoning" for a in alerts), alerts
         # Each process sees the other on the load board.
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
