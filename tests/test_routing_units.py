@@ -336,3 +336,20 @@ def test_served_writes_the_home_and_prefix_entries():
         assert ex2.annotations["routing_hint"].prefix[chosen.url][0] > 0.5
 
     asyncio.run(main())
+
+
+def test_requests_without_a_conversation_are_not_homes():
+    router = affinity()
+    ex = Exchange("completion")  # /v1/completions: no conversation
+    assert router.order(replicas(0, 0, 0), ex)
+    assert ex.annotations["routing"]["reason"] == "least_loaded"
+    assert all(router.shared.board.home_count("lane", u) == 0 for u in URLS)
+
+
+def test_requests_without_a_conversation_take_turns_on_an_idle_lane():
+    router = affinity()
+    seen = set()
+    for _ in range(3):
+        ex = Exchange("completion")
+        seen.add(router.order(replicas(0, 0, 0), ex)[0].url)
+    assert seen == set(URLS)

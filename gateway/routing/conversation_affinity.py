@@ -64,6 +64,7 @@ class ConversationAffinity:
         self.settings = settings or Affinity()
         self.shared = shared or RoutingShared()
         self.lane = lane
+        self._turn = 0
 
     def bind(self, shared: RoutingShared, lane: str, settings: Affinity) -> None:
         self.shared, self.lane, self.settings = shared, lane, settings
@@ -153,19 +154,20 @@ class ConversationAffinity:
                 chosen, cold = least_loaded(others), True
                 extra["load"] = {"home": load.get(home), "mean": round(mean, 2), "bound": round(bound, 2)}
         else:
-            chosen, reason, share = self._place(live, hint, load, over)
+            chosen, reason, share = self._place(live, hint, load, over, conversation=state is not None)
             if share is not None:
                 extra["share"] = round(share, 3)
             # A conversation with turns behind it whose head drifted: its cache is lost wherever it goes.
             cold = home is not None and hint.drift is not None
-        if chosen.url != home:
+        if chosen.url != home and state is not None:  # a conversation's home (not a bare completion)
             self._moved(home, chosen.url)
         self.shared.count(lane, reason)
         note(ex, self.name, chosen, replicas, reason, cold, **extra)
         rest = sorted((r for r in live if r is not chosen), key=lambda r: (over(r), load[r.url]))
         return [chosen, *rest]
 
-    def _place(self, live: list[Replica], hint: Hint, load: dict[str, float], over) -> tuple[Replica, str, float | None]:
+    def _place(self, live: list[Replica], hint: Hint, load: dict[str, float], over,
+               conversation: bool = True) -> tuple[Replica, str, float | None]:
         """Where a conversation without a usable home goes: the longest known prefix, else the least loaded."""
         board = self.shared.board
         homes = {r.url: board.home_count(self.lane, r.url) for r in live}
@@ -186,7 +188,12 @@ class ConversationAffinity:
             chosen = min(tied, key=lambda r: (load[r.url], homes[r.url]))
             return chosen, "prefix", best
         fine = [r for r in live if not over(r)] or live
-        chosen = min(fine, key=lambda r: (homes[r.url], load[r.url]))
+        self._turn = (self._turn + 1) % len(fine)
+        spin = {r.url: (i - self._turn) % len(fine) for i, r in enumerate(fine)}  # ties take turns
+        if conversation:  # a new home: even out the pools first, then the queues
+            chosen = min(fine, key=lambda r: (homes[r.url], load[r.url], spin[r.url]))
+        else:  # no conversation to keep (e.g. /v1/completions): the queues alone
+            chosen = min(fine, key=lambda r: (load[r.url], spin[r.url]))
         return chosen, "least_loaded", None
 
     def _moved(self, old: str | None, new: str) -> None:
@@ -208,7 +215,8 @@ class ConversationAffinity:
             elif previous is not None:
                 record["reason"] = "rehomed_unhealthy"
             served_note(ex, replica)
-            self._moved(planned, replica.url)
+            if getattr(ex.annotations.get("conversation"), "state", None) is not None:
+                self._moved(planned, replica.url)
         if self.shared.store is None:
             return
         writes: list[tuple[str, bytes, float]] = []
