@@ -211,10 +211,12 @@ def session_engine() -> EngineProc:
             raise RuntimeError(_session_error)
         url = os.environ.get("ENGINE_URL")
         if url:
-            _session = EngineProc(url.rstrip("/"))
-            if not _ready(_session.url):
+            eng = EngineProc(url.rstrip("/"))
+            if not _ready(eng.url):
                 _session_error = f"ENGINE_URL={url} does not answer GET /v1/models"
                 raise RuntimeError(_session_error)
+            _session = eng
+            os.environ.setdefault("RENDER_ENGINE_URL", eng.url)
             return _session
         reason = unavailable_reason()
         if reason:
