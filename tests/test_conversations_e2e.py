@@ -4,6 +4,8 @@ behind the real gateway, driven like an agent with the official openai client.""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import httpx
@@ -156,6 +158,10 @@ def test_effort_change_under_warn_is_drift_and_the_engine_agrees(emu):
         assert cache["tokens_lost"] > 0
         alerts = httpx.get(gw.url + "/admin/drift", params={"cause": "effort_changed"}).json()["alerts"]
         assert alerts and alerts[0]["conversation"] == agent.cid and alerts[0]["tokens_lost"] > 0
+        # The same alert in the terminal: `gateway drift`.
+        table = subprocess.run([sys.executable, "-m", "gateway.cli", "drift", "--url", gw.url],
+                               capture_output=True, text=True, timeout=60)
+        assert table.returncode == 0 and "effort_changed" in table.stdout and agent.cid in table.stdout
 
 
 def test_repin_header_accepts_the_change(emu):
@@ -257,3 +263,16 @@ def test_conversation_state_is_small(emu):
         state = httpx.get(f"{gw.url}/admin/conversations/{agent.cid}").json()
         per_message = state["state_bytes"] / len(agent.messages)
         assert per_message < 200, json.dumps(state)
+
+
+def test_render_cli_shows_what_the_engine_sees(tmp_path):
+    req = tmp_path / "req.json"
+    req.write_text(json.dumps({"messages": [{"role": "system", "content": SYSTEM},
+                                            {"role": "user", "content": "Hello"}], "tools": TOOLS}))
+    out = subprocess.run([sys.executable, "-m", "gateway.cli", "render", str(req), "--lane", "dsv41-vllm",
+                          "--routes", "routes.yaml"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("<｜begin▁of▁sentence｜><｜System｜>Reasoning Effort: 50")
+    summary = subprocess.run([sys.executable, "-m", "gateway.cli", "render", str(req), "--lane", "dsv41-vllm",
+                              "--routes", "routes.yaml", "--summary"], capture_output=True, text=True, timeout=60)
+    assert summary.returncode == 0 and "tokens" in summary.stdout

@@ -7,12 +7,10 @@ import json
 import os
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
+from ..admin_client import get_json
 from ..cli import SUBCOMMANDS
 from .stats import compute_stats, format_table, parse_window
 from .store_sqlite import FILENAME, RecordReader
@@ -65,18 +63,7 @@ def _from_url(url: str, window: float, lane: str | None, key: str | None) -> dic
     query = {"window_s": f"{window:g}"}
     if lane:
         query["lane"] = lane
-    req = urllib.request.Request(url.rstrip("/") + "/admin/api/stats?" + urllib.parse.urlencode(query))
-    if key:
-        req.add_header("Authorization", f"Bearer {key}")
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 - an admin-given URL
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        raise OSError(f"{url} answered HTTP {exc.code}: {exc.read()[:300].decode('utf-8', 'replace')}") from None
+    return get_json(url, "/admin/api/stats", query, key)
 
 
 SUBCOMMANDS.append(register)
-# `python -m gateway.cli` runs the CLI as __main__, a second copy of the module with its own list.
-_main = sys.modules.get("__main__")
-if getattr(getattr(_main, "__spec__", None), "name", None) == "gateway.cli" and _main is not sys.modules.get("gateway.cli"):
-    getattr(_main, "SUBCOMMANDS").append(register)
