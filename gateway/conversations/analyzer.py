@@ -24,7 +24,7 @@ from ..runtime import LaneRuntime
 from ..store import StateStore
 from .alerts import AlertBook
 from .drift import Comparison, Divergence, NewTurn, classify, compare
-from .identity import anchor, message_digest, request_chain
+from .identity import anchor, message_digest, request_tail
 from .policy import Found
 from .prints import message_prints, segment_prints
 from .state import ConversationState, Head, TurnPrint
@@ -139,8 +139,7 @@ class Analyzer:
         generated = None
         if renderer is not None:
             try:
-                rendered = renderer.render(body, options)
-                generated = renderer.render_generated(body, generated_msg, options)
+                rendered, generated = renderer.render_turn(body, generated_msg, options)
             except RenderError as exc:
                 log.info("cannot render %s on lane %s: %s", ex.request_id, lane.name, exc)
                 rendered = None
@@ -153,7 +152,8 @@ class Analyzer:
             nxt = estimator.render({**body, "messages": [*(body.get("messages") or []), generated_msg]})
             generated = nxt.segments[-1] if nxt.segments else None
 
-        new = new_turn(body, ex.thinking_applied, ex.effort_applied, ex.annotations.get("history_rewritten"))
+        new = new_turn(body, ex.thinking_applied, ex.effort_applied, ex.annotations.get("history_rewritten"),
+                       rendered.message_digests)
         state = found.state
         old = state.last
         block = lane.config.cache.block_size
@@ -205,7 +205,7 @@ class Analyzer:
         new_state = ConversationState(
             state.id, state.source, lane.name, state.created, time.time(), state.turn + 1,
             ex.effort_applied, ex.thinking_applied, state.parent, ex.replica,
-            turn_print(new, rendered, generated, generated_msg, request_chain(body.get("messages") or []),
+            turn_print(new, rendered, generated, generated_msg, request_tail(body.get("messages") or []),
                        _kv_tokens(ex, rendered)),
         )
         new_state.last_cache = cache
@@ -219,9 +219,9 @@ class Analyzer:
 
 
 def new_turn(body: dict[str, Any], thinking: bool | None, effort: int | str | None,
-             rewritten: dict | None = None) -> NewTurn:
+             rewritten: dict | None = None, digests: list[int] | None = None) -> NewTurn:
     return NewTurn(
-        messages=message_prints(body.get("messages") or []),
+        messages=message_prints(body.get("messages") or [], digests),
         thinking=thinking,
         effort=effort,
         tools_digest=_digest(body.get("tools")),

@@ -9,8 +9,8 @@ finds the conversation when earlier history was edited (compaction, a timestamp 
 prompt), which is precisely when drift must be explained. Model outputs are close to unique, so two
 agents that share a system prompt and first instruction part at their first turn; if a model says
 exactly the same thing to both, they are the same conversation until they differ, and the second
-continuation becomes a fork with a common ancestor. Finding the anchor costs O(1) on the hot path;
-the full hash chain over the message list is computed after the response (retries, forks).
+continuation becomes a fork with a common ancestor. Finding the anchor costs O(1) on the hot path,
+however long the conversation.
 """
 
 from __future__ import annotations
@@ -97,10 +97,10 @@ def lineage(messages: list[dict[str, Any]]) -> Lineage:
     return Lineage(None, 0, 0)
 
 
-def request_chain(messages: list[dict[str, Any]]) -> int:
-    """Hash chain over the whole normalised message list (off the hot path: retry and fork checks)."""
-    digests = chain([message_digest(m) for m in messages])
-    return digests[-1] if digests else 0
+def request_tail(messages: list[dict[str, Any]]) -> int:
+    """Identity of a whole request for retry detection: its length and its last message (O(1))."""
+    last = message_digest(messages[-1]) if messages else 0
+    return xxhash.xxh64_intdigest(last.to_bytes(8, "little") + len(messages).to_bytes(4, "little"))
 
 
 def explicit_key(body: dict[str, Any], headers: Any, header_name: str) -> tuple[str, str] | None:

@@ -14,7 +14,7 @@ from ..exchange import Exchange
 from ..runtime import LaneRuntime
 from ..store import StateStore
 from . import effort as effort_mod
-from .identity import Lineage, explicit_key, key_id, lineage, request_chain
+from .identity import Lineage, explicit_key, key_id, lineage, request_tail
 from .state import ConversationState, Head
 
 REPIN_HEADER = "x-gateway-repin"
@@ -105,7 +105,7 @@ class ConversationPolicy:
         """The same request as the conversation's latest turn, sent again."""
         if state.last is None or len(messages) != len(state.last.messages):
             return state.last is None and state.n_messages == len(messages)
-        return request_chain(messages) == state.last.request_chain
+        return request_tail(messages) == state.last.request_chain
 
     def _pin(self, ex: Exchange, lane: LaneRuntime, body: dict[str, Any], found: Found) -> None:
         req = found.requested

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from typing import Any, Iterable
 
 import orjson
@@ -44,15 +46,35 @@ def _images(content: Any) -> int:
     return sum(1 for p in content if isinstance(p, dict) and p.get("type") in IMAGE_PARTS)
 
 
-def message_prints(messages: Iterable[dict[str, Any]]) -> MessagePrints:
+def _row(m: dict[str, Any]) -> tuple[int, int, int, int, int, int]:
+    return (ROLE_CODES.get(str(m.get("role")), 0), _d32(m.get("content")),
+            _d32(m.get("reasoning_content") or m.get("reasoning")), _tool_calls(m.get("tool_calls")),
+            _d32(m.get("tool_call_id")), min(_images(m.get("content")), 65535))
+
+
+# Rows of messages already seen, by the renderer's whole-message digest: an append-only turn of a
+# 1,600-message session then costs a dictionary lookup per old message, not a re-hash of its text.
+_memo: OrderedDict[int, tuple[int, int, int, int, int, int]] = OrderedDict()
+_MEMO_MAX = 200_000
+_memo_lock = threading.Lock()
+
+
+def message_prints(messages: list[dict[str, Any]], digests: list[int] | None = None) -> MessagePrints:
+    rows = []
+    if digests is None or len(digests) != len(messages):
+        rows = [_row(m) for m in messages]
+    else:
+        with _memo_lock:
+            for m, d in zip(messages, digests):
+                row = _memo.get(d)
+                if row is None:
+                    row = _memo[d] = _row(m)
+                    if len(_memo) > _MEMO_MAX:
+                        _memo.popitem(last=False)
+                rows.append(row)
     p = MessagePrints()
-    for m in messages:
-        p.roles.append(ROLE_CODES.get(str(m.get("role")), 0))
-        p.content.append(_d32(m.get("content")))
-        p.reasoning.append(_d32(m.get("reasoning_content") or m.get("reasoning")))
-        p.tool_calls.append(_tool_calls(m.get("tool_calls")))
-        p.tool_call_ids.append(_d32(m.get("tool_call_id")))
-        p.images.append(min(_images(m.get("content")), 65535))
+    if rows:
+        p.roles, p.content, p.reasoning, p.tool_calls, p.tool_call_ids, p.images = (list(c) for c in zip(*rows))
     return p
 
 

@@ -113,6 +113,7 @@ class Rendered:
     token_misses: int = 0  # segments tokenized for this request
     _prompt: str | None = field(default=None, repr=False)
     _ids: list[int] | None = field(default=None, repr=False)
+    message_digests: list[int] | None = field(default=None, repr=False)  # per request message (render_turn)
 
     @property
     def prompt(self) -> str:
@@ -453,14 +454,26 @@ class Renderer:
         except jinja2.TemplateError as e:
             raise _template_error(e) from None
 
+    def render_turn(self, body: dict, assistant_message: dict,
+                    options: RenderOptions | None = None) -> tuple[Rendered, Segment]:
+        """`render` and `render_generated` of one request, preparing it once (the per-turn path)."""
+        prep = self._prepare(body, options or self.defaults)
+        tok = load_tokenizer(prep.options.tokenizer_path)
+        entries, keys, misses = self._render_items(prep)
+        rendered = self._assemble(prep, entries, keys, tok, misses)
+        rendered.message_digests = prep.digests[prep.offset:]
+        return rendered, self._generated(prep, body, assistant_message)
+
     def render_generated(self, body: dict, assistant_message: dict, options: RenderOptions | None = None) -> Segment:
         """The text the model generated for `body`, as rendered when appended as the next message.
 
         Thinking mode: reasoning + "</think>" + content + DSML tool calls + EOS; chat mode: content +
         DSML + EOS (the prompt already ends in "</think>").
         """
-        opts = options or self.defaults
-        prep = self._prepare(body, opts)
+        return self._generated(self._prepare(body, options or self.defaults), body, assistant_message)
+
+    def _generated(self, prep: _Prepared, body: dict, assistant_message: dict) -> Segment:
+        opts = prep.options
         n = len(body["messages"])
         m = dict(assistant_message)
         m["role"] = "assistant"
