@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import xxhash
 
 from ..exchange import Exchange
@@ -38,6 +39,7 @@ class Outcome:
     state: ConversationState
     divergence: Divergence | None
     snippets: tuple[str, str] | None
+    data: bytes = b""  # the state, encoded (in the worker thread)
 
 
 class TurnEnd:
@@ -94,12 +96,8 @@ class Analyzer:
         async with self._lock(found.state.id):
             # Compare with the freshest previous turn (another worker or process may have moved on).
             raw = await self.store.get("conv:" + found.state.id)
-            if raw is not None:
-                fresh = ConversationState.from_bytes(raw)
-                if fresh.turn >= found.state.turn:
-                    found.state = fresh
             try:
-                outcome = await loop.run_in_executor(self.executor, self.analyse, ex, lane, found)
+                outcome = await loop.run_in_executor(self.executor, self._analyse_fresh, ex, lane, found, raw)
             except Exception:
                 self.failures += 1
                 log.exception("analysis of %s failed", ex.request_id)
@@ -119,9 +117,9 @@ class Analyzer:
 
     async def _save(self, ex: Exchange, lane: LaneRuntime, outcome: Outcome) -> None:
         state = outcome.state
-        data = state.to_bytes()
+        data = outcome.data
         current = await self.store.get("conv:" + state.id)
-        if current is not None and ConversationState.from_bytes(current).turn >= state.turn:
+        if current is not None and orjson.loads(current)["t"] >= state.turn:
             return  # another process already stored a later turn: never move the state back
         await self.store.set("conv:" + state.id, data, self.ttl_s)
         ex.annotations["state_bytes"] = len(data)
@@ -129,6 +127,17 @@ class Analyzer:
             await self.alerts.raise_alert(ex, lane.name, outcome.divergence, outcome.cache, outcome.snippets)
 
     # -- the thread part ---------------------------------------------------------------------
+
+    def _analyse_fresh(self, ex: Exchange, lane: LaneRuntime, found: Found, raw: bytes | None) -> Outcome:
+        """Compare with the freshest previous turn (another worker or process may have moved on);
+        decoding and encoding the ~100 KB state happens here, off the event loop."""
+        if raw is not None:
+            fresh = ConversationState.from_bytes(raw)
+            if fresh.turn >= found.state.turn:
+                found.state = fresh
+        outcome = self.analyse(ex, lane, found)
+        outcome.data = outcome.state.to_bytes()
+        return outcome
 
     def analyse(self, ex: Exchange, lane: LaneRuntime, found: Found) -> Outcome:
         body = ex.body or {}
@@ -341,8 +350,6 @@ def _reported_cached(usage: dict[str, Any] | None, engine: str = "vllm") -> int 
 def _digest(value: Any) -> int:
     if not value:
         return 0
-    import orjson
-
     return xxhash.xxh32_intdigest(orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
 
 
