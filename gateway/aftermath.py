@@ -3,6 +3,8 @@
 The hot path only enqueues the finished Exchange; a few worker tasks drain the queue. When the
 queue is full (a burst far beyond what analysis can keep up with) the exchange skips analysis
 but still reaches the sinks, so records and counters are never lost, and the skip is counted.
+The queue is bounded in exchanges and in bytes (each queued exchange holds its whole request:
+ten thousand agent turns of 400K tokens would be tens of GB), GATEWAY_AFTERMATH_MAX_BYTES.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
 from typing import Any, Awaitable, Callable
 
 from .exchange import Exchange
@@ -19,11 +22,16 @@ log = logging.getLogger("gateway.aftermath")
 
 Step = Callable[[Exchange, LaneRuntime | None], Awaitable[None] | None]
 
+# What one queued exchange is taken to weigh beyond its raw request bytes (parsed body, headers,
+# stream observations): measured ~15 KiB for small chat requests under a soak.
+EXCHANGE_OVERHEAD_BYTES = 16 * 1024
+DEFAULT_MAX_QUEUE_BYTES = 64 * 1024 * 1024
+
 
 class Aftermath:
     """A Finisher (see runtime.py): analyzers run in order, then sinks, per exchange."""
 
-    def __init__(self, workers: int = 2, max_queue: int = 10_000) -> None:
+    def __init__(self, workers: int = 2, max_queue: int = 10_000, max_queue_bytes: int | None = None) -> None:
         self.analyzers: list[Step] = []  # e.g. render + drift verdict (writes ex.annotations)
         self.sinks: list[Step] = []  # e.g. request record, metrics, alerts (read ex.annotations)
         self.skipped_analysis = 0
@@ -32,6 +40,10 @@ class Aftermath:
         self._workers: list[asyncio.Task[None]] = []
         self._n_workers = workers
         self._max_queue = max_queue
+        if max_queue_bytes is None:
+            max_queue_bytes = int(os.environ.get("GATEWAY_AFTERMATH_MAX_BYTES") or DEFAULT_MAX_QUEUE_BYTES)
+        self._max_queue_bytes = max_queue_bytes
+        self.queued_bytes = 0
         self._idle = asyncio.Event()
 
     def start(self) -> None:
@@ -47,8 +59,12 @@ class Aftermath:
         if self._queue is None:  # not started (e.g. a unit test): do the cheap part inline
             asyncio.get_event_loop().create_task(self._run_sinks(ex, lane))
             return
+        cost = ex.body_bytes + EXCHANGE_OVERHEAD_BYTES
         try:
+            if self.queued_bytes + cost > self._max_queue_bytes and self.queued_bytes:
+                raise asyncio.QueueFull
             self._queue.put_nowait((ex, lane))
+            self.queued_bytes += cost
         except asyncio.QueueFull:
             self.skipped_analysis += 1
             ex.annotations["analysis_skipped"] = "queue_full"
@@ -76,6 +92,7 @@ class Aftermath:
             except Exception:
                 log.exception("aftermath of %s failed", ex.request_id)
             finally:
+                self.queued_bytes -= ex.body_bytes + EXCHANGE_OVERHEAD_BYTES
                 self._queue.task_done()
 
     async def _run_sinks(self, ex: Exchange, lane: LaneRuntime | None) -> None:
