@@ -36,6 +36,11 @@ SCENARIOS = [
     ("small non-stream c=32", ["--mode", "chat", "--concurrency", "32"], 6000, 1500),
     ("stream 256 chunks c=1", ["--mode", "stream", "--tokens", "256", "--concurrency", "1"], 300, 80),
     ("stream 256 chunks c=32", ["--mode", "stream", "--tokens", "256", "--concurrency", "32"], 960, 320),
+    # Paced like a real engine (one event every 2 ms): total time is then dominated by decode, as in use.
+    ("paced stream 256 c=1", ["--mode", "stream", "--tokens", "256", "--concurrency", "1",
+                              "--model", "mock-model-itl2"], 40, 16),
+    ("paced stream 256 c=32", ["--mode", "stream", "--tokens", "256", "--concurrency", "32",
+                               "--model", "mock-model-itl2"], 320, 128),
     ("2 MB agent body c=1", ["--mode", "chat", "--concurrency", "1", "--body-bytes", "2000000",
                              "--messages", "1600"], 200, 60),
     ("2 MB agent body c=4", ["--mode", "chat", "--concurrency", "4", "--body-bytes", "2000000",
@@ -44,9 +49,13 @@ SCENARIOS = [
 
 
 def routes(upstream: str, template: str | None) -> dict:
-    lane = {"engine": "vllm", "replicas": [upstream], "upstream_model": "mock-model",
-            "qualification": "not_required", "render": {"template": template}, "routing": "round_robin"}
-    return {"gateway": {"max_request_bytes": 64 * 1024 * 1024}, "lanes": {"mock": lane}, "models": {"mock-model": "mock"}}
+    def lane(model: str) -> dict:
+        return {"engine": "vllm", "replicas": [upstream], "upstream_model": model,
+                "qualification": "not_required", "render": {"template": template}}
+
+    return {"gateway": {"max_request_bytes": 64 * 1024 * 1024},
+            "lanes": {"mock": lane("mock-model"), "paced": lane("mock-model-itl2")},
+            "models": {"mock-model": "mock", "mock-model-itl2": "paced"}}
 
 
 def run_loadgen(label: str, args: list[str], requests: int, gw_url: str, up_url: str, gw_pid: int,

@@ -194,4 +194,32 @@ def create_app(settings: Settings | None = None) -> Starlette:
         exception_handlers={GatewayError: _gateway_error, HTTPException: _http_error, Exception: _unexpected},
     )
     app.state.gateway = gw
-    return app
+    return FastPath(app, {"/v1/chat/completions": lambda r: gw.pipeline.chat(r),
+                          "/v1/completions": lambda r: gw.pipeline.completions(r)})
+
+
+class FastPath:
+    """The two proxy endpoints go straight to the pipeline; everything else through Starlette.
+
+    Starlette's middleware wraps `send` in a closure per layer, and a stream calls `send` once per
+    chunk; the pipeline already answers every error itself in OpenAI's shape, so it needs none of it.
+    """
+
+    def __init__(self, app: Starlette, handlers: dict[str, Callable[[Request], Any]]) -> None:
+        self.app = app
+        self.state = app.state
+        self.handlers = handlers
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        handler = self.handlers.get(scope.get("path", "")) if scope["type"] == "http" else None
+        if handler is None or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        try:
+            response = await handler(Request(scope, receive))
+        except GatewayError as exc:  # e.g. the client-key check, before the pipeline
+            response = Response(exc.json_bytes(), status_code=exc.status, media_type="application/json",
+                                headers=exc.headers)
+        except Exception as exc:  # the pipeline catches its own; this is the last resort
+            response = await _unexpected(Request(scope, receive), exc)
+        await response(scope, receive, send)

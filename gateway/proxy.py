@@ -129,14 +129,18 @@ async def _relay_stream(ex, lane, replica, resp, receive, on_end) -> Response:
         ok = False
         why = ""
         data: bytes = first
+        watchdog = IdleWatchdog(resp, timeouts.idle)
         try:
             while data:
                 out = [e for e in splitter.feed(data) if observer.observe(e)]
                 if out:
                     yield b"".join(out) if len(out) > 1 else out[0]
-                # The timeout covers only the wait for the upstream, never a slow client.
-                async with asyncio.timeout(timeouts.idle):
-                    data = await resp.content.readany()
+                # The idle timeout covers only the wait for the upstream, never a slow client.
+                watchdog.waiting()
+                data = await resp.content.readany()
+                watchdog.got_data()
+            if watchdog.fired:
+                raise TimeoutError
             if observer.done:
                 ok = True
             else:
@@ -148,6 +152,11 @@ async def _relay_stream(ex, lane, replica, resp, receive, on_end) -> Response:
             ex.fail(504, "upstream_idle_timeout", why)
             yield error_event(why, "upstream_idle_timeout") + DONE
         except (aiohttp.ClientError, OSError) as exc:
+            if watchdog.fired:  # the watchdog closed the connection: an idle timeout, not a failure
+                why = f"no data from the upstream for {timeouts.idle:g}s"
+                ex.fail(504, "upstream_idle_timeout", why)
+                yield error_event(why, "upstream_idle_timeout") + DONE
+                return
             why = f"the upstream connection failed mid-stream: {type(exc).__name__}"
             ex.fail(502, "upstream_disconnected", why)
             yield error_event(why, "upstream_disconnected") + DONE
@@ -161,6 +170,7 @@ async def _relay_stream(ex, lane, replica, resp, receive, on_end) -> Response:
                 why = "client disconnected"
             raise
         finally:
+            watchdog.stop()
             if ok and not ex.cancelled:
                 resp.release()
             else:
@@ -172,6 +182,36 @@ async def _relay_stream(ex, lane, replica, resp, receive, on_end) -> Response:
 
     return StreamingResponse(relay(), status_code=resp.status, media_type="text/event-stream",
                              headers=dict(SSE_HEADERS))
+
+
+class IdleWatchdog:
+    """The idle timeout of a stream without a timer per chunk: one check every quarter of the
+    timeout; when the upstream has sent nothing for the whole timeout while we waited, it closes
+    the upstream response (which ends the pending read)."""
+
+    def __init__(self, resp: aiohttp.ClientResponse, idle_s: float) -> None:
+        self.resp = resp
+        self.idle_s = idle_s
+        self.fired = False
+        self._since: float | None = None
+        self._loop = asyncio.get_running_loop()
+        self._handle = self._loop.call_later(idle_s / 4, self._check)
+
+    def waiting(self) -> None:
+        self._since = self._loop.time()
+
+    def got_data(self) -> None:
+        self._since = None
+
+    def _check(self) -> None:
+        if self._since is not None and self._loop.time() - self._since >= self.idle_s:
+            self.fired = True
+            self.resp.close()
+            return
+        self._handle = self._loop.call_later(self.idle_s / 4, self._check)
+
+    def stop(self) -> None:
+        self._handle.cancel()
 
 
 def _done(replica, lane: LaneRuntime, ok: bool, why: str = "") -> None:

@@ -152,7 +152,10 @@ async def watch_routes(runtime: Runtime, stop: asyncio.Event) -> None:
     from watchfiles import awatch
 
     path = runtime.routes_path.resolve()
-    async for changes in awatch(path.parent, stop_event=stop, debounce=200, step=50):
-        if any(Path(p).resolve() == path for _, p in changes):
-            runtime.reload_from_disk()
-            await runtime.close_retired()
+    # Watch the directory (an editor's rename-over replaces the file's inode) but not below it, and
+    # only this file: the data directory (records, WAL files) often lives right beside routes.yaml.
+    name = path.name
+    async for _ in awatch(path.parent, stop_event=stop, debounce=200, step=50, recursive=False,
+                          watch_filter=lambda change, p: Path(p).name == name):
+        runtime.reload_from_disk()
+        await runtime.close_retired()
