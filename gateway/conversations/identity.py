@@ -24,7 +24,8 @@ import xxhash
 SEP = b"\x1f"
 
 
-def _text(value: Any) -> bytes:
+def text_bytes(value: Any) -> bytes:
+    """Canonical bytes of a message field: strings as UTF-8, anything else as sorted JSON."""
     if value is None:
         return b""
     if isinstance(value, str):
@@ -47,12 +48,12 @@ def message_digest(msg: dict[str, Any]) -> int:
     h = xxhash.xxh64()
     h.update(str(msg.get("role", "")).encode())
     h.update(SEP)
-    h.update(_text(msg.get("content")))
+    h.update(text_bytes(msg.get("content")))
     for call in msg.get("tool_calls") or ():
         fn = call.get("function") or {} if isinstance(call, dict) else {}
-        h.update(SEP + _text(fn.get("name")) + SEP + _args(fn.get("arguments")))
+        h.update(SEP + text_bytes(fn.get("name")) + SEP + _args(fn.get("arguments")))
     if msg.get("tool_call_id"):
-        h.update(SEP + _text(msg["tool_call_id"]))
+        h.update(SEP + text_bytes(msg["tool_call_id"]))
     return h.intdigest()
 
 

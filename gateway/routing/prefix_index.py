@@ -23,6 +23,8 @@ from typing import Any, Iterable
 import orjson
 import xxhash
 
+from ..conversations.identity import text_bytes
+
 KEY_PREFIX = "route:px:"
 TTL_S = 3600.0
 
@@ -55,30 +57,22 @@ def seed(lane: str, thinking: Any, effort: Any, tools: Any) -> int:
     return xxhash.xxh64_intdigest(head)
 
 
-def _text(value: Any) -> bytes:
-    if value is None:
-        return b""
-    if isinstance(value, str):
-        return value.encode("utf-8", "surrogatepass")
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
-
-
 def message_digest(msg: Any) -> int:
     """Raw digest of what a message renders from (role, content, reasoning, tool calls, tool-call id)."""
     if not isinstance(msg, dict):
-        return xxhash.xxh64_intdigest(_text(msg))
+        return xxhash.xxh64_intdigest(text_bytes(msg))
     h = xxhash.xxh64()
     h.update(str(msg.get("role", "")).encode())
     h.update(b"\x1f")
-    h.update(_text(msg.get("content")))
+    h.update(text_bytes(msg.get("content")))
     h.update(b"\x1f")
-    h.update(_text(msg.get("reasoning_content") or msg.get("reasoning")))
+    h.update(text_bytes(msg.get("reasoning_content") or msg.get("reasoning")))
     if msg.get("tool_calls"):
         h.update(b"\x1f")
-        h.update(_text(msg.get("tool_calls")))
+        h.update(text_bytes(msg.get("tool_calls")))
     if msg.get("tool_call_id"):
         h.update(b"\x1f")
-        h.update(_text(msg.get("tool_call_id")))
+        h.update(text_bytes(msg.get("tool_call_id")))
     return h.intdigest()
 
 
