@@ -10,7 +10,8 @@ replica's breaker opens before real requests pay for finding out. A passed probe
 replica ends its cool-down at once: the next real request is its half-open probe. A probe never
 closes a breaker by itself: a replica that answers /health but fails every generation stays out.
 
-Results are kept per replica URL in ``gw.services["health"].results`` for the admin views.
+Results are kept per replica URL in ``gw.services["health"].results``; ``GET /admin/api/health``
+(admin key) shows every replica's breaker state (closed, open, half_open) and its last probe.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 if TYPE_CHECKING:
     from .app import Gateway
@@ -133,5 +138,13 @@ def install(gw: "Gateway") -> None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
 
+    async def route(request: Request) -> Response:
+        guard = gw.services.get("admin_guard")
+        if guard is not None:
+            await guard(request)
+        return Response(orjson.dumps(prober.snapshot()), media_type="application/json",
+                        headers={"Cache-Control": "no-store"})
+
     gw.startup.append(start)
     gw.shutdown.append(shutdown)
+    gw.routes.append(Route("/admin/api/health", route, methods=["GET"]))

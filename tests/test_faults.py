@@ -498,3 +498,76 @@ def test_client_disconnect_while_waiting_for_first_byte() -> None:
             assert stats["active"] == 0, "the engine stopped working on it"
             assert stats["cancelled_count"] == 1 and stats["cancelled"][-1]["stage"] == "prefill"
             assert stats["cancelled"][-1]["at"] - closed_at < 0.1
+
+
+# -- hand-over and overload, in-process --------------------------------------------------------------
+
+
+async def test_503_from_a_replica_hands_over_to_the_next() -> None:
+    from aiohttp import web
+
+    async def busy(request: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "loading"}}, status=503)
+
+    async def fine(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    runners = []
+    urls = []
+    for handler in (busy, fine):
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        runners.append(runner)
+        urls.append(f"http://127.0.0.1:{port}")
+    up = Upstream.for_lane(Lane(replicas=urls, upstream_model="m", breaker={"failures": 2, "cool_down_s": 60}))
+    retried = []
+    try:
+        rep, resp = await up.send(up.replicas, "/v1/chat/completions", b"{}", "rid", on_retry=retried.append)
+        assert rep.url == urls[1] and resp.status == 200
+        resp.release()
+        assert up.replicas[0].failures == 1 and len(retried) == 1
+        # The last replica's 503 is the client's answer (nothing left to hand over to).
+        rep, resp = await up.send([up.replicas[0]], "/v1/chat/completions", b"{}", "rid")
+        assert resp.status == 503
+        resp.release()
+    finally:
+        await up.close()
+        for r in runners:
+            await r.cleanup()
+
+
+async def test_aftermath_queue_is_bounded_in_bytes() -> None:
+    import asyncio
+
+    from gateway.aftermath import EXCHANGE_OVERHEAD_BYTES, Aftermath
+    from gateway.exchange import Exchange
+
+    gate = asyncio.Event()
+    analysed, sunk = [], []
+
+    async def slow_analysis(ex, lane) -> None:
+        await gate.wait()
+        analysed.append(ex.request_id)
+
+    am = Aftermath(workers=1, max_queue=1000, max_queue_bytes=10 * (1_000_000 + EXCHANGE_OVERHEAD_BYTES))
+    am.analyzers.append(slow_analysis)
+    am.sinks.append(lambda ex, lane: sunk.append(ex.request_id))
+    am.start()
+    try:
+        for i in range(30):
+            ex = Exchange(request_id=f"r{i}", path="/v1/chat/completions")
+            ex.body_bytes = 1_000_000  # agent turns of a megabyte each
+            am.exchange_ended(ex, None)
+        await asyncio.sleep(0.05)
+        assert am.skipped_analysis >= 19, "beyond the byte budget, analysis is skipped"
+        assert am.queued_bytes <= 10 * (1_000_000 + EXCHANGE_OVERHEAD_BYTES)
+        assert len(sunk) == am.skipped_analysis, "skipped exchanges still reach the sinks (records)"
+        gate.set()
+        assert await am.drain(5)
+        assert len(sunk) == 30 and am.queued_bytes == 0
+    finally:
+        await am.stop()
