@@ -47,6 +47,16 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def rss_parts(pid: int) -> str:
+    """Heap (anonymous) versus mapped files and shared memory, in MiB."""
+    parts = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("RssAnon", "RssFile", "RssShmem"):
+            parts[name[3:].lower()] = int(value.split()[0]) / 1024
+    return " ".join(f"{k} {v:.1f}" for k, v in parts.items())
+
+
 def percentile(values: list[float], p: float) -> float:
     if not values:
         return float("nan")
@@ -215,10 +225,12 @@ async def drive(gw_url: str, pid: int, args) -> tuple[Tally, dict[str, float], l
             if now >= next_sample:
                 series.append((now - t_start, rss_mib(pid), tally.done))
                 if args.verbose:
-                    print(f"  t={now - t_start:6.0f}s rss={series[-1][1]:7.1f} MiB requests={tally.done}", flush=True)
+                    print(f"  t={now - t_start:6.0f}s rss={series[-1][1]:7.1f} MiB ({rss_parts(pid)}) "
+                          f"requests={tally.done}", flush=True)
                 next_sample += args.sample_s
             await asyncio.sleep(0.5)
         rss["end"] = rss_mib(pid)
+        rss["end_parts"] = rss_parts(pid)  # type: ignore[assignment]
 
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
         await asyncio.gather(monitor(), *(worker(n) for n in range(args.concurrency)))
@@ -251,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=12, help="turns per session before a fresh one replaces it")
     p.add_argument("--lineage", action="store_true", help="no prompt_cache_key: the gateway finds conversations "
                                                            "by lineage")
-    p.add_argument("--decode-tps", type=float, default=400.0)
+    p.add_argument("--decode-tps", type=float, default=400.0, help="the emulators' decode speed (tokens/s)")
+    p.add_argument("--ttft-ms", type=float, default=0.0, help="the emulators' time to first token")
     p.add_argument("--warmup-s", type=float, default=None, help="default: 20%% of the run, 10-60 s")
     p.add_argument("--render-cache-mib", type=float, default=16.0,
                    help="the renderer's segment cache budget (GATEWAY_RENDER_CACHE_BYTES; the gateway's default is "
@@ -263,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.conversations < args.concurrency:
         p.error("--conversations must be at least --concurrency (an agent waits for its answer)")
 
-    emu_knobs = {"flavour": "vllm", "decode_tps": args.decode_tps, "reasoning_tokens": 4, "recent_requests": 16}
+    emu_knobs = {"flavour": "vllm", "decode_tps": args.decode_tps, "ttft_ms": args.ttft_ms, "reasoning_tokens": 4,
+                 "recent_requests": 16}
     with run_emulator(**emu_knobs, fail_rate=args.fail_rate) as e1, \
             run_emulator(**emu_knobs, fail_rate=args.fail_rate) as e2, \
             run_emulator(**emu_knobs, die_after_chunks=3) as dying:
@@ -311,9 +325,17 @@ def main(argv: list[str] | None = None) -> int:
                          ("non-streaming", tally.latency["whole"]), ("stream first byte", tally.ttfb)):
         print(f"  {name:18s} n={len(values):7d}  p50={percentile(values, 50):.4f}  p99={percentile(values, 99):.4f}")
     print(f"gateway RSS (MiB): start {rss['start']:.1f}, after {rss['warmup_s']:.0f} s warm-up "
-          f"{rss['after_warmup']:.1f}, end {rss['end']:.1f}; growth after warm-up {growth:+.1%}")
+          f"{rss['after_warmup']:.1f}, end {rss['end']:.1f} ({rss['end_parts']}); growth after warm-up {growth:+.1%}")
     if series:
         print("  samples (t s, MiB, requests): " + ", ".join(f"({t:.0f}, {m:.1f}, {n})" for t, m, n in series))
+        after = [x for x in series if x[0] >= rss["warmup_s"]] + [(rss["duration_s"], rss["end"], total)]
+        if len(after) >= 3:
+            half = len(after) // 2
+            for name, part in (("first half", after[:half + 1]), ("second half", after[half:])):
+                (t0, m0, n0), (t1, m1, n1) = part[0], part[-1]
+                per_req = (m1 - m0) * 1024 * 1024 / max(1, n1 - n0)
+                print(f"  after warm-up, {name}: {(m1 - m0) / max(1e-9, t1 - t0) * 60:+.1f} MiB/min "
+                      f"({per_req:+.0f} bytes per request)")
     if overview:
         after = overview.get("aftermath") or {}
         print(f"gateway: analysed {after.get('processed')}, analysis skipped (queue full) "
