@@ -144,11 +144,23 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return _error_response(500, "internal gateway error; it has been logged", "internal_error")
 
 
+def _limit_malloc_arenas(arenas: int = 2) -> None:
+    """glibc gives each thread that allocates its own arena (up to 8 per core); the analysis and
+    records threads then hold freed memory apart from the event loop's, and RSS creeps up."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(-8, arenas)  # M_ARENA_MAX
+    except (OSError, AttributeError):
+        pass
+
+
 def create_app(settings: Settings | None = None) -> Starlette:
     settings = settings or Settings()
     # Analysis threads run Python loops over long conversations; by default a thread keeps the GIL
     # for 5 ms at a time, which would stall the event loop (and every stream) that long.
     sys.setswitchinterval(0.0005)
+    _limit_malloc_arenas()
     gw = Gateway(settings)
     install_all(gw)
 

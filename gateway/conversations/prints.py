@@ -55,7 +55,7 @@ def _row(m: dict[str, Any]) -> tuple[int, int, int, int, int, int]:
 # Rows of messages already seen, by the renderer's whole-message digest: an append-only turn of a
 # 1,600-message session then costs a dictionary lookup per old message, not a re-hash of its text.
 _memo: OrderedDict[int, tuple[int, int, int, int, int, int]] = OrderedDict()
-_MEMO_MAX = 200_000
+_MEMO_MAX = 50_000  # ~6 MB: the messages of a few dozen long agent sessions
 _memo_lock = threading.Lock()
 
 

@@ -1,17 +1,24 @@
-"""In-process state: an LRU with a TTL per key and a bounded number of keys."""
+"""In-process state: an LRU with a TTL per key, bounded in keys and in bytes."""
 
 from __future__ import annotations
 
 import heapq
+import os
 import time
 from collections import OrderedDict
+
+# Conversation states are up to ~100 KB each: a key count alone would not bound the memory.
+DEFAULT_MAX_BYTES = int(os.environ.get("GATEWAY_STATE_MAX_BYTES") or 256 * 1024 * 1024)
+_KEY_OVERHEAD = 120  # what a small entry costs beyond its key and value (tuple, dict slot, floats)
 
 
 class MemoryStore:
     name = "memory"
 
-    def __init__(self, max_keys: int = 100_000) -> None:
+    def __init__(self, max_keys: int = 100_000, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.max_keys = max_keys
+        self.max_bytes = max_bytes
+        self.bytes = 0
         self._data: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
         self._indexes: dict[str, dict[str, float]] = {}
         self.evictions = 0
@@ -23,6 +30,7 @@ class MemoryStore:
         expires, value = item
         if expires < time.monotonic():
             del self._data[key]
+            self.bytes -= _size(key, value)
             return None
         self._data.move_to_end(key)
         return value
@@ -34,14 +42,21 @@ class MemoryStore:
         return [self._live(k) for k in keys]
 
     async def set(self, key: str, value: bytes, ttl_s: float) -> None:
+        old = self._data.get(key)
+        if old is not None:
+            self.bytes -= _size(key, old[1])
         self._data[key] = (time.monotonic() + ttl_s, value)
         self._data.move_to_end(key)
-        while len(self._data) > self.max_keys:
-            self._data.popitem(last=False)
+        self.bytes += _size(key, value)
+        while len(self._data) > self.max_keys or (self.bytes > self.max_bytes and len(self._data) > 1):
+            k, (_, v) = self._data.popitem(last=False)
+            self.bytes -= _size(k, v)
             self.evictions += 1
 
     async def delete(self, key: str) -> None:
-        self._data.pop(key, None)
+        old = self._data.pop(key, None)
+        if old is not None:
+            self.bytes -= _size(key, old[1])
 
     async def index_add(self, index: str, member: str, score: float, cap: int) -> None:
         idx = self._indexes.setdefault(index, {})
@@ -58,4 +73,8 @@ class MemoryStore:
         pass
 
     def size_bytes(self) -> int:
-        return sum(len(k) + len(v) for k, (_, v) in self._data.items())
+        return self.bytes
+
+
+def _size(key: str, value: bytes) -> int:
+    return len(key) + len(value) + _KEY_OVERHEAD
