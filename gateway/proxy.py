@@ -223,21 +223,31 @@ def _done(replica, lane: LaneRuntime, ok: bool, why: str = "") -> None:
 
 
 async def _race_disconnect(awaitable, receive: Receive, ex: Exchange):
-    """Await `awaitable`, but give up (and cancel it) as soon as the client disconnects."""
-    work = asyncio.ensure_future(awaitable)
+    """Await `awaitable`, but give up (cancelling it) as soon as the client disconnects.
+
+    One watcher task per call: when the client goes away it cancels the task awaiting here.
+    """
+    current = asyncio.current_task()
+    gone = False
+
+    def on_watcher_done(task: asyncio.Task) -> None:
+        nonlocal gone
+        if not task.cancelled() and task.exception() is None and current is not None:
+            gone = True
+            current.cancel()
+
     watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    watcher.add_done_callback(on_watcher_done)
     try:
-        done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        work.cancel()
-        watcher.cancel()
+        return await awaitable
+    except asyncio.CancelledError:
+        if gone:
+            ex.cancelled = True
+            raise ClientGone() from None
         raise
-    if work in done:
+    finally:
+        watcher.remove_done_callback(on_watcher_done)
         watcher.cancel()
-        return work.result()
-    work.cancel()
-    ex.cancelled = True
-    raise ClientGone()
 
 
 class ClientGone(Exception):

@@ -73,6 +73,9 @@ class ConversationAffinity:
     # -- before forwarding: one store round trip ---------------------------------------------------
 
     async def prepare(self, ex: Exchange, lane: Any, body: dict[str, Any]) -> None:
+        if len(lane.upstream.replicas) == 1:
+            ex.annotations["routing_single"] = True
+            return  # nothing to choose: no lookups on the hot path
         found = ex.annotations.get("conversation")
         state = getattr(found, "state", None)
         messages = body.get("messages")
@@ -114,8 +117,8 @@ class ConversationAffinity:
 
     def order(self, replicas: list[Replica], ex: Exchange) -> list[Replica]:
         live = healthy_first(replicas)
-        if not live:
-            return []
+        if len(replicas) == 1 or not live:
+            return live
         hint: Hint = ex.annotations.get("routing_hint") or Hint()
         state = getattr(ex.annotations.get("conversation"), "state", None)
         home = _freshest_home(hint, state)
@@ -205,6 +208,8 @@ class ConversationAffinity:
     # -- after a replica accepted the request -------------------------------------------------------
 
     def served(self, replica: Replica, ex: Exchange) -> None:
+        if ex.annotations.get("routing_single"):
+            return  # a single-replica lane: nothing was planned, nothing to remember
         record = ex.annotations.get("routing")
         planned = record.get("replica") if isinstance(record, dict) else None
         if record is not None and planned is not None and planned != replica.url:
