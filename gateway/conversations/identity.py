@@ -57,16 +57,6 @@ def message_digest(msg: dict[str, Any]) -> int:
     return h.intdigest()
 
 
-def chain(digests: list[int], seed: int = 0) -> list[int]:
-    """Running hash over message digests: chain[i] identifies messages[0..i]."""
-    out = []
-    acc = seed
-    for d in digests:
-        acc = xxhash.xxh64_intdigest(acc.to_bytes(8, "little") + d.to_bytes(8, "little"))
-        out.append(acc)
-    return out
-
-
 @dataclass(frozen=True)
 class Lineage:
     """The O(1) identity of a request: its latest assistant message (what the gateway relayed)."""
