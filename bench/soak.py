@@ -269,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--render-cache-mib", type=float, default=16.0,
                    help="the renderer's segment cache budget (GATEWAY_RENDER_CACHE_BYTES; the gateway's default is "
                         "256): small, so bounded caches are full by the end of warm-up and later growth is a leak")
+    p.add_argument("--state-mib", type=float, default=16.0,
+                   help="the in-memory state store's budget (GATEWAY_STATE_MAX_BYTES; the gateway's default is 256): "
+                        "small for the same reason")
     p.add_argument("--sample-s", type=float, default=30.0)
     p.add_argument("--redis", default=None, help="redis://... for the gateway's state (default: memory)")
     p.add_argument("--verbose", "-v", action="store_true")
@@ -293,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
             "models": {"soak": "main", "soak-die": "dying"},
         }
         env = {"SOAK_CLIENT_KEYS": KEY, "SOAK_ADMIN_KEY": ADMIN, "GATEWAY_LOG_LEVEL": "warning",
-               "GATEWAY_RENDER_CACHE_BYTES": str(int(args.render_cache_mib * 1024 * 1024))}
+               "GATEWAY_RENDER_CACHE_BYTES": str(int(args.render_cache_mib * 1024 * 1024)),
+               "GATEWAY_STATE_MAX_BYTES": str(int(args.state_mib * 1024 * 1024))}
         if args.redis:
             env["GATEWAY_REDIS_URL"] = args.redis
         with run_gateway(routes, env=env) as gw:
