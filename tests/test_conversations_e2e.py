@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import httpx
 import openai
 import pytest
 
+from tests.support.conversations import wait_analysed
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
 
@@ -31,16 +31,6 @@ def lane(url: str, **extra) -> dict:
 
 def routes(url: str, **extra) -> dict:
     return {"lanes": {"ds": lane(url, **extra)}, "models": {"ds": "ds"}}
-
-
-def wait_turn(gw, cid: str, turn: int, timeout: float = 10.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        r = httpx.get(f"{gw.url}/admin/conversations/{cid}")
-        if r.status_code == 200 and r.json()["turn"] >= turn:
-            return r.json()
-        time.sleep(0.02)
-    raise AssertionError(f"turn {turn} of {cid} was not analysed in time\n{r.text[:500]}\n{gw.log()[-3000:]}")
 
 
 class Agent:
@@ -97,7 +87,7 @@ class Agent:
             self.messages.append({"role": "user", "content": f"Continue with step {self.turns}."})
         self.cid = headers["x-gateway-conversation"].split(";")[0]
         self.turns += 1
-        state = wait_turn(self.gw, self.cid, self.turns)
+        state = wait_analysed(self.gw, self.cid, self.turns)
         return headers, state["last_cache"]
 
 

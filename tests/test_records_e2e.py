@@ -11,8 +11,6 @@
 from __future__ import annotations
 
 import json
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import REPO, free_port, run_gateway
+from tests.support.redis_proc import run_redis
 
 TTFT_MS = 400.0
 PREFILL_TPS = 4000.0
@@ -290,22 +289,8 @@ def test_back_to_back_turns_are_numbered(agent) -> None:
 
 @pytest.fixture(scope="module")
 def redis_port():
-    exe = shutil.which("redis-server")
-    if exe is None:
-        pytest.skip("redis-server is not installed")
-    port = free_port()
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    yield port
-    proc.terminate()
-    proc.wait(10)
+    with run_redis() as port:
+        yield port
 
 
 def test_records_reach_a_bounded_redis_stream(redis_port: int) -> None:

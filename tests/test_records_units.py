@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import shutil
-import socket
 import sqlite3
-import subprocess
 import time
 from pathlib import Path
 
@@ -19,6 +15,8 @@ from gateway.records.stats import (compute_stats, decode_histogram, format_table
                                    series)
 from gateway.records.store_redis import RedisRecordStream
 from gateway.records.store_sqlite import FILENAME, RecordReader, SQLiteStore
+from tests.support.emulator_proc import free_port
+from tests.support.redis_proc import run_redis
 
 
 def exchange(**kw) -> Exchange:
@@ -237,30 +235,10 @@ def test_sqlite_put_never_blocks_when_the_queue_is_full(tmp_path: Path) -> None:
 
 # -- Redis ------------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def redis_url():
-    exe = shutil.which("redis-server")
-    if exe is None:
-        pytest.skip("redis-server is not installed")
-    port = _free_port()
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(10)
+    with run_redis() as port:
+        yield f"redis://127.0.0.1:{port}/0"
 
 
 async def test_redis_stream_is_bounded_and_readable(redis_url: str) -> None:
@@ -285,7 +263,7 @@ async def test_redis_stream_is_bounded_and_readable(redis_url: str) -> None:
 async def test_redis_failures_are_counted_not_raised() -> None:
     import redis.asyncio as aioredis
 
-    client = aioredis.from_url(f"redis://127.0.0.1:{_free_port()}/0", socket_connect_timeout=0.2)
+    client = aioredis.from_url(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=0.2)
     stream = RedisRecordStream(lambda: client, key="x")
     stream.put({"ts": 1.0})
     stream.put({"ts": 2.0})

@@ -13,6 +13,7 @@ import time
 import httpx
 import pytest
 
+from tests.support.conversations import wait_analysed
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
 
@@ -116,16 +117,6 @@ class Conversation:
         self.turns += 1
         self.previous_prompt, self.last_prompt = self.last_prompt, data["usage"]["prompt_tokens"]
         return Route(r.headers["x-gateway-route"]), data["usage"], dict(r.headers)
-
-
-def wait_analysed(gw, cid: str, turn: int, timeout: float = 10.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        r = httpx.get(f"{gw.url}/admin/conversations/{cid}")
-        if r.status_code == 200 and r.json()["turn"] >= turn:
-            return r.json()
-        time.sleep(0.02)
-    raise AssertionError(f"turn {turn} of {cid} not analysed in time: {r.text[:300]}")
 
 
 def cached(usage: dict) -> int:
