@@ -369,7 +369,7 @@ def test_redis_briefly_away_local_decisions_then_convergence(redis_db):
                 if record["r"] == emus[moved].url:
                     break
                 time.sleep(0.05)
-            assert record["r"] == emus[moved].url
+            assert record["r"] == emus[moved].url, gw.log()[-3000:]
             wait_analysed(other, conv.cid, 1)
             route, usage, _ = conv.turn(other)
             assert route.replica == moved and conv.warm(usage), route

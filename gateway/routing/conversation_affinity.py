@@ -96,11 +96,13 @@ class ConversationAffinity:
             keys += lookup.keys
         if not keys:
             return
-        values = await self.shared.mget(keys)
+        values, shared = await self.shared.mget(keys)
         if state is not None:
             record = _home_record(values[0])
             values = values[1:]
-            hint.shared_home = record[0] if record is not None else None
+            # Unknown (None) when only the local fallback answered: `served` then writes the home, so
+            # the shared copy hears of moves made while it was away.
+            hint.shared_home = record[0] if record is not None and shared else None
             # After a store outage the shared copy may be older than what this process decided
             # meanwhile (kept in the store's local fallback): the later decision wins.
             local = getattr(self.shared.store, "local", None)

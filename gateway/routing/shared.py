@@ -59,14 +59,22 @@ class RoutingShared:
             await self.store.set(key, value, ttl)
             self.writes += 1
 
-    async def mget(self, keys: list[str]) -> list[bytes | None]:
+    async def mget(self, keys: list[str]) -> tuple[list[bytes | None], bool]:
+        """The values, and whether they are the shared copy's (False: a process-local fallback answered)."""
         self.lookups += 1
         try:
-            return await self.store.mget(keys)
+            remote = getattr(self.store, "mget_shared", None)
+            if remote is None:  # a store with one copy only (memory)
+                return await self.store.mget(keys), True
+            values = await remote(keys)
+            if values is not None:
+                return values, True
+            self.lookup_failures += 1
+            return await self.store.local.mget(keys), False
         except Exception:  # noqa: BLE001 - a routing hint is never worth failing a request for
             self.lookup_failures += 1
             log.debug("routing lookup failed", exc_info=True)
-            return [None] * len(keys)
+            return [None] * len(keys), False
 
     def describe(self) -> dict[str, Any]:
         return {"store": getattr(self.store, "name", None), "writes": self.writes,

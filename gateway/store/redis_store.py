@@ -11,6 +11,9 @@ import logging
 import time
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from .memory import MemoryStore
@@ -24,8 +27,12 @@ class RedisStore:
     name = "redis"
 
     def __init__(self, url: str, local: MemoryStore | None = None, retry_after_s: float = 1.0) -> None:
+        # One immediate retry on a broken connection: after Redis restarts, every pooled connection is
+        # dead, and without it each one's first command would fail and send the process to its local
+        # copy again. Timeouts are not retried (Redis is slow: do not wait twice).
         self.client = aioredis.Redis.from_url(
-            url, socket_timeout=0.25, socket_connect_timeout=0.25, health_check_interval=0, retry_on_timeout=False
+            url, socket_timeout=0.25, socket_connect_timeout=0.25, health_check_interval=0, retry_on_timeout=False,
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         )
         self.local = local or MemoryStore()
         self.retry_after_s = retry_after_s
@@ -60,6 +67,12 @@ class RedisStore:
         return await self.local.get(key)
 
     async def mget(self, keys: list[str]) -> list[bytes | None]:
+        values = await self.mget_shared(keys)
+        return values if values is not None else await self.local.mget(keys)
+
+    async def mget_shared(self, keys: list[str]) -> list[bytes | None] | None:
+        """What Redis holds, or None when Redis did not answer (the caller then knows the shared copy
+        is unknown, not merely empty)."""
         if self.available and keys:
             try:
                 values = await self.client.mget([PREFIX + k for k in keys])
@@ -67,7 +80,7 @@ class RedisStore:
                 return list(values)
             except (RedisError, OSError) as exc:
                 self._failed(exc)
-        return await self.local.mget(keys)
+        return None
 
     async def set(self, key: str, value: bytes, ttl_s: float) -> None:
         await self.local.set(key, value, ttl_s)
