@@ -40,21 +40,42 @@ KEY = "sk-soak-" + os.urandom(8).hex()
 ADMIN = "soak-admin-" + os.urandom(12).hex()
 
 
+def family(pid: int) -> list[int]:
+    """The gateway process and its children (the analysis worker, multiprocessing's resource tracker)."""
+    pids = [pid]
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    pids.append(int(proc.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return pids
+
+
+def _status(pid: int, names: tuple[str, ...]) -> dict[str, float]:
+    """MiB per /proc status field, summed over the gateway's process family."""
+    out = dict.fromkeys(names, 0.0)
+    for member in family(pid):
+        try:
+            lines = Path(f"/proc/{member}/status").read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            name, _, value = line.partition(":")
+            if name in out:
+                out[name] += int(value.split()[0]) / 1024
+    return out
+
+
 def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    return _status(pid, ("VmRSS",))["VmRSS"]
 
 
 def rss_parts(pid: int) -> str:
     """Heap (anonymous) versus mapped files and shared memory, in MiB."""
-    parts = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if name in ("RssAnon", "RssFile", "RssShmem"):
-            parts[name[3:].lower()] = int(value.split()[0]) / 1024
-    return " ".join(f"{k} {v:.1f}" for k, v in parts.items())
+    parts = _status(pid, ("RssAnon", "RssFile", "RssShmem"))
+    return " ".join(f"{k[3:].lower()} {v:.1f}" for k, v in parts.items())
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -328,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, values in (("all", everything), ("streaming", tally.latency["stream"]),
                          ("non-streaming", tally.latency["whole"]), ("stream first byte", tally.ttfb)):
         print(f"  {name:18s} n={len(values):7d}  p50={percentile(values, 50):.4f}  p99={percentile(values, 99):.4f}")
-    print(f"gateway RSS (MiB): start {rss['start']:.1f}, after {rss['warmup_s']:.0f} s warm-up "
+    print(f"gateway RSS (MiB, with its analysis worker): start {rss['start']:.1f}, after {rss['warmup_s']:.0f} s warm-up "
           f"{rss['after_warmup']:.1f}, end {rss['end']:.1f} ({rss['end_parts']}); growth after warm-up {growth:+.1%}")
     if series:
         print("  samples (t s, MiB, requests): " + ", ".join(f"({t:.0f}, {m:.1f}, {n})" for t, m, n in series))

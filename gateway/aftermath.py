@@ -3,8 +3,9 @@
 The hot path only enqueues the finished Exchange; a few worker tasks drain the queue. When the
 queue is full (a burst far beyond what analysis can keep up with) the exchange skips analysis
 but still reaches the sinks, so records and counters are never lost, and the skip is counted.
-The queue is bounded in exchanges and in bytes (each queued exchange holds its whole request:
-ten thousand agent turns of 400K tokens would be tens of GB), GATEWAY_AFTERMATH_MAX_BYTES.
+The queue is bounded in exchanges and in bytes (each queued exchange holds its whole request, as
+received and as forwarded: ten thousand agent turns of 400K tokens would be tens of GB),
+GATEWAY_AFTERMATH_MAX_BYTES.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class Aftermath:
         if self._queue is None:  # not started (e.g. a unit test): do the cheap part inline
             asyncio.get_event_loop().create_task(self._run_sinks(ex, lane))
             return
-        cost = ex.body_bytes + EXCHANGE_OVERHEAD_BYTES
+        cost = _weight(ex)
         try:
             if self.queued_bytes + cost > self._max_queue_bytes and self.queued_bytes:
                 raise asyncio.QueueFull
@@ -92,7 +93,7 @@ class Aftermath:
             except Exception:
                 log.exception("aftermath of %s failed", ex.request_id)
             finally:
-                self.queued_bytes -= ex.body_bytes + EXCHANGE_OVERHEAD_BYTES
+                self.queued_bytes -= _weight(ex)
                 self._queue.task_done()
 
     async def _run_sinks(self, ex: Exchange, lane: LaneRuntime | None) -> None:
@@ -101,6 +102,10 @@ class Aftermath:
                 await _call(sink, ex, lane)
             except Exception:
                 log.exception("sink %r failed for %s", sink, ex.request_id)
+
+
+def _weight(ex: Exchange) -> int:
+    return ex.body_bytes + len(ex.forwarded or b"") + EXCHANGE_OVERHEAD_BYTES
 
 
 async def _call(step: Step, ex: Exchange, lane: LaneRuntime | None) -> Any:

@@ -18,8 +18,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .config import ConfigError, load_routes
+from . import gc_tuning
 from .aftermath import Aftermath
+from .config import ConfigError, load_routes
 from .errors import GatewayError, error_body
 from .features import install_all
 from .pipeline import Pipeline
@@ -178,6 +179,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             result = fn()
             if asyncio.iscoroutine(result):
                 await result
+        gc_tuning.settle()
         try:
             yield
         finally:

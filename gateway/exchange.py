@@ -57,6 +57,7 @@ class Exchange:
     client_wants_usage: bool = False
     body: dict[str, Any] | None = None
     body_bytes: int = 0
+    forwarded: bytes | None = None  # the body as sent upstream (what the analysis renders)
     request_headers: Any = None  # the client's headers (a case-insensitive mapping)
 
     status: int = 0

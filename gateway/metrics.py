@@ -241,6 +241,13 @@ class LiveCollector(Collector):
                                   value=am.processed)
         yield CounterMetricFamily("gateway_aftermath_skipped_analysis", "Exchanges that skipped analysis (queue full)",
                                   value=am.skipped_analysis)
+        analyzer = gw.services.get("analyzer")
+        if analyzer is not None:
+            yield CounterMetricFamily("gateway_analysis_failures", "Turns whose analysis failed (verdict unknown)",
+                                      value=analyzer.failures)
+            if analyzer.process is not None:
+                yield CounterMetricFamily("gateway_analysis_worker_deaths", "Analysis worker processes that died",
+                                          value=analyzer.process.deaths)
         records = gw.services.get("records")
         if records is not None and hasattr(records, "counters"):
             fam = CounterMetricFamily("gateway_records", "Request records by store and outcome",

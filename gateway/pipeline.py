@@ -75,7 +75,7 @@ class Pipeline:
                 await gate(ex, lane)
             for policy in self.runtime.policies:
                 await policy.apply(ex, lane, data)
-            upstream_body = self._upstream_body(ex, lane, data)
+            upstream_body = ex.forwarded = self._upstream_body(ex, lane, data)
             response = await forward(ex, lane, path, upstream_body, request.receive, end)
         except GatewayError as exc:
             ex.fail(exc.status, exc.code, exc.message)

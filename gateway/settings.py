@@ -22,6 +22,8 @@ class Settings:
     production: bool = field(default_factory=lambda: _env("GATEWAY_PRODUCTION", "0") == "1")
     watch_routes: bool = field(default_factory=lambda: _env("GATEWAY_WATCH_ROUTES", "1") == "1")
     log_level: str = field(default_factory=lambda: _env("GATEWAY_LOG_LEVEL", "info") or "info")
-    # Analysis (render, drift) runs in this many worker threads beside the request path.
+    # Analysis (render, drift) runs in a worker process ("process") or in this many threads of the
+    # gateway's own process ("thread": no extra process, but it takes turns at the GIL with requests).
+    analysis: str = field(default_factory=lambda: _env("GATEWAY_ANALYSIS", "process") or "process")
     analysis_threads: int = field(default_factory=lambda: int(_env("GATEWAY_ANALYSIS_THREADS", "1") or 1))
     capture_bodies: bool = field(default_factory=lambda: _env("GATEWAY_CAPTURE", "0") == "1")

@@ -4,8 +4,12 @@ behind the real gateway, driven like an agent with the official openai client.""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -47,7 +51,7 @@ class Agent:
         self.cid: str | None = None
         self.turns = 0
 
-    def turn(self, extra_headers: dict | None = None, **kw) -> tuple[dict, dict]:
+    def turn(self, extra_headers: dict | None = None, wait: bool = True, **kw) -> tuple[dict, dict]:
         args = dict(model="ds", messages=self.messages, max_tokens=12, **{**self.kw, **kw})
         if self.tools:
             args["tools"] = self.tools
@@ -87,6 +91,8 @@ class Agent:
             self.messages.append({"role": "user", "content": f"Continue with step {self.turns}."})
         self.cid = headers["x-gateway-conversation"].split(";")[0]
         self.turns += 1
+        if not wait:
+            return headers, {}
         state = wait_analysed(self.gw, self.cid, self.turns)
         return headers, state["last_cache"]
 
@@ -266,3 +272,77 @@ def test_render_cli_shows_what_the_engine_sees(tmp_path):
     summary = subprocess.run([sys.executable, "-m", "gateway.cli", "render", str(req), "--lane", "dsv41-vllm",
                               "--routes", "routes.yaml", "--summary"], capture_output=True, text=True, timeout=60)
     assert summary.returncode == 0 and "tokens" in summary.stdout
+
+
+def _analysis_worker(gw) -> int:
+    """The pid of the gateway's analysis worker (a spawned child process)."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                cmdline = (proc / "cmdline").read_bytes()
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == gw.proc.pid and b"spawn_main" in cmdline:
+                return int(proc.name)
+        time.sleep(0.1)
+    raise AssertionError("the gateway has no analysis worker process")
+
+
+def test_analysis_worker_death_costs_one_verdict_and_a_new_worker_takes_over(emu):
+    with run_gateway(routes(emu.url)) as gw:
+        agent = Agent(gw)
+        assert agent.turn()[1]["verdict"] == "cold"
+        assert agent.turn()[1]["verdict"] == "hit"
+        worker = _analysis_worker(gw)
+        os.kill(worker, signal.SIGKILL)
+        headers, _ = agent.turn(wait=False)  # the request itself is untouched by the worker's death
+        assert headers["x-gateway-conversation"].startswith(agent.cid)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            recs = httpx.get(gw.url + "/admin/api/records", params={"conversation": agent.cid}).json()["records"]
+            if len(recs) == 3:
+                break
+            time.sleep(0.05)
+        assert len(recs) == 3 and recs[0]["turn"] == 3 and recs[0]["verdict"] == "unknown", recs[:1]
+        assert "analysis of" in gw.log() and "worker process died" in gw.log()
+        overview = httpx.get(gw.url + "/admin/api/overview").json()["aftermath"]
+        assert overview["analysis_worker_deaths"] == 1 and overview["analysis_failures"] == 1, overview
+        assert "gateway_analysis_worker_deaths_total 1.0" in httpx.get(gw.url + "/metrics").text
+        # A new worker analyses the next turn against the last stored state (turn 2's): the prefix
+        # held, so a hit, predicted from turn 2 (the engine holds turn 3's prompt too).
+        _, cache = agent.turn()
+        assert cache["verdict"] == "hit", cache
+        assert 0 < cache["predicted_cached_tokens"] <= cache["reported_cached_tokens"], cache
+        assert _analysis_worker(gw) != worker
+        assert httpx.get(gw.url + "/admin/api/overview").json()["aftermath"]["analysis_worker_pid"] != worker
+
+
+def test_analysis_in_threads_when_asked(emu):
+    with run_gateway(routes(emu.url), env={"GATEWAY_ANALYSIS": "thread"}) as gw:
+        agent = Agent(gw)
+        assert agent.turn()[1]["verdict"] == "cold"
+        _, cache = agent.turn()
+        assert cache["verdict"] == "hit" and cache["predicted_cached_tokens"] == cache["reported_cached_tokens"]
+        assert not [p for p in Path("/proc").iterdir() if p.name.isdigit() and _child_of(p, gw.proc.pid)]
+
+
+def _child_of(proc: Path, pid: int) -> bool:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid
+    except (OSError, IndexError, ValueError):
+        return False
+
+
+def test_analysis_worker_leaves_when_the_gateway_is_killed(emu):
+    with run_gateway(routes(emu.url)) as gw:
+        worker = _analysis_worker(gw)
+        gw.proc.kill()
+        gw.proc.wait(10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and Path(f"/proc/{worker}").exists():
+            time.sleep(0.1)
+        assert not Path(f"/proc/{worker}").exists(), "the orphaned analysis worker is still running"

@@ -131,7 +131,8 @@ class AdminAPI:
             "now": time.time(),
             "started_at": gw.started_at,
             "config": config,
-            "aftermath": {"processed": gw.aftermath.processed, "skipped_analysis": gw.aftermath.skipped_analysis},
+            "aftermath": {"processed": gw.aftermath.processed, "skipped_analysis": gw.aftermath.skipped_analysis,
+                          **_analysis(gw)},
             "records": gw.services["records"].counters() if "records" in gw.services else None,
             "lanes": lanes,
         })
@@ -169,6 +170,17 @@ class AdminAPI:
         window = _num(request, "window_s", 3600, 60, 90 * 86400)
         buckets = int(_num(request, "buckets", 60, 1, 720))
         return _json(await self._records().charts(window, buckets))
+
+
+def _analysis(gw: Any) -> dict[str, Any]:
+    analyzer = gw.services.get("analyzer")
+    if analyzer is None:
+        return {}
+    process = analyzer.process
+    return {"analysis_failures": analyzer.failures, "analysis_last_ms": round(analyzer.last_ms, 1),
+            "analysis_in": "process" if process is not None else "thread",
+            "analysis_worker_pid": process.pid() if process is not None else None,
+            "analysis_worker_deaths": process.deaths if process is not None else 0}
 
 
 def _lane_health(states: list[str]) -> str:

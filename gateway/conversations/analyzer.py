@@ -1,8 +1,9 @@
 """After each response: render it, compare with the previous turn, predict and judge the cache.
 
-Runs in the aftermath queue, never before the first byte. The CPU part (render, tokenize,
-compare) runs in a worker thread (the tokenizer releases the GIL); the store writes run on
-the event loop.
+Runs in the aftermath queue, never before the first byte. The CPU part (render, tokenize, compare:
+`analyse`, a pure function of a Job) runs in a worker process by default (worker.py), so the
+event loop never waits for the GIL behind it; GATEWAY_ANALYSIS=thread runs it in a thread of this
+process instead. The store reads and writes run on the event loop.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import logging
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -26,20 +26,13 @@ from ..store import StateStore
 from .alerts import AlertBook
 from .drift import Comparison, Divergence, NewTurn, classify, compare
 from .identity import anchor, message_digest, request_tail
+from .job import Job, Outcome
 from .policy import Found
 from .prints import message_prints, segment_prints
 from .state import ConversationState, Head, TurnPrint
+from .worker import AnalysisProcess
 
 log = logging.getLogger("gateway.drift")
-
-
-@dataclass
-class Outcome:
-    cache: dict[str, Any]
-    state: ConversationState
-    divergence: Divergence | None
-    snippets: tuple[str, str] | None
-    data: bytes = b""  # the state, encoded (in the worker thread)
 
 
 class TurnEnd:
@@ -74,10 +67,12 @@ class TurnEnd:
 
 
 class Analyzer:
-    def __init__(self, store: StateStore, alerts: AlertBook, ttl_s: float, threads: int = 1) -> None:
+    def __init__(self, store: StateStore, alerts: AlertBook, ttl_s: float, threads: int = 1,
+                 process: AnalysisProcess | None = None) -> None:
         self.store = store
         self.alerts = alerts
         self.ttl_s = ttl_s
+        self.process = process  # None: analyse in threads of this process
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="analysis")
         self.analysed = 0
         self.failures = 0
@@ -91,20 +86,24 @@ class Analyzer:
         if ex.status != 200 or ex.cancelled or ex.error_code:
             ex.annotations["cache"] = _unknown("request did not complete")
             return
-        loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
         async with self._lock(found.state.id):
-            # Compare with the freshest previous turn (another worker or process may have moved on).
-            raw = await self.store.get("conv:" + found.state.id)
+            job = make_job(ex, lane, found, in_process=self.process is None)
+            job.stored = await self.store.get("conv:" + found.state.id)
             try:
-                outcome = await loop.run_in_executor(self.executor, self._analyse_fresh, ex, lane, found, raw)
+                if self.process is not None:
+                    outcome = await self.process.run(job)
+                else:
+                    renderer, estimator = lane.extras.get("renderer"), lane.extras.get("estimator")
+                    outcome = await asyncio.get_running_loop().run_in_executor(
+                        self.executor, analyse_job, job, renderer, estimator)
             except Exception:
                 self.failures += 1
                 log.exception("analysis of %s failed", ex.request_id)
                 ex.annotations["cache"] = _unknown("analysis failed")
                 return
             ex.annotations["cache"] = outcome.cache
-            await self._save(ex, lane, outcome)
+            await self._save(ex, lane, found.state.id, outcome)
         self.analysed += 1
         self.last_ms = (time.perf_counter() - t0) * 1000
         ex.annotations["analysis_ms"] = round(self.last_ms, 3)
@@ -115,116 +114,129 @@ class Analyzer:
             lock = self._locks[cid] = asyncio.Lock()
         return lock
 
-    async def _save(self, ex: Exchange, lane: LaneRuntime, outcome: Outcome) -> None:
-        state = outcome.state
-        data = outcome.data
-        current = await self.store.get("conv:" + state.id)
-        if current is not None and orjson.loads(current)["t"] >= state.turn:
+    async def _save(self, ex: Exchange, lane: LaneRuntime, cid: str, outcome: Outcome) -> None:
+        current = await self.store.get("conv:" + cid)
+        if current is not None and orjson.loads(current)["t"] >= outcome.turn:
             return  # another process already stored a later turn: never move the state back
-        await self.store.set("conv:" + state.id, data, self.ttl_s)
-        ex.annotations["state_bytes"] = len(data)
+        await self.store.set("conv:" + cid, outcome.data, self.ttl_s)
+        ex.annotations["state_bytes"] = len(outcome.data)
         if outcome.divergence is not None and outcome.cache["tokens_lost"] >= 0:
             await self.alerts.raise_alert(ex, lane.name, outcome.divergence, outcome.cache, outcome.snippets)
 
-    # -- the thread part ---------------------------------------------------------------------
 
-    def _analyse_fresh(self, ex: Exchange, lane: LaneRuntime, found: Found, raw: bytes | None) -> Outcome:
-        """Compare with the freshest previous turn (another worker or process may have moved on);
-        decoding and encoding the ~100 KB state happens here, off the event loop."""
-        if raw is not None:
-            fresh = ConversationState.from_bytes(raw)
-            if fresh.turn >= found.state.turn:
-                found.state = fresh
-        outcome = self.analyse(ex, lane, found)
-        outcome.data = outcome.state.to_bytes()
-        return outcome
+def make_job(ex: Exchange, lane: LaneRuntime, found: Found, in_process: bool = True) -> Job:
+    """The turn as plain data; for the worker process, the body is the JSON that was forwarded
+    (a memory copy to send, where pickling the parsed body would cost the event loop milliseconds)."""
+    cfg = lane.config
+    routing = ex.annotations.get("routing")
+    body: dict[str, Any] | bytes = ex.body or {}
+    if not in_process and ex.forwarded is not None:
+        body = ex.forwarded
+    return Job(
+        request_id=ex.request_id, lane=lane.name,
+        lane_render=lane.extras["renderer"].defaults if "renderer" in lane.extras else None,
+        options=_options(lane, ex), block_size=cfg.cache.block_size, engine=cfg.engine,
+        prefill_tokens_per_s=cfg.cache.prefill_tokens_per_s, body=body,
+        generated=ex.generated.as_message(), finish_reason=ex.generated.finish_reason, usage=ex.usage,
+        thinking=ex.thinking_applied, effort=ex.effort_applied,
+        rewritten=ex.annotations.get("history_rewritten"), replica=ex.replica,
+        # The router says this turn runs away from the conversation's cache (see routing/base.py).
+        rehomed=isinstance(routing, dict) and bool(routing.get("expected_cold")),
+        repinned=found.repinned, state=found.state,
+    )
 
-    def analyse(self, ex: Exchange, lane: LaneRuntime, found: Found) -> Outcome:
-        body = ex.body or {}
-        renderer: Renderer | None = lane.extras.get("renderer")
-        options = _options(lane, ex)
-        generated_msg = ex.generated.as_message()
-        rendered: Rendered | None = None
-        generated = None
-        if renderer is not None:
-            try:
-                rendered, generated = renderer.render_turn(body, generated_msg, options)
-            except RenderError as exc:
-                log.info("cannot render %s on lane %s: %s", ex.request_id, lane.name, exc)
-                rendered = None
-        if rendered is None:
-            estimator = lane.extras.get("estimator")
-            if estimator is None:
-                return self._no_render(ex, lane, found)
-            rendered = estimator.render(body)
-            # Message-level analysis: what was generated is one more message in the next request.
-            nxt = estimator.render({**body, "messages": [*(body.get("messages") or []), generated_msg]})
-            generated = nxt.segments[-1] if nxt.segments else None
 
-        new = new_turn(body, ex.thinking_applied, ex.effort_applied, ex.annotations.get("history_rewritten"),
-                       rendered.message_digests)
-        state = found.state
-        old = state.last
-        block = lane.config.cache.block_size
-        n = rendered.n_tokens
-        reported = _reported_cached(ex.usage, lane.config.engine)
-        divergence: Divergence | None = None
-        snippets = None
-        cmp: Comparison | None = None
-        if old is None:
-            predicted = 0
-            verdict, tokens_lost = "cold", 0
+def analyse_job(job: Job, renderer: Renderer | None, estimator: Any) -> Outcome:
+    """Compare with the freshest previous turn (another worker or process may have moved on);
+    decoding and encoding the ~100 KB state happens here too, off the event loop."""
+    state = job.state
+    if job.stored is not None:
+        fresh = ConversationState.from_bytes(job.stored)
+        if fresh.turn >= state.turn:
+            state = fresh
+    body = orjson.loads(job.body) if isinstance(job.body, bytes) else job.body
+    new_state, cache, divergence, snippets = analyse(job, body, state, renderer, estimator)
+    return Outcome(cache, new_state.turn, new_state.to_bytes(), divergence, snippets)
+
+
+def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: Renderer | None,
+            estimator: Any) -> tuple[ConversationState, dict[str, Any], Divergence | None, tuple[str, str] | None]:
+    options = job.options
+    generated_msg = job.generated
+    rendered: Rendered | None = None
+    generated = None
+    if renderer is not None:
+        try:
+            rendered, generated = renderer.render_turn(body, generated_msg, options)
+        except RenderError as exc:
+            log.info("cannot render %s on lane %s: %s", job.request_id, job.lane, exc)
+            rendered = None
+    if rendered is None:
+        if estimator is None:
+            return _next_state(job, state, None), _unknown("no renderer for this lane"), None, None
+        rendered = estimator.render(body)
+        # Message-level analysis: what was generated is one more message in the next request.
+        nxt = estimator.render({**body, "messages": [*(body.get("messages") or []), generated_msg]})
+        generated = nxt.segments[-1] if nxt.segments else None
+
+    new = new_turn(body, job.thinking, job.effort, job.rewritten, rendered.message_digests)
+    old = state.last
+    block = job.block_size
+    n = rendered.n_tokens
+    reported = _reported_cached(job.usage, job.engine)
+    divergence: Divergence | None = None
+    snippets = None
+    cmp: Comparison | None = None
+    if old is None:
+        predicted = 0
+        verdict, tokens_lost = "cold", 0
+    else:
+        tokens_of = _tokens_of(renderer, options)
+        cmp = compare(old, rendered, tokens_of)
+        held = cmp.old_tokens - 1 if old.kv_tokens is None else min(cmp.old_tokens - 1, old.kv_tokens)
+        usable = min(cmp.lcp_tokens, held, n - 1)
+        predicted = max(0, usable) // block * block
+        potential = max(0, min(held, n - 1)) // block * block
+        if not cmp.stable:
+            offset_chars = _char_offset(rendered, cmp, options)
+            divergence = classify(old, new, rendered, cmp, offset_chars)
+            snippets = _snippets(rendered, cmp, old, tokens_of, options)
+            verdict, tokens_lost = "drift", max(0, potential - predicted)
+        elif reported is None:
+            verdict, tokens_lost = "unknown", 0
+        elif reported < predicted and job.rehomed:
+            # The router moved the conversation (re-homed): its cache stayed where it was.
+            verdict, tokens_lost, predicted = "cold", predicted - reported, 0
+        elif reported < predicted:
+            verdict, tokens_lost = "eviction", predicted - reported
         else:
-            tokens_of = _tokens_of(renderer, options)
-            cmp = compare(old, rendered, tokens_of)
-            held = cmp.old_tokens - 1 if old.kv_tokens is None else min(cmp.old_tokens - 1, old.kv_tokens)
-            usable = min(cmp.lcp_tokens, held, n - 1)
-            predicted = max(0, usable) // block * block
-            potential = max(0, min(held, n - 1)) // block * block
-            if not cmp.stable:
-                offset_chars = _char_offset(rendered, cmp, options)
-                divergence = classify(old, new, rendered, cmp, offset_chars)
-                snippets = _snippets(rendered, cmp, old, tokens_of, options)
-                verdict, tokens_lost = "drift", max(0, potential - predicted)
-            elif reported is None:
-                verdict, tokens_lost = "unknown", 0
-            elif reported < predicted and _rehomed(ex):
-                # The router moved the conversation (re-homed): its cache stayed where it was.
-                verdict, tokens_lost, predicted = "cold", predicted - reported, 0
-            elif reported < predicted:
-                verdict, tokens_lost = "eviction", predicted - reported
-            else:
-                verdict, tokens_lost = "hit", 0
-        cache = {
-            "predicted_cached_tokens": predicted,
-            "reported_cached_tokens": reported,
-            "verdict": verdict,
-            "cause": divergence.cause if divergence else ("rehomed" if verdict == "cold" and old is not None else None),
-            "divergence_message_index": divergence.message_index if divergence else None,
-            "divergence_field": divergence.field if divergence else None,
-            "lcp_tokens": cmp.lcp_tokens if cmp else 0,
-            "tokens_lost": tokens_lost,
-            "seconds_lost": round(tokens_lost / lane.config.cache.prefill_tokens_per_s, 3),
-            "rendered_prompt_tokens": n,
-            "render": "exact" if rendered.exact else "estimated",
-            "repinned": found.repinned,
-        }
-        if ex.usage and isinstance(ex.usage.get("prompt_tokens"), int) and rendered.exact:
-            cache["render_matches_engine"] = ex.usage["prompt_tokens"] == n
-        new_state = ConversationState(
-            state.id, state.source, lane.name, state.created, time.time(), state.turn + 1,
-            ex.effort_applied, ex.thinking_applied, state.parent, ex.replica,
-            turn_print(new, rendered, generated, generated_msg, request_tail(body.get("messages") or []),
-                       _kv_tokens(ex, rendered)),
-        )
-        new_state.last_cache = cache
-        return Outcome(cache, new_state, divergence, snippets)
+            verdict, tokens_lost = "hit", 0
+    cache = {
+        "predicted_cached_tokens": predicted,
+        "reported_cached_tokens": reported,
+        "verdict": verdict,
+        "cause": divergence.cause if divergence else ("rehomed" if verdict == "cold" and old is not None else None),
+        "divergence_message_index": divergence.message_index if divergence else None,
+        "divergence_field": divergence.field if divergence else None,
+        "lcp_tokens": cmp.lcp_tokens if cmp else 0,
+        "tokens_lost": tokens_lost,
+        "seconds_lost": round(tokens_lost / job.prefill_tokens_per_s, 3),
+        "rendered_prompt_tokens": n,
+        "render": "exact" if rendered.exact else "estimated",
+        "repinned": job.repinned,
+    }
+    if job.usage and isinstance(job.usage.get("prompt_tokens"), int) and rendered.exact:
+        cache["render_matches_engine"] = job.usage["prompt_tokens"] == n
+    last = turn_print(new, rendered, generated, generated_msg, request_tail(body.get("messages") or []),
+                      _kv_tokens(job, rendered))
+    new_state = _next_state(job, state, last)
+    new_state.last_cache = cache
+    return new_state, cache, divergence, snippets
 
-    def _no_render(self, ex: Exchange, lane: LaneRuntime, found: Found) -> Outcome:
-        state = found.state
-        new_state = ConversationState(state.id, state.source, lane.name, state.created, time.time(), state.turn + 1,
-                                      ex.effort_applied, ex.thinking_applied, state.parent, ex.replica, None)
-        return Outcome(_unknown("no renderer for this lane"), new_state, None, None)
+
+def _next_state(job: Job, state: ConversationState, last: TurnPrint | None) -> ConversationState:
+    return ConversationState(state.id, state.source, job.lane, state.created, time.time(), state.turn + 1,
+                             job.effort, job.thinking, state.parent, job.replica, last)
 
 
 def new_turn(body: dict[str, Any], thinking: bool | None, effort: int | str | None,
@@ -257,10 +269,10 @@ def turn_print(new: NewTurn, rendered: Rendered, generated: Segment | None, gene
     )
 
 
-def _kv_tokens(ex: Exchange, rendered: Rendered) -> int | None:
+def _kv_tokens(job: Job, rendered: Rendered) -> int | None:
     """The engine's KV extent after an output cut at max_tokens (see TurnPrint.kv_tokens)."""
-    completion = (ex.usage or {}).get("completion_tokens")
-    if ex.generated.finish_reason != "length" or not isinstance(completion, int) or completion < 1:
+    completion = (job.usage or {}).get("completion_tokens")
+    if job.finish_reason != "length" or not isinstance(completion, int) or completion < 1:
         return None
     return rendered.n_tokens + completion - 1
 
@@ -326,12 +338,6 @@ def _snippets(rendered: Rendered, cmp: Comparison, old: TurnPrint, tokens_of, op
         if ids is not None:
             before = tok.decode(list(ids)[max(0, k - width): k + width])
     return before[:200], after[:200]
-
-
-def _rehomed(ex: Exchange) -> bool:
-    """The router says this turn runs away from the conversation's cache (see gateway/routing/base.py)."""
-    routing = ex.annotations.get("routing")
-    return isinstance(routing, dict) and bool(routing.get("expected_cold"))
 
 
 def _reported_cached(usage: dict[str, Any] | None, engine: str = "vllm") -> int | None:

@@ -13,6 +13,7 @@ from ..errors import invalid_request
 from .alerts import AlertBook
 from .analyzer import Analyzer, TurnEnd
 from .policy import ConversationPolicy
+from .worker import AnalysisProcess
 
 if TYPE_CHECKING:
     from ..app import Gateway
@@ -26,7 +27,15 @@ def install(gw: "Gateway") -> None:
     store = gw.services["store"]
     header = gw.runtime.snapshot.config.gateway.conversation_header
     alerts = AlertBook(store)
-    analyzer = Analyzer(store, alerts, TTL_S, threads=gw.settings.analysis_threads)
+    process = AnalysisProcess() if gw.settings.analysis != "thread" else None
+    analyzer = Analyzer(store, alerts, TTL_S, threads=gw.settings.analysis_threads, process=process)
+    if process is not None:
+        def start() -> None:
+            lanes = gw.runtime.snapshot.lanes.values()
+            process.start([lane.extras["renderer"].defaults for lane in lanes if "renderer" in lane.extras])
+
+        gw.startup.append(start)
+        gw.shutdown.append(process.stop)
     gw.runtime.policies.append(ConversationPolicy(store, header, TTL_S))
     gw.runtime.finishers.insert(0, TurnEnd(store, TTL_S))  # before the aftermath queue
     gw.aftermath.analyzers.append(analyzer)

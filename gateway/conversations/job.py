@@ -1,0 +1,46 @@
+"""One finished turn as plain data: what its analysis reads and what it gives back.
+
+Both cross a process boundary (the analysis worker, worker.py), so they hold values, never the
+Exchange, the lane runtime or a renderer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..render.renderer import RenderOptions
+from .drift import Divergence
+from .state import ConversationState
+
+
+@dataclass
+class Job:
+    request_id: str
+    lane: str
+    lane_render: RenderOptions | None  # the lane's renderer settings; None: no template (estimated analysis)
+    options: RenderOptions  # this turn's (thinking and effort as applied)
+    block_size: int
+    engine: str
+    prefill_tokens_per_s: float
+    body: dict[str, Any] | bytes  # the request as forwarded: parsed (threads) or its JSON (worker process)
+    generated: dict[str, Any]  # the assistant message the response carried
+    finish_reason: str | None
+    usage: dict[str, Any] | None
+    thinking: bool | None
+    effort: int | str | None
+    rewritten: dict[str, Any] | None  # what the limits rewrote in the history, if anything
+    replica: str | None
+    rehomed: bool  # the router moved the conversation away from its cache for this turn
+    repinned: bool
+    state: ConversationState  # as the hot path found it
+    stored: bytes | None = None  # the freshest stored state (another worker or process may have moved on)
+
+
+@dataclass
+class Outcome:
+    cache: dict[str, Any]
+    turn: int  # of the new state
+    data: bytes  # the new state, encoded
+    divergence: Divergence | None
+    snippets: tuple[str, str] | None

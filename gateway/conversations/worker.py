@@ -1,0 +1,143 @@
+"""The analysis worker process: renders, tokenizes and compares turns where the event loop's GIL
+is not. The hot path's process then spends no CPU on analysis at all (a 470K-token turn is ~25 ms
+of mostly pure-Python work that, run in a thread, slowed every request in flight by taking turns
+at the GIL with it).
+
+One process per gateway process: its render cache (what earlier turns rendered and tokenized) is
+what makes an append-only turn cheap, so every turn goes to the same one. It is spawned (not
+forked: the gateway runs threads) when the gateway starts and loads the lanes' tokenizers and
+templates before its first job; if it dies, the job in hand fails as "analysis failed" and the
+next job starts a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from ..render.renderer import Renderer, RenderOptions
+from .job import Job, Outcome
+
+log = logging.getLogger("gateway.drift")
+
+# -- in the worker process ---------------------------------------------------------------------------
+
+_renderers: dict[str, Renderer] = {}
+_estimator: list[Any] = []  # [Estimator] once made, [None] if it cannot be
+
+
+def _init(parent: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the gateway, which stops this process
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s analysis-worker: %(message)s")
+    threading.Thread(target=_exit_with_parent, args=(parent,), name="parent-watch", daemon=True).start()
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A gateway killed outright cannot stop its worker, and the worker never sees its job queue
+    close (it holds a copy of the writing end itself): it leaves once it has been orphaned."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(0)
+
+
+def _renderer(options: RenderOptions | None) -> Renderer | None:
+    if options is None:
+        return None
+    key = repr(options)
+    renderer = _renderers.get(key)
+    if renderer is None:
+        renderer = _renderers[key] = Renderer(options)
+    return renderer
+
+
+def _estimator_once() -> Any:
+    if not _estimator:
+        try:
+            from ..render.estimate import Estimator
+
+            _estimator.append(Estimator())
+        except ImportError:
+            _estimator.append(None)
+    return _estimator[0]
+
+
+def preload(renders: list[RenderOptions]) -> int:
+    from ..render.template import load_template
+    from ..render.tokenizer import load_tokenizer
+
+    for options in renders:
+        load_tokenizer(options.tokenizer_path)
+        load_template(options.template)
+        _renderer(options)
+    from .. import gc_tuning
+
+    gc_tuning.settle()  # as in the gateway process: a request body's parse must not set off full collections
+    return len(renders)
+
+
+def run(job: Job) -> Outcome:
+    from .analyzer import analyse_job
+
+    renderer = _renderer(job.lane_render)
+    return analyse_job(job, renderer, _estimator_once() if renderer is None else None)
+
+
+# -- in the gateway process ----------------------------------------------------------------------------
+
+
+class AnalysisProcess:
+    def __init__(self) -> None:
+        self._pool: ProcessPoolExecutor | None = None
+        self._preload: list[RenderOptions] = []
+        self.starts = 0
+        self.deaths = 0
+
+    def start(self, preload_renders: list[RenderOptions]) -> None:
+        """Spawn the worker and have it load tokenizers and templates; returns at once."""
+        self._preload = preload_renders
+        self._ensure()
+
+    def _ensure(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_init,
+                                             initargs=(os.getpid(),))
+            self.starts += 1
+            self._pool.submit(preload, self._preload).add_done_callback(_log_failure)
+        return self._pool
+
+    async def run(self, job: Job) -> Outcome:
+        pool = self._ensure()
+        try:
+            return await asyncio.wrap_future(pool.submit(run, job))
+        except BrokenProcessPool:
+            self.deaths += 1
+            log.error("the analysis worker process died; starting a new one")
+            if self._pool is pool:
+                self._pool = None
+                pool.shutdown(wait=False, cancel_futures=True)
+            raise
+
+    def pid(self) -> int | None:
+        processes = getattr(self._pool, "_processes", None) or {}
+        return next(iter(processes), None)
+
+    def stop(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            processes = list((getattr(pool, "_processes", None) or {}).values())
+            pool.shutdown(wait=False, cancel_futures=True)
+            for process in processes:  # a render in hand is not worth waiting for at shutdown
+                process.terminate()
+
+
+def _log_failure(future: Any) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.error("the analysis worker could not load tokenizers and templates: %s", future.exception())
