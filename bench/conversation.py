@@ -4,9 +4,9 @@
 1. Hot path: added latency of the gateway for the full ~1,600-message corpus body, paired against
    direct access to the same stub in one run (the gateway parses, identifies the conversation,
    pins effort and forwards; analysis runs after the response).
-2. Analysis: an append-only client replays the corpus turn by turn through the gateway; for the
-   last turns, how long after the response's end the turn's analysis (render, tokenize, compare,
-   store) has landed, and the state kept per conversation.
+2. Analysis: how long after a response's end the turn's analysis (render, tokenize, compare,
+   store) has landed, and the state kept per conversation, for an append-only agent continuing
+   the corpus and for a client replaying the corpus's own turns (each one a drift).
 
     python bench/conversation.py [--turns 12] [--rounds 40]
 """
@@ -90,42 +90,66 @@ def assistant_ends(messages: list[dict]) -> list[int]:
 
 
 def analysis(body: dict, turns: int) -> None:
+    """Two clients on the corpus, each after a cold first turn of the whole session:
+
+    * append-only (an agent as it should be): each turn appends exactly what the model answered,
+      then a short user message; every turn is a cache hit and its analysis is incremental;
+    * replayed: the corpus's own next turns, which are not what the model answered, so each turn
+      drifts at the answer (the slower path: the break is located, explained and quoted).
+    """
     import httpx
 
     messages = body["messages"]
-    ends = assistant_ends(messages)[-turns - 1:]
+    ends = assistant_ends(messages)
+    extra = {k2: v for k2, v in body.items() if k2 not in ("messages", "model")}
     with run_emulator(flavour="vllm", tokenizer="dsv41", default_thinking=True, block_size=16,
                       max_model_len=1 << 20) as emu:
         with run_gateway(routes(emu.url, "deepseek-v4-flash")) as gw:
             client = httpx.Client(timeout=300)
-            lat, sizes, verdicts = [], [], []
-            cid = None
-            for k, end in enumerate(ends):
-                # The k-th request of an append-only client: history up to (not including) an assistant turn.
-                req = {k2: v for k2, v in body.items() if k2 not in ("messages", "model")}
-                req.update(model="deepseek-v4-flash", messages=messages[:end], max_tokens=8, stream=False)
-                r = client.post(gw.url + "/v1/chat/completions", json=req, headers={"X-Conversation-Id": "bench"})
+
+            own: list[float] = []  # the analyzer's own measure: from its start to the state stored
+
+            def turn(msgs: list[dict], key: str) -> tuple[dict, float, dict]:
+                req = dict(extra, model="deepseek-v4-flash", messages=msgs, max_tokens=8, stream=False)
+                r = client.post(gw.url + "/v1/chat/completions", json=req, headers={"X-Conversation-Id": key})
                 t_end = time.perf_counter()
                 r.raise_for_status()
                 cid = r.headers["x-gateway-conversation"].split(";")[0]
-                turn = int(r.headers["x-gateway-conversation"].split("turn=")[1].split(";")[0])
+                n = int(r.headers["x-gateway-conversation"].split("turn=")[1].split(";")[0])
                 while True:
                     st = client.get(f"{gw.url}/admin/conversations/{cid}").json()
-                    if st.get("turn", 0) >= turn:
+                    if st.get("turn", 0) >= n:
                         break
                     time.sleep(0.002)
-                done_ms = (time.perf_counter() - t_end) * 1000
-                if k:  # the first turn is the cold render of the whole corpus
-                    lat.append(done_ms)
-                    sizes.append(st["state_bytes"])
-                    verdicts.append(st["last_cache"]["verdict"])
+                ms = (time.perf_counter() - t_end) * 1000
+                own.append(client.get(gw.url + "/admin/api/overview").json()["aftermath"]["analysis_last_ms"])
+                return st, ms, r.json()["choices"][0]["message"]
+
+            for mode in ("append-only", "replayed"):
+                lat, sizes, verdicts, own = [], [], [], []
+                if mode == "append-only":
+                    history = messages[:ends[-1]]
+                    st, ms, answer = turn(history, mode)
+                    print(f"  cold first turn: {st['prompt_tokens']} tokens analysed {ms:.0f} ms after the response")
+                    for k in range(turns):
+                        said = {"role": "assistant", "content": answer.get("content") or ""}
+                        if answer.get("reasoning") or answer.get("reasoning_content"):
+                            said["reasoning_content"] = answer.get("reasoning") or answer.get("reasoning_content")
+                        if answer.get("tool_calls"):
+                            said["tool_calls"] = answer["tool_calls"]
+                        history = [*history, said, {"role": "user", "content": f"Step {k}: go on."}]
+                        st, ms, answer = turn(history, mode)
+                        lat.append(ms), sizes.append(st["state_bytes"]), verdicts.append(st["last_cache"]["verdict"])
                 else:
-                    print(f"  cold first turn: {st['prompt_tokens']} tokens analysed {done_ms:.0f} ms after the response")
-            print(f"analysis after the response, last {len(lat)} append-only turns of the corpus "
-                  f"({st['prompt_tokens']} tokens): p50 {statistics.median(lat):.1f} ms, max {max(lat):.1f} ms")
-            print(f"  state per conversation: {max(sizes) / 1024:.1f} KB at {st['prompt_tokens']} tokens; "
-                  f"verdicts {dict((v, verdicts.count(v)) for v in set(verdicts))} (a replayed corpus is not "
-                  f"the model's own output, so turns show as drift unless the client appends what it got)")
+                    for end in ends[-turns - 1:]:
+                        st, ms, _ = turn(messages[:end], mode)
+                        lat.append(ms), sizes.append(st["state_bytes"]), verdicts.append(st["last_cache"]["verdict"])
+                    lat, sizes, verdicts = lat[1:], sizes[1:], verdicts[1:]  # the first is the cold render
+                own = own[-len(lat):]
+                print(f"analysis after the response, {mode}, {len(lat)} turns ({st['prompt_tokens']} tokens): "
+                      f"p50 {statistics.median(lat):.1f} ms, max {max(lat):.1f} ms (the analyzer's own p50 "
+                      f"{statistics.median(own):.1f} ms); state {max(sizes) / 1024:.1f} KB; "
+                      f"verdicts {dict((v, verdicts.count(v)) for v in set(verdicts))}")
 
 
 def main() -> int:

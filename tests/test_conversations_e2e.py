@@ -52,7 +52,7 @@ class Agent:
         self.turns = 0
 
     def turn(self, extra_headers: dict | None = None, wait: bool = True, **kw) -> tuple[dict, dict]:
-        args = dict(model="ds", messages=self.messages, max_tokens=12, **{**self.kw, **kw})
+        args = {"model": "ds", "messages": self.messages, "max_tokens": 12, **self.kw, **kw}
         if self.tools:
             args["tools"] = self.tools
         raw = self.client.chat.completions.with_raw_response.create(stream=self.stream, extra_headers=extra_headers,
@@ -127,7 +127,7 @@ def test_non_streaming_turns_are_tracked_too(emu):
         agent.turn()
         for _ in range(3):
             _, cache = agent.turn()
-            assert cache["verdict"] == "hit" and cache["predicted_cached_tokens"] == cache["reported_cached_tokens"]
+            assert cache["verdict"] == "hit" and cache["predicted_cached_tokens"] == cache["reported_cached_tokens"], cache
 
 
 def test_effort_change_is_pinned(emu):
@@ -316,7 +316,7 @@ def test_analysis_worker_death_costs_one_verdict_and_a_new_worker_takes_over(emu
         # held, so a hit, predicted from turn 2 (the engine holds turn 3's prompt too).
         _, cache = agent.turn()
         assert cache["verdict"] == "hit", cache
-        assert 0 < cache["predicted_cached_tokens"] <= cache["reported_cached_tokens"], cache
+        assert 0 < cache["predicted_cached_tokens"] <= cache["reported_cached_tokens"], json.dumps(cache)
         assert _analysis_worker(gw) != worker
         assert httpx.get(gw.url + "/admin/api/overview").json()["aftermath"]["analysis_worker_pid"] != worker
 
@@ -346,3 +346,19 @@ def test_analysis_worker_leaves_when_the_gateway_is_killed(emu):
         while time.monotonic() < deadline and Path(f"/proc/{worker}").exists():
             time.sleep(0.1)
         assert not Path(f"/proc/{worker}").exists(), "the orphaned analysis worker is still running"
+        assert not list(Path("/dev/shm").glob(f"gateway-analysis-{gw.proc.pid}-*")), "the spool directory is left"
+
+
+def test_large_turns_go_to_the_worker_through_a_spool_file_that_is_removed(emu):
+    with run_gateway(routes(emu.url)) as gw:
+        # Answers end on their own (not cut at max_tokens): the emulator caches a cut answer's closing
+        # tokens too, which a real engine never computed and the gateway rightly does not predict.
+        agent = Agent(gw, max_tokens=64)
+        agent.messages[1]["content"] += "\n" + "def helper(x):\n    return x + 1\n" * 4000  # ~130 KB
+        assert agent.turn()[1]["verdict"] == "cold"
+        for _ in range(2):
+            _, cache = agent.turn()
+            assert cache["verdict"] == "hit" and cache["predicted_cached_tokens"] == cache["reported_cached_tokens"], cache
+        spools = list(Path("/dev/shm").glob(f"gateway-analysis-{gw.proc.pid}-*"))
+        assert len(spools) == 1 and not list(spools[0].iterdir()), spools
+    assert not spools[0].exists()  # removed when the gateway stopped
