@@ -3,6 +3,7 @@ behind the real gateway, driven like an agent with the official openai client.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -279,15 +280,10 @@ def _analysis_worker(gw) -> int:
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
-            try:
-                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                cmdline = (proc / "cmdline").read_bytes()
-            except (OSError, IndexError, ValueError):
-                continue
-            if ppid == gw.proc.pid and b"spawn_main" in cmdline:
-                return int(proc.name)
+            if proc.name.isdigit() and _child_of(proc, gw.proc.pid):
+                with contextlib.suppress(OSError):
+                    if b"spawn_main" in (proc / "cmdline").read_bytes():
+                        return int(proc.name)
         time.sleep(0.1)
     raise AssertionError("the gateway has no analysis worker process")
 

@@ -1,7 +1,7 @@
 """The analysis worker process: renders, tokenizes and compares turns where the event loop's GIL
-is not. The hot path's process then spends no CPU on analysis at all (a 470K-token turn is ~25 ms
-of mostly pure-Python work that, run in a thread, slowed every request in flight by taking turns
-at the GIL with it).
+is not. The hot path's process then spends no CPU on analysis at all (an append-only turn of a
+470K-token session is 15-25 ms of mostly pure-Python work that, run in a thread, slowed every
+request in flight by taking turns at the GIL with it).
 
 One process per gateway process: its render cache (what earlier turns rendered and tokenized) is
 what makes an append-only turn cheap, so every turn goes to the same one. It is spawned (not
