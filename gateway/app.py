@@ -158,8 +158,9 @@ def _limit_malloc_arenas(arenas: int = 2) -> None:
 
 def create_app(settings: Settings | None = None) -> Starlette:
     settings = settings or Settings()
-    # Analysis threads run Python loops over long conversations; by default a thread keeps the GIL
-    # for 5 ms at a time, which would stall the event loop (and every stream) that long.
+    # Other threads of this process (records, limits' counting near the window, analysis with
+    # GATEWAY_ANALYSIS=thread) run Python loops; by default a thread keeps the GIL for 5 ms at a
+    # time, which would stall the event loop (and every stream) that long.
     sys.setswitchinterval(0.0005)
     _limit_malloc_arenas()
     gw = Gateway(settings)

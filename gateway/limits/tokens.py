@@ -131,7 +131,6 @@ def _render_count(renderer: Any, body: dict[str, Any]) -> int | None:
     return int(rendered.n_tokens)
 
 
-
 def _tiktoken_count(facts: Facts) -> int:
     enc = encoding()
     n = facts.token_ids
