@@ -30,12 +30,40 @@ class Timeouts(_Strict):
     idle: float = Field(60.0, gt=0, description="seconds allowed between two chunks of a stream")
 
 
+# Reasoning-effort words a client may send: OpenAI's (`none` turns thinking off) plus `max`, which the
+# DeepSeek-V4.1 engines know. SGLang's and vLLM's V4.1 encoders (encoding_dsv41.py,
+# deepseek_v41_encoding.py) map low/high/xhigh/max to 25/50/75/100, default "high", and refuse
+# minimal/medium with a 400; vLLM's V4 encoder folds minimal/medium into low. The gateway accepts
+# them all and forwards the number, so the engine never sees a word it refuses.
+EFFORT_WORDS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+DEFAULT_EFFORT_MAP: dict[str, int] = {"minimal": 25, "low": 25, "medium": 50, "high": 50, "xhigh": 75, "max": 100}
+# A lane's map that leaves a word out gets it from its nearest neighbour in that map: minimal as
+# low, medium as high (OpenAI's default equals the engines' default "high": the same render, the
+# same cache), xhigh as high (vLLM's patch of the release table keeps xhigh = high).
+_EFFORT_FALLBACK = {"minimal": "low", "medium": "high", "xhigh": "high"}
+
+
+def complete_effort_map(given: dict[str, int] | None) -> dict[str, int]:
+    """The lane's map with every word of EFFORT_WORDS but `none` (which means thinking off)."""
+    if not given:
+        return dict(DEFAULT_EFFORT_MAP)
+    out = dict(given)
+    for word in ("low", "high", "max"):
+        out.setdefault(word, DEFAULT_EFFORT_MAP[word])
+    for word, like in _EFFORT_FALLBACK.items():
+        out.setdefault(word, out[like])
+    return out
+
+
 class RenderConfig(_Strict):
     """How the lane's engine renders a request (issue: renderer)."""
 
     template: str | None = Field("deepseek_v4.1", description="chat_templates/<name>.jinja; null = no known template")
     tokenizer_path: str | None = None
-    effort_map: dict[str, int] | None = None
+    effort_map: dict[str, int] = Field(
+        default_factory=lambda: dict(DEFAULT_EFFORT_MAP), validate_default=True,
+        description="effort word -> the number the template renders (1-100); words left out are filled in "
+                    "(see DEFAULT_EFFORT_MAP and complete_effort_map)")
     default_effort: str | int | None = None
     thinking: bool = True
     drop_thinking: bool = True
@@ -43,6 +71,29 @@ class RenderConfig(_Strict):
     carry: list[Literal["reasoning_effort", "chat_template_kwargs", "thinking"]] = Field(
         default_factory=lambda: ["reasoning_effort", "chat_template_kwargs"]
     )
+
+    @field_validator("effort_map", mode="before")
+    @classmethod
+    def _effort_map(cls, given: Any) -> Any:
+        if given is None:
+            return dict(DEFAULT_EFFORT_MAP)
+        if not isinstance(given, dict):
+            return given  # pydantic names the type error
+        for word, number in given.items():
+            if word == "none":
+                raise ValueError("effort_map.none: 'none' turns thinking off and cannot map to a number")
+            if not isinstance(word, str) or not word.isidentifier():
+                raise ValueError(f"effort_map: {word!r} is not a word")
+            if type(number) is not int or not 1 <= number <= 100:
+                raise ValueError(f"effort_map.{word}: {number!r} must be an integer 1-100")
+        return complete_effort_map(given)
+
+    @model_validator(mode="after")
+    def _default_effort(self) -> "RenderConfig":
+        d = self.default_effort
+        if d is None or (type(d) is int and 1 <= d <= 100) or (isinstance(d, str) and d in self.effort_map):
+            return self
+        raise ValueError(f"default_effort {d!r} must be an integer 1-100 or one of {', '.join(self.effort_map)}")
 
 
 LimitPolicy = Literal["reject", "drop_oldest", "clamp", "escape"]

@@ -124,7 +124,7 @@ def _error(resp: httpx.Response, status: int) -> dict:
     (json.dumps({"model": 7, "messages": []}).encode(), "model"),
     (json.dumps({**chat(), "max_tokens": "lots"}).encode(), "max_tokens"),
     (json.dumps({**chat(), "stream": "yes"}).encode(), "stream"),
-    (json.dumps({**chat(), "reasoning_effort": "medium"}).encode(), "reasoning_effort"),
+    (json.dumps({**chat(), "reasoning_effort": "turbo"}).encode(), "reasoning_effort"),
 ])
 def test_bad_input_is_a_clear_400(gw, body, param):
     r = httpx.post(gw.url + "/v1/chat/completions", content=body, headers={"Content-Type": "application/json"})

@@ -10,10 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import Lane
+from ..config import DEFAULT_EFFORT_MAP, EFFORT_WORDS, Lane
 from ..errors import invalid_request
 
-DEFAULT_EFFORT_MAP = {"low": 25, "high": 50, "xhigh": 75, "max": 100}
+# The words SGLang's and vLLM's DeepSeek-V4.1 encoders accept themselves; others go as the number.
+ENGINE_WORDS = ("low", "high", "xhigh", "max")
+
+__all__ = ["DEFAULT_EFFORT_MAP", "EFFORT_WORDS", "EffortChoice", "accepted_efforts", "apply_to_body", "resolve"]
 
 
 @dataclass(frozen=True)
@@ -49,12 +52,26 @@ def effort_map(lane: Lane) -> dict[str, int]:
     return dict(lane.render.effort_map or DEFAULT_EFFORT_MAP)
 
 
+def accepted_efforts(lane: Lane) -> str:
+    """What the 400 lists: every word the lane maps, `none`, and the integer range."""
+    words = ["none", *lane.render.effort_map] if lane.render.effort_map else list(EFFORT_WORDS)
+    return ", ".join(dict.fromkeys(words)) + " or an integer 1-100"
+
+
+def _invalid(value: Any, lane: Lane):
+    return invalid_request(f"invalid reasoning_effort {str(value)[:40]!r}: expected {accepted_efforts(lane)}",
+                           param="reasoning_effort", code="invalid_value")
+
+
 def resolve(body: dict[str, Any], lane: Lane) -> EffortChoice:
     """The request's effective (thinking, effort) on this lane; an invalid effort is a 400."""
     thinking = requested_thinking(body, lane.render.thinking)
     raw = requested_effort(body)
     value = raw if raw is not None else lane.render.default_effort
     if lane.render.template is None:
+        # No template to render it: the engine reads the value; only a word nobody knows is refused.
+        if type(value) is str and value not in EFFORT_WORDS and value not in (lane.render.effort_map or ()):
+            raise _invalid(value, lane)
         return EffortChoice(thinking, value, raw)
     emap = effort_map(lane)
     if value is None:
@@ -64,10 +81,7 @@ def resolve(body: dict[str, Any], lane: Lane) -> EffortChoice:
     elif type(value) is str and value in emap:
         number = emap[value]
     else:
-        raise invalid_request(
-            f"invalid reasoning_effort {value!r}: expected an integer 1-100 or one of {', '.join(emap)}",
-            param="reasoning_effort", code="invalid_value",
-        )
+        raise _invalid(value, lane)
     return EffortChoice(thinking, number, raw)
 
 
@@ -94,5 +108,7 @@ def apply_to_body(body: dict[str, Any], lane: Lane, thinking: bool, effort: int 
 def _word_for(lane: Lane, effort: int | str | None) -> str | None:
     if effort is None or isinstance(effort, str):
         return effort if isinstance(effort, str) else None
-    words = [w for w, n in effort_map(lane).items() if n == effort]
+    # Only a word the engine itself knows, and only when it names this number alone among them
+    # (medium and high are both 50 by default: "high" goes); otherwise the number goes.
+    words = [w for w, n in effort_map(lane).items() if n == effort and w in ENGINE_WORDS]
     return words[0] if len(words) == 1 else None
