@@ -182,6 +182,8 @@ class Lane(_Strict):
     render: RenderConfig = Field(default_factory=RenderConfig)
     limits: Limits = Field(default_factory=Limits)
     effort_policy: Literal["pin", "warn", "off"] = "pin"
+    reasoning_field: Literal["reasoning", "reasoning_content", "both"] | None = Field(
+        None, description="the field clients get the reasoning in; None: whatever the engine sends")
     cache: CacheModel = Field(default_factory=CacheModel)
     routing: Literal["round_robin", "least_inflight", "conversation_affinity"] = "conversation_affinity"
     affinity: Affinity = Field(default_factory=Affinity)

@@ -11,6 +11,7 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive
 
+from . import reshape
 from .errors import GatewayError, error_body
 from .exchange import Exchange
 from .runtime import LaneRuntime
@@ -75,6 +76,7 @@ async def _relay_whole(ex, lane, replica, resp, receive, on_end) -> Response:
     now = time.perf_counter()
     ex.t_first_token = ex.t_last_token = now
     observe_completion(ex, data)
+    data = reshape.for_lane(ex, lane).body(data)  # the client's model name, the lane's reasoning field
     response = Response(data, status_code=resp.status, media_type=resp.content_type or "application/json")
     on_end()
     return response
@@ -98,6 +100,7 @@ async def _relay_error(ex, lane, replica, resp, on_end) -> Response:
 
 async def _relay_stream(ex, lane, replica, resp, receive, on_end) -> Response:
     observer = StreamObserver(ex, drop_usage_chunk=not ex.client_wants_usage)
+    shape = reshape.for_lane(ex, lane).event
     timeouts = lane.upstream.timeouts
     # Wait for the first event before answering, so a stalled or dead upstream still gets a clean
     # 504/502 status; the client's first byte leaves the moment the upstream's arrives.
@@ -132,7 +135,7 @@ async def _relay_stream(ex, lane, replica, resp, receive, on_end) -> Response:
         watchdog = IdleWatchdog(resp, timeouts.idle)
         try:
             while data:
-                out = [e for e in splitter.feed(data) if observer.observe(e)]
+                out = [shape(e) for e in splitter.feed(data) if observer.observe(e)]
                 if out:
                     yield b"".join(out) if len(out) > 1 else out[0]
                 # The idle timeout covers only the wait for the upstream, never a slow client.

@@ -6,6 +6,7 @@ import json
 import socket
 import threading
 import time
+import uuid
 
 import httpx
 import openai
@@ -229,6 +230,15 @@ def test_client_disconnect_cancels_upstream(gw, emu):
         emu.configure(decode_tps=0)
 
 
+def _served_by(emu, g, model: str) -> bool:
+    """Did a request for `model` reach this emulator? (The answer names the client's model either way.)"""
+    rid = "probe-" + uuid.uuid4().hex
+    r = httpx.post(g.url + "/v1/chat/completions", json={**chat(max_tokens=2), "model": model},
+                   headers={"X-Request-Id": rid})
+    assert r.status_code == 200 and r.json()["model"] == model
+    return any(x["request_id"] == rid for x in emu.stats()["recent"])
+
+
 def test_hot_reload_keeps_streams_and_switches_lanes(emu, emu_b):
     routes = {"lanes": {"a": lane(emu.url), "b": lane(emu_b.url, model="other-model", engine="sglang")},
               "models": {"m": "a"}}
@@ -238,7 +248,8 @@ def test_hot_reload_keeps_streams_and_switches_lanes(emu, emu_b):
             result: dict = {}
 
             def long_stream() -> None:
-                with httpx.stream("POST", g.url + "/v1/chat/completions",
+                result["rid"] = "long-" + uuid.uuid4().hex
+                with httpx.stream("POST", g.url + "/v1/chat/completions", headers={"X-Request-Id": result["rid"]},
                                   json={**chat(stream=True, max_tokens=60), "model": "m"}, timeout=30) as r:
                     result["events"] = [line for line in r.iter_lines() if line.startswith("data:")]
 
@@ -247,26 +258,23 @@ def test_hot_reload_keeps_streams_and_switches_lanes(emu, emu_b):
             time.sleep(0.4)
             g.write_routes({**routes, "models": {"m": "b"}})  # move the alias while the stream runs
             deadline = time.monotonic() + 5
-            model = None
-            while time.monotonic() < deadline:
-                r = httpx.post(g.url + "/v1/chat/completions", json={**chat(max_tokens=2), "model": "m"})
-                model = r.json()["model"]
-                if model == "other-model":
-                    break
+            on_b = False
+            while time.monotonic() < deadline and not on_b:
+                on_b = _served_by(emu_b, g, "m")
                 time.sleep(0.1)
-            assert model == "other-model", "new requests must reach the new lane"
+            assert on_b, "new requests must reach the new lane"
             t.join(30)
             events = result["events"]
             assert events[-1] == "data: [DONE]"
             assert not any('"error"' in e for e in events)
             content = [json.loads(e[5:]) for e in events[:-1]]
-            assert all(c["model"] == "deepseek-v4-flash" for c in content), "the stream stayed on its lane"
+            assert all(c["model"] == "m" for c in content), "the client's own model name, throughout"
+            assert [r for r in emu.stats()["recent"] if r["request_id"] == result["rid"]], "the stream stayed on its lane"
 
             # A broken edit changes nothing, and says why.
             g.write_routes("lanes: {a: {replicas: [not-a-url]}}\nmodels: {m: a}\n")
             time.sleep(1.0)
-            r = httpx.post(g.url + "/v1/chat/completions", json={**chat(max_tokens=2), "model": "m"})
-            assert r.status_code == 200 and r.json()["model"] == "other-model"
+            assert _served_by(emu_b, g, "m")
             ready = httpx.get(g.url + "/readyz").json()
             assert "replicas" in (ready["config"]["last_reload_error"] or "")
     finally:
