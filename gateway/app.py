@@ -23,6 +23,7 @@ from .aftermath import Aftermath
 from .config import ConfigError, load_routes
 from .errors import GatewayError, error_body
 from .features import install_all
+from .models_api import ModelCatalog
 from .pipeline import Pipeline
 from .runtime import Runtime, watch_routes
 from .settings import Settings
@@ -56,21 +57,16 @@ class Gateway:
         self.shutdown: list[Callable[[], Any]] = []
         self.services: dict[str, Any] = {}
         self.started_at = time.time()
+        self.catalog = ModelCatalog(self.runtime, self.started_at)
         self._ready_cache: tuple[float, dict[str, Any]] | None = None
 
     # -- public endpoints ---------------------------------------------------------------
 
     async def models(self, request: Request) -> Response:
-        config = self.runtime.snapshot.config
-        created = int(self.started_at)
-        data = [{"id": name, "object": "model", "created": created, "owned_by": "gateway"} for name in config.models]
-        return JSONResponse({"object": "list", "data": data})
+        return JSONResponse(await self.catalog.list())
 
     async def model(self, request: Request) -> Response:
-        name = request.path_params["model"]
-        if name not in self.runtime.snapshot.config.models:
-            raise GatewayError(404, f"The model '{name[:200]}' does not exist", param="model", code="model_not_found")
-        return JSONResponse({"id": name, "object": "model", "created": int(self.started_at), "owned_by": "gateway"})
+        return JSONResponse(await self.catalog.one(request.path_params["model"]))
 
     async def healthz(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})

@@ -222,21 +222,58 @@ class GatewaySection(_Strict):
     admin_key_env: str | None = None
 
 
+class ModelRoute(_Strict):
+    """The long form of a public model: `name: {lane: a, fallbacks: [b, c], owned_by: acme}`."""
+
+    lane: str = Field(min_length=1)
+    fallbacks: list[str] = Field(default_factory=list, description="lanes tried in order when the lane is "
+                                 "refused (qualification) or has no healthy replica")
+    owned_by: str | None = Field(None, description="what GET /v1/models says; default: gateway")
+
+
 class RoutesConfig(_Strict):
     gateway: GatewaySection = Field(default_factory=GatewaySection)
     lanes: dict[str, Lane] = Field(min_length=1)
-    models: dict[str, str] = Field(min_length=1, description="public model name -> lane name")
+    # After validation every value is the lane's name (a str): the long form is split into
+    # `fallbacks` and `owned_by` below, so readers of `models` see one shape.
+    models: dict[str, str | ModelRoute] = Field(min_length=1, description="public model name -> lane name "
+                                                                          "(or {lane, fallbacks, owned_by})")
+    fallbacks: dict[str, list[str]] = Field(default_factory=dict, description="public model name -> fallback lanes")
+    owned_by: dict[str, str] = Field(default_factory=dict, description="public model name -> owned_by")
 
     @model_validator(mode="after")
     def _aliases_point_at_lanes(self) -> "RoutesConfig":
-        for alias, lane in self.models.items():
+        models: dict[str, str] = {}
+        fallbacks = dict(self.fallbacks)
+        owned = dict(self.owned_by)
+        for alias, route in self.models.items():
+            if isinstance(route, ModelRoute):
+                models[alias] = route.lane
+                if route.fallbacks:
+                    fallbacks[alias] = list(route.fallbacks)
+                if route.owned_by:
+                    owned[alias] = route.owned_by
+            else:
+                models[alias] = route
+        for alias, lane in models.items():
             if lane not in self.lanes:
                 raise ValueError(f"models.{alias}: lane {lane!r} is not defined under lanes")
+        for alias, lanes in fallbacks.items():
+            if alias not in models:
+                raise ValueError(f"fallbacks.{alias}: no such model under models")
+            for i, lane in enumerate(lanes):
+                if lane not in self.lanes:
+                    raise ValueError(f"models.{alias}.fallbacks.{i}: lane {lane!r} is not defined under lanes")
+                if lane == models[alias] or lanes.index(lane) != i:
+                    raise ValueError(f"models.{alias}.fallbacks.{i}: lane {lane!r} is listed twice")
+        object.__setattr__(self, "models", models)  # frozen: set once, here, before anyone reads it
+        object.__setattr__(self, "fallbacks", fallbacks)
+        object.__setattr__(self, "owned_by", owned)
         return self
 
     def lane_for(self, model: str) -> tuple[str, Lane] | None:
         name = self.models.get(model)
-        return (name, self.lanes[name]) if name is not None else None
+        return (name, self.lanes[name]) if isinstance(name, str) else None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
