@@ -23,6 +23,11 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--redis", default=os.environ.get("GATEWAY_REDIS_URL"), help="redis://... for shared state")
     p.add_argument("--data-dir", default=os.environ.get("GATEWAY_DATA_DIR", "var"))
     p.add_argument("--log-level", default=os.environ.get("GATEWAY_LOG_LEVEL", "info"))
+    p.add_argument("--no-access-log", action="store_true", help="no per-request access log line")
+    p.add_argument("--access-log-format", choices=("json", "text"),
+                   default=os.environ.get("GATEWAY_ACCESS_LOG_FORMAT", "json"))
+    p.add_argument("--access-log-sample", type=float, default=None,
+                   help="share of successful requests logged (errors always are); default 1")
 
 
 def _export_env(args: argparse.Namespace) -> None:
@@ -33,6 +38,12 @@ def _export_env(args: argparse.Namespace) -> None:
     os.environ["GATEWAY_LOG_LEVEL"] = args.log_level
     if args.redis:
         os.environ["GATEWAY_REDIS_URL"] = args.redis
+    if getattr(args, "no_access_log", False):
+        os.environ["GATEWAY_ACCESS_LOG"] = "0"
+    if getattr(args, "access_log_format", None):
+        os.environ["GATEWAY_ACCESS_LOG_FORMAT"] = args.access_log_format
+    if getattr(args, "access_log_sample", None) is not None:
+        os.environ["GATEWAY_ACCESS_LOG_SAMPLE"] = str(args.access_log_sample)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -77,6 +77,8 @@ class Exchange:
     thinking_requested: bool | None = None
     thinking_applied: bool | None = None
     limits_fired: list[str] = field(default_factory=list)
+    fallback_from: str | None = None  # the lane the model maps to, when another lane served it
+    response_bytes: int = 0  # body bytes sent to the client (the access log)
     response_headers: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, Any] = field(default_factory=dict)
 

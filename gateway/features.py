@@ -25,6 +25,7 @@ FEATURE_MODULES = (
     "gateway.routing.feature",  # replica routing lookups (after conversations: homes need them)
     "gateway.metrics",  # Prometheus
     "gateway.records.feature",  # per-request records
+    "gateway.access_log",  # one line per request, after the response
     "gateway.qualify.feature",  # refuse unqualified lanes
     "gateway.admin.feature",  # /admin pages and APIs
 )

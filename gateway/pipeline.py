@@ -81,6 +81,7 @@ class Pipeline:
             ex.fail(exc.status, exc.code, exc.message)
             response = Response(exc.json_bytes(), status_code=exc.status, media_type="application/json",
                                 headers=exc.headers)
+            ex.response_bytes = len(response.body)
             end()
         except (ClientGone, ClientDisconnect):
             ex.cancelled = True

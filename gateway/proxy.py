@@ -77,6 +77,7 @@ async def _relay_whole(ex, lane, replica, resp, receive, on_end) -> Response:
     ex.t_first_token = ex.t_last_token = now
     observe_completion(ex, data)
     data = reshape.for_lane(ex, lane).body(data)  # the client's model name, the lane's reasoning field
+    ex.response_bytes = len(data)
     response = Response(data, status_code=resp.status, media_type=resp.content_type or "application/json")
     on_end()
     return response
@@ -94,6 +95,7 @@ async def _relay_error(ex, lane, replica, resp, on_end) -> Response:
     ex.fail(resp.status, str(body["error"].get("code")), str(body["error"].get("message"))[:500])
     ex.upstream_error = ex.error_message
     response = Response(orjson.dumps(body), status_code=resp.status, media_type="application/json")
+    ex.response_bytes = len(response.body)
     on_end()
     return response
 
@@ -137,7 +139,9 @@ async def _relay_stream(ex, lane, replica, resp, receive, on_end) -> Response:
             while data:
                 out = [shape(e) for e in splitter.feed(data) if observer.observe(e)]
                 if out:
-                    yield b"".join(out) if len(out) > 1 else out[0]
+                    piece = b"".join(out) if len(out) > 1 else out[0]
+                    ex.response_bytes += len(piece)
+                    yield piece
                 # The idle timeout covers only the wait for the upstream, never a slow client.
                 watchdog.waiting()
                 data = await resp.content.readany()

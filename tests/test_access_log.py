@@ -1,0 +1,104 @@
+"""The access log: one structured line per request, after the response, in json or text, sampled, or off."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import httpx
+import openai
+import pytest
+
+from gateway.access_log import AccessLog, AccessLogSettings, _text, access_fields
+from gateway.exchange import Exchange
+from tests.support.emulator_proc import run_emulator
+from tests.support.gateway_proc import run_gateway
+
+FIELDS = {"request_id", "tenant", "model", "lane", "replica", "status", "bytes_in", "bytes_out", "latency_ms",
+          "ttft_ms", "cached_tokens", "predicted_cached_tokens", "verdict"}
+
+
+def _routes(url: str) -> dict:
+    return {"lanes": {"ds": {"replicas": [url], "upstream_model": "deepseek-v4-flash", "qualification": "not_required",
+                             "render": {"template": "deepseek_v4.1"}}},
+            "models": {"ds": "ds"}}
+
+
+def _lines(gw, n: int) -> list[dict]:
+    import time
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        found = [json.loads(line) for line in gw.log().splitlines() if line.startswith('{"ts"')]
+        if len(found) >= n:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"expected {n} access lines, log:\n{gw.log()[-2000:]}")
+
+
+@pytest.fixture(scope="module")
+def emu():
+    with run_emulator(flavour="vllm", tokenizer="dsv41", default_thinking=True) as e:
+        yield e
+
+
+def test_one_json_line_per_request(emu):
+    with run_gateway(_routes(emu.url)) as gw:
+        client = openai.OpenAI(base_url=gw.base_url, api_key="secret-key-1", max_retries=0)
+        list(client.chat.completions.create(model="ds", messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=8, stream=True))
+        client.chat.completions.create(model="ds", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+                                       extra_headers={"X-Request-Id": "rid-2"})
+        httpx.post(gw.base_url + "/chat/completions", json={"model": "nope", "messages": []})
+        lines = _lines(gw, 3)
+        assert "secret-key-1" not in gw.log()
+        stream = next(x for x in lines if x["stream"])
+        whole = next(x for x in lines if x["request_id"] == "rid-2")
+        bad = next(x for x in lines if x["model"] == "nope")
+        for line in lines:
+            assert FIELDS <= set(line)
+        assert stream["status"] == 200 and stream["stream"] is True and stream["lane"] == "ds"
+        assert stream["replica"] == emu.url and stream["bytes_out"] > 0 and stream["ttft_ms"] is not None
+        assert stream["tenant"].startswith("key:") and stream["tenant"] == whole["tenant"]
+        assert stream["verdict"] in ("cold", "hit", "drift", "eviction", "unknown")
+        assert bad["status"] in (400, 404) and bad["bytes_out"] > 0
+
+
+def test_text_format_and_off(emu):
+    with run_gateway(_routes(emu.url), env={"GATEWAY_ACCESS_LOG_FORMAT": "text"}) as gw:
+        httpx.post(gw.base_url + "/chat/completions", json={"model": "ds", "max_tokens": 2,
+                                                            "messages": [{"role": "user", "content": "x"}]})
+        import time
+        deadline = time.monotonic() + 15
+        while "request_id=" not in gw.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        line = next(x for x in gw.log().splitlines() if "request_id=" in x)
+        assert "status=200" in line and "lane=ds" in line and "model=ds" in line
+    with run_gateway(_routes(emu.url), env={"GATEWAY_ACCESS_LOG": "0"}) as gw:
+        r = httpx.post(gw.base_url + "/chat/completions", json={"model": "ds", "max_tokens": 2,
+                                                                "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 200
+        r = httpx.get(gw.url + "/metrics")  # something after the request: its aftermath has run by then
+        assert "request_id" not in gw.log()
+
+
+def test_sampling_keeps_every_error():
+    sink = AccessLog(AccessLogSettings(sample=0.0), rng=random.Random(1))
+    ok, bad = Exchange("a"), Exchange("b")
+    ok.status, bad.status = 200, 503
+    sink(ok, None)
+    sink(bad, None)
+    assert sink.written == 1 and sink.sampled_out == 1
+
+
+def test_text_quotes_odd_values():
+    ex = Exchange("r 1")
+    ex.status, ex.public_model = 200, 'we"ird model'
+    text = _text(access_fields(ex))
+    assert 'request_id="r 1"' in text and 'model="we\\"ird model"' in text and "replica=-" in text
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError):
+        AccessLogSettings.from_env({"GATEWAY_ACCESS_LOG_FORMAT": "xml"})
+    with pytest.raises(ValueError):
+        AccessLogSettings.from_env({"GATEWAY_ACCESS_LOG_SAMPLE": "2"})
