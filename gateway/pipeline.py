@@ -15,6 +15,7 @@ from starlette.responses import Response
 
 from .errors import GatewayError, invalid_request
 from .exchange import Exchange
+from .fallback import choose_lane
 from .proxy import ClientGone, forward
 from .runtime import LaneRuntime, Runtime
 from .validate import check_chat, check_completion
@@ -65,14 +66,14 @@ class Pipeline:
             check(data)
             ex.stream = bool(data.get("stream"))
             ex.body = data
-            lane = snapshot.resolve(model)
-            if lane is None:
+            primary = snapshot.resolve(model)
+            if primary is None:
                 raise GatewayError(404, f"The model '{model[:200]}' does not exist or you do not have access to it.",
                                    param="model", code="model_not_found")
+            ex.lane = primary.name  # a refusal is the primary lane's
+            lane = await choose_lane(ex, snapshot, primary, self.gates)  # runs the gates; may pick a fallback
             lane.inflight += 1
             ex.lane = lane.name
-            for gate in self.gates:
-                await gate(ex, lane)
             for policy in self.runtime.policies:
                 await policy.apply(ex, lane, data)
             upstream_body = ex.forwarded = self._upstream_body(ex, lane, data)

@@ -30,6 +30,7 @@ FIELDS: dict[str, str] = {
     "error_code": "TEXT",
     "cancelled": "INTEGER",
     "retries": "INTEGER",
+    "fallback_from": "TEXT",  # the model's own lane, when a fallback lane served the request
     "upstream_error": "TEXT",
     "prompt_tokens": "INTEGER",
     "cached_tokens": "INTEGER",  # as the engine reported it; NULL = not reported (not the same as 0)
@@ -98,6 +99,7 @@ def build_record(ex: Exchange, capture_max_bytes: int = 0) -> dict[str, Any]:
         "error_code": ex.error_code,
         "cancelled": int(ex.cancelled),
         "retries": ex.retries,
+        "fallback_from": ex.fallback_from,
         "upstream_error": (ex.upstream_error or None) and ex.upstream_error[:300],
         "prompt_tokens": _int(usage.get("prompt_tokens")),
         "cached_tokens": reported_cached_tokens(usage),
