@@ -13,6 +13,7 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from . import passthrough
 from .errors import GatewayError, invalid_request
 from .exchange import Exchange
 from .fallback import choose_lane
@@ -39,6 +40,19 @@ class Pipeline:
 
     async def completions(self, request: Request) -> Response:
         return await self._handle(request, "/v1/completions", check_completion)
+
+    # The pass-through endpoints (gateway/passthrough.py): the same path, their own shape checks.
+    async def responses(self, request: Request) -> Response:
+        return await self._handle(request, passthrough.RESPONSES, passthrough.check_responses)
+
+    async def embeddings(self, request: Request) -> Response:
+        return await self._handle(request, passthrough.EMBEDDINGS, passthrough.check_embeddings)
+
+    async def tokenize(self, request: Request) -> Response:
+        return await self._handle(request, passthrough.TOKENIZE, passthrough.check_tokenize)
+
+    async def detokenize(self, request: Request) -> Response:
+        return await self._handle(request, passthrough.DETOKENIZE, passthrough.check_detokenize)
 
     async def _handle(self, request: Request, path: str, check: Callable[[dict], None]) -> Response:
         ex = Exchange(request_id=_request_id(request), path=path, request_headers=request.headers)
@@ -74,7 +88,9 @@ class Pipeline:
             lane = await choose_lane(ex, snapshot, primary, self.gates)  # runs the gates; may pick a fallback
             lane.inflight += 1
             ex.lane = lane.name
-            for policy in self.runtime.policies:
+            if path == passthrough.RESPONSES:
+                passthrough.map_responses_effort(data, lane.config)
+            for policy in self.runtime.policies if path in passthrough.POLICED else ():
                 await policy.apply(ex, lane, data)
             upstream_body = ex.forwarded = self._upstream_body(ex, lane, data)
             response = await forward(ex, lane, path, upstream_body, request.receive, end)
@@ -124,7 +140,7 @@ class Pipeline:
         out["model"] = lane.config.upstream_model
         for name in _GATEWAY_ONLY_FIELDS:
             out.pop(name, None)
-        if ex.stream:
+        if ex.stream and ex.path in passthrough.STREAM_OPTIONS:
             so = dict(out.get("stream_options") or {})
             ex.client_wants_usage = bool(so.get("include_usage"))
             # Always ask for usage: the cached-token count lives there.

@@ -11,7 +11,7 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive
 
-from . import reshape
+from . import passthrough, reshape
 from .errors import GatewayError, error_body
 from .exchange import Exchange
 from .runtime import LaneRuntime
@@ -75,7 +75,7 @@ async def _relay_whole(ex, lane, replica, resp, receive, on_end) -> Response:
     ex.status = resp.status
     now = time.perf_counter()
     ex.t_first_token = ex.t_last_token = now
-    observe_completion(ex, data)
+    (observe_completion if ex.path in passthrough.STREAM_OPTIONS else passthrough.observe_response_body)(ex, data)
     data = reshape.for_lane(ex, lane).body(data)  # the client's model name, the lane's reasoning field
     ex.response_bytes = len(data)
     response = Response(data, status_code=resp.status, media_type=resp.content_type or "application/json")
@@ -101,7 +101,8 @@ async def _relay_error(ex, lane, replica, resp, on_end) -> Response:
 
 
 async def _relay_stream(ex, lane, replica, resp, receive, on_end) -> Response:
-    observer = StreamObserver(ex, drop_usage_chunk=not ex.client_wants_usage)
+    observer = StreamObserver(ex, drop_usage_chunk=not ex.client_wants_usage) if ex.path != passthrough.RESPONSES \
+        else passthrough.ResponsesObserver(ex)
     shape = reshape.for_lane(ex, lane).event
     timeouts = lane.upstream.timeouts
     # Wait for the first event before answering, so a stalled or dead upstream still gets a clean

@@ -306,6 +306,8 @@ def install(gw: "Gateway") -> None:
     # builds its routes from these attributes after the parts are installed.
     gw.pipeline.chat = security.guarded(gw.pipeline.chat)  # type: ignore[method-assign]
     gw.pipeline.completions = security.guarded(gw.pipeline.completions)  # type: ignore[method-assign]
+    for name in ("responses", "embeddings", "tokenize", "detokenize"):  # the pass-through endpoints
+        setattr(gw.pipeline, name, security.guarded(getattr(gw.pipeline, name)))
     gw.models = security.guarded(gw.models)  # type: ignore[method-assign]
     gw.model = security.guarded(gw.model)  # type: ignore[method-assign]
 

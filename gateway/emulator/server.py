@@ -12,12 +12,13 @@ import orjson
 import xxhash
 from aiohttp import web
 
+from . import passthrough as ep
 from . import shapes
 from .cache import PrefixCache, salt_seed, token_bytes
 from .config import EmulatorConfig
 from .generation import Plan, plan_chat, plan_completion, requested_max_tokens
 from .stats import RequestRecord, Stats
-from .tokens import TokenizeGenerated, TokenizePrompt, count_images, tokenizers_for
+from .tokens import TokenizeGenerated, TokenizePrompt, count_images, tokenizers_for, words
 
 _JSON = "application/json"
 _MAX_BODY = 512 * 1024 * 1024  # agent conversations reach several MB; never 413 like aiohttp's 1 MB default
@@ -69,6 +70,9 @@ class Emulator:
         r.add_get("/health_generate", self.health)  # SGLang's deeper probe
         r.add_post("/tokenize", self.tokenize)
         r.add_post("/v1/tokenize", self.tokenize)
+        r.add_post("/detokenize", self.detokenize)
+        r.add_post("/v1/responses", self.responses)
+        r.add_post("/v1/embeddings", self.embeddings)
         r.add_get("/emulator/stats", self.get_stats)
         r.add_post("/emulator/reset", self.reset)
         r.add_get("/emulator/config", self.get_config)
@@ -141,6 +145,104 @@ class Emulator:
         except ValueError as exc:  # orjson.JSONDecodeError and template refusals are ValueErrors
             return _error(self.config, 400, str(exc), "BadRequestError")
         return _json({"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": ids, "token_strs": None})
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        try:
+            body = orjson.loads(await request.read() or b"{}")
+            tokens = body.get("tokens") if isinstance(body, dict) else None
+            if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
+                raise ValueError("tokens must be a list of integers")
+        except ValueError as exc:
+            return _error(self.config, 400, str(exc), "BadRequestError")
+        decode = getattr(self.tokenize_prompt, "decode", None)
+        text = decode(tokens) if decode is not None else " ".join(f"<{t}>" for t in tokens)
+        return _json({"prompt": text})
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        cfg = self.config
+        try:
+            body = orjson.loads(await request.read() or b"{}")
+            if not isinstance(body, dict) or body.get("input") in (None, "", []):
+                raise ValueError("input is required")
+            out = ep.embeddings_body(body, str(body.get("model") or cfg.model), 64,
+                                     lambda item: len(item) if isinstance(item, list) else len(words(item)))
+        except (ValueError, TypeError) as exc:
+            return _error(cfg, 400, str(exc), "BadRequestError")
+        self.stats.prompt_tokens += out["usage"]["prompt_tokens"]
+        return _json(out)
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        """/v1/responses through the chat machinery (see emulator/passthrough.py)."""
+        cfg = self.config
+        raw = await request.read()
+        try:
+            body = orjson.loads(raw)
+            if not isinstance(body, dict):
+                raise ValueError("Request body must be a JSON object")
+        except ValueError as exc:
+            return _error(cfg, 400, str(exc), "Bad Request")
+        rec = RequestRecord(request.headers.get("X-Request-Id") or uuid.uuid4().hex, request.path,
+                            {k.lower(): v for k, v in request.headers.items()}, body, len(raw))
+        self.stats.begin(rec)
+        try:
+            chat = ep.chat_body_of(body)
+            try:
+                prompt = self.tokenize_prompt(chat)
+            except ValueError as exc:
+                self.stats.error(rec, "rejected", 400)
+                return _error(cfg, 400, str(exc), "BadRequestError")
+            data = token_bytes(prompt)
+            seed = salt_seed(None)
+            hashes = self.cache.hashes(data, seed)
+            cached = self.cache.cached_tokens(self.cache.match(data, hashes, seed), len(prompt))
+            self.cache.insert(data, hashes, seed)
+            rec.prompt_tokens, rec.cached_tokens = len(prompt), cached
+            self.stats.prompt_tokens += len(prompt)
+            self.stats.cached_tokens += cached
+            plan = plan_chat(chat, xxhash.xxh3_64_intdigest(data), cfg)
+            rec.completion_tokens = plan.completion_tokens
+            model = str(body.get("model") or cfg.model)
+            b = ep.ResponseBuilder(body, model, plan.reasoning, plan.content, plan.tool_call, plan.finish_reason)
+            usage = ep.response_usage(len(prompt), cached, len(plan.reasoning), plan.completion_tokens)
+            ttft = cfg.ttft_ms / 1000.0 + ((len(prompt) - cached) / cfg.prefill_tps if cfg.prefill_tps > 0 else 0.0)
+            await asyncio.sleep(ttft)
+            if not body.get("stream"):
+                if cfg.decode_tps > 0 and plan.completion_tokens > 1:
+                    await asyncio.sleep((plan.completion_tokens - 1) / cfg.decode_tps)
+                rec.done, rec.stage = True, "done"
+                return _json(b.response(b.final_status(), usage))
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+            await resp.prepare(request)
+            gap = 1.0 / cfg.decode_tps if cfg.decode_tps > 0 else 0.0
+            await resp.write(b"".join(b.head_events()))
+            index = 0
+            if plan.reasoning:
+                await resp.write(b"".join(b.reasoning_open()))
+                for piece in plan.reasoning:
+                    await resp.write(b.reasoning_delta(piece))
+                    if gap:
+                        await asyncio.sleep(gap)
+                await resp.write(b"".join(b.reasoning_done()))
+                index = 1
+            if plan.tool_call is not None:
+                await resp.write(b"".join(b.tool_events(index)))
+            else:
+                await resp.write(b"".join(b.message_open(index)))
+                for piece in plan.content:
+                    await resp.write(b.text_delta(index, piece))
+                    rec.chunks_sent += 1
+                    if gap:
+                        await asyncio.sleep(gap)
+                await resp.write(b"".join(b.message_close(index)))
+            await resp.write(b"".join(b.tail_events(usage)))
+            await resp.write_eof()
+            rec.done, rec.stage = True, "done"
+            return resp
+        except asyncio.CancelledError:
+            self.stats.cancel(rec)
+            raise
+        finally:
+            self.stats.end(rec)
 
     # -- generation endpoints ----------------------------------------------------------------------
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
