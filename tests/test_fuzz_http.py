@@ -19,6 +19,7 @@ import time
 import httpx
 import pytest
 import schemathesis
+from schemathesis import checks
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis.errors import Unsatisfiable
 from hypothesis import strategies as st
@@ -345,6 +346,9 @@ def test_schemathesis(gw, mode) -> None:
             if 400 <= resp.status_code < 500 and case.method != "HEAD":
                 err = resp.json()["error"]
                 assert set(err) == {"message", "type", "param", "code"}, resp.text[:300]
+            # The other way round: what comes back is what the description says (status, type, schema).
+            case.validate_response(resp, checks=[checks.response_schema_conformance, checks.content_type_conformance,
+                                                 checks.status_code_conformance])
 
         try:
             run()
@@ -353,4 +357,5 @@ def test_schemathesis(gw, mode) -> None:
             assert mode == "negative" and op.path in ("/healthz", "/readyz", "/v1/models"), op.path
             continue
         ran.append(op.path)
-    assert {"/v1/chat/completions", "/v1/completions", "/v1/models/{model}"} <= set(ran)
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/models/{model}", "/v1/responses", "/v1/embeddings",
+            "/tokenize", "/detokenize"} <= set(ran)
