@@ -81,7 +81,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    children = start_emulators(config)
+    children = start_emulators(config, pacing=None if args.no_pacing else (args.decode_tps, args.prefill_tps))
     print("\n  DEMO MODE: in-memory state, emulated upstreams, no API keys required.\n"
           f"  Try: curl -s http://{args.host}:{args.port}/v1/chat/completions -H 'Content-Type: application/json' "
           "-d '{\"model\": \"deepseek-v4-flash\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], "
@@ -96,7 +96,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
             child.wait(timeout=10)
 
 
-def start_emulators(config) -> list[subprocess.Popen]:
+# `gateway demo` paces its emulated lanes like a real one (llama-benchy through the demo then reports
+# plausible figures, not 300K tok/s prompt speed): decode and prefill speed, unless the lane's own
+# emulator knobs say otherwise. The emulator the tests start is not paced (tests stay fast).
+DEMO_DECODE_TPS = 60.0
+DEMO_PREFILL_TPS = 5000.0
+DEMO_TTFT_MS = 30.0
+
+
+def start_emulators(config, pacing: tuple[float, float] | None = None) -> list[subprocess.Popen]:
     from urllib.parse import urlsplit
 
     children = []
@@ -105,7 +113,8 @@ def start_emulators(config) -> list[subprocess.Popen]:
             continue
         for url in lane.replicas:
             parts = urlsplit(url)
-            knobs = {"flavour": lane.emulator.flavour, "model": lane.upstream_model, **lane.emulator.knobs}
+            paced = {"decode_tps": pacing[0], "prefill_tps": pacing[1], "ttft_ms": DEMO_TTFT_MS} if pacing else {}
+            knobs = {"flavour": lane.emulator.flavour, "model": lane.upstream_model, **paced, **lane.emulator.knobs}
             cmd = [sys.executable, "-m", "gateway.emulator", "--host", parts.hostname or "127.0.0.1",
                    "--port", str(parts.port or 80), "--config-json", json.dumps(knobs)]
             children.append(subprocess.Popen(cmd, preexec_fn=_die_with_parent))
@@ -186,6 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="run the gateway with emulated demo lanes (quick start)")
     _serve_args(p)
+    p.add_argument("--decode-tps", type=float, default=float(os.environ.get("GATEWAY_DEMO_DECODE_TPS", DEMO_DECODE_TPS)),
+                   help=f"emulated decode speed, tokens/s (default {DEMO_DECODE_TPS:g})")
+    p.add_argument("--prefill-tps", type=float,
+                   default=float(os.environ.get("GATEWAY_DEMO_PREFILL_TPS", DEMO_PREFILL_TPS)),
+                   help=f"emulated prefill speed of uncached prompt tokens, tokens/s (default {DEMO_PREFILL_TPS:g})")
+    p.add_argument("--no-pacing", action="store_true", help="emulated lanes answer as fast as they can")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("check", help="validate a routes.yaml without serving")

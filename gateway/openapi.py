@@ -210,7 +210,10 @@ def build(gw: "Gateway", request: Request | None = None) -> dict[str, Any]:
     def ok(schema: str, stream: bool) -> dict[str, Any]:
         content: dict[str, Any] = {"application/json": {"schema": _ref(schema)}}
         if stream:
-            content["text/event-stream"] = {"schema": {"type": "string", "description": "server-sent events"}}
+            # One schema per event (as schemathesis reads SSE): `data` is a JSON chunk, or [DONE] at the end.
+            content["text/event-stream"] = {"schema": {
+                "type": "object", "required": ["data"], "description": "one server-sent event",
+                "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}}}}
         return {"description": "OK", "content": content}
 
     def post(op_id: str, schema: dict[str, Any], summary: str, answer: str, stream: bool) -> dict[str, Any]:

@@ -125,7 +125,7 @@ def test_nonstream_chat_openai_client(emu: EmulatorProc) -> None:
 
 async def test_stream_thinking_shapes(emu: EmulatorProc) -> None:
     fl = flavour(emu)
-    body = chat_body(stream=True, stream_options={"include_usage": True}, max_tokens=4,
+    body = chat_body(stream=True, stream_options={"include_usage": True}, max_tokens=12,  # 8 reasoning + 4
                      chat_template_kwargs={"thinking": True})
     events = await sse(emu.url, body)
     assert events[-1] == "[DONE]"
@@ -169,7 +169,7 @@ def test_reasoning_effort_and_openai_stream(emu: EmulatorProc) -> None:
     fl = flavour(emu)
     stream = client(emu).chat.completions.create(
         model=MODEL, messages=chat_body()["messages"], stream=True, stream_options={"include_usage": True},
-        reasoning_effort="high", max_tokens=3,
+        reasoning_effort="high", max_tokens=11,  # max_tokens counts reasoning (8) too
     )
     reasoning, content, usage = "", "", None
     for chunk in stream:
@@ -284,7 +284,7 @@ async def _tokens(emu: EmulatorProc, body: dict[str, Any]) -> list[int]:
 
 @pytest.mark.parametrize("tools", [False, True])
 async def test_append_only_turn_covers_previous_prompt_and_output(emu: EmulatorProc, tools: bool) -> None:
-    extra: dict[str, Any] = {"chat_template_kwargs": {"thinking": True}, "max_tokens": 7}
+    extra: dict[str, Any] = {"chat_template_kwargs": {"thinking": True}, "max_tokens": 15}  # 8 reasoning + 7
     if tools:
         extra["tools"] = [WEATHER_TOOL]
     body = chat_body(" ".join(f"w{i}" for i in range(60)), **extra)
@@ -594,7 +594,7 @@ async def test_ttft_and_prefill(emu: EmulatorProc) -> None:
 async def test_decode_pacing_within_5_percent(emu: EmulatorProc) -> None:
     n = 201
     stamps: list[float] = []
-    body = chat_body(stream=True, max_tokens=n, chat_template_kwargs={"thinking": True})
+    body = chat_body(stream=True, max_tokens=n + 8, chat_template_kwargs={"thinking": True})  # + 8 reasoning
     async with aiohttp.ClientSession() as s:
         async with s.post(emu.url + "/v1/chat/completions", json=body, headers=cfg_header(decode_tps=200)) as r:
             async for line in r.content:

@@ -81,7 +81,7 @@ BODY = {
     "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
     "tools": [TOOL],
     "chat_template_kwargs": {"thinking": True},
-    "max_tokens": 4,
+    "max_tokens": 12,  # counts the 8 reasoning tokens too
 }
 
 

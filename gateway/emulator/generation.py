@@ -203,25 +203,50 @@ def _dumps_spaced(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)  # the stdlib gives Python's ", " / ": " spacing
 
 
-def plan_chat(body: dict[str, Any], prompt_digest: int, cfg: EmulatorConfig) -> Plan:
+def plan_chat(body: dict[str, Any], prompt_digest: int, cfg: EmulatorConfig, choice: int = 0) -> Plan:
+    """One choice of a chat answer. `max_tokens` counts reasoning too, as on the engines: reasoning
+    first (up to the knob), the rest of the budget for content. `choice` (n > 1) varies the words."""
     max_tokens = requested_max_tokens(body)
     ignore_eos = bool(body.get("ignore_eos"))
     last_user = _last_user_text(body)
     if not ignore_eos and any(s and s in last_user for s in cfg.empty_output_prompts):
         return Plan([], [], None, "stop", 0)  # the model emitted EOS at once
-    rng = _rng(body, prompt_digest, cfg)
+    rng = _rng(body, prompt_digest + choice, cfg)
     n_reason = cfg.reasoning_tokens if thinking_enabled(body, cfg.default_thinking) else 0
-    n_content = max_tokens if max_tokens is not None else cfg.output_tokens
+    if max_tokens is not None:
+        n_reason = min(n_reason, max_tokens)
+        n_content = max_tokens - n_reason
+    else:
+        n_content = cfg.output_tokens
     reasoning = _pieces(rng, n_reason, lead_space=False)
-    content = _pieces(rng, n_content, lead_space=False)
     tool = _chosen_tool(body)
     if tool is not None:
+        content = _pieces(rng, n_content, lead_space=False)
         call = _tool_call(tool, rng)
         tool_tokens = len((call.name + " " + call.arguments).split())
         return Plan(reasoning, content, call, "tool_calls", tool_tokens)
+    fmt = body.get("response_format")
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind in ("json_object", "json_schema"):
+        # Valid JSON text (json_schema: an object of the schema's shape), cut short only by max_tokens.
+        schema = (fmt.get("json_schema") or {}).get("schema") if kind == "json_schema" else None
+        if isinstance(schema, dict):
+            obj: Any = _object_for(schema, rng)
+        else:
+            obj = {"answer": "".join(_pieces(rng, max(1, min(cfg.output_tokens, 8)), lead_space=False))}
+        content = _json_pieces(json.dumps(obj, ensure_ascii=False))
+        if max_tokens is not None and len(content) > n_content:
+            return Plan(reasoning, content[:n_content], None, "length", 0)
+        return Plan(reasoning, content, None, "stop", 0)
+    content = _pieces(rng, n_content, lead_space=False)
     # Hitting max_tokens (or never stopping: ignore_eos) is "length"; the knob's natural end is "stop".
     finish = "length" if max_tokens is not None or ignore_eos else "stop"
     return Plan(reasoning, content, None, finish, 0)
+
+
+def _json_pieces(text: str) -> list[str]:
+    """JSON text as tokens of a few characters ("".join gives the text back)."""
+    return [text[i:i + 4] for i in range(0, len(text), 4)]
 
 
 def plan_completion(body: dict[str, Any], prompt_digest: int, cfg: EmulatorConfig) -> Plan:

@@ -386,11 +386,14 @@ class Emulator:
 
         digest = xxhash.xxh3_64_intdigest(data)
         plan = plan_chat(body, digest, cfg) if kind == "chat" else plan_completion(body, digest, cfg)
-        rec.completion_tokens = plan.completion_tokens
+        n_choices = body.get("n") if kind == "chat" and type(body.get("n")) is int and body["n"] > 1 else 1
+        extra = [plan_chat(body, digest, cfg, i) for i in range(1, min(n_choices, 16))]
+        rec.completion_tokens = plan.completion_tokens + sum(p.completion_tokens for p in extra)
         ttft = cfg.ttft_ms / 1000.0
         if cfg.prefill_tps > 0:
             ttft += (n_prompt - cached) / cfg.prefill_tps
         job = _Job(self, body, cfg, rec, kind, prompt, data, hashes, seed, cached, plan)
+        job.extra = extra
         job.rid = shapes.response_id(cfg.flavour, kind, rec.request_id if client_id else None)
         t_start = time.monotonic()
         if body.get("stream"):
@@ -416,15 +419,19 @@ class _Job:
     ) -> None:
         self.emu, self.body, self.cfg, self.rec, self.kind = emu, body, cfg, rec, kind
         self.prompt, self.data, self.hashes, self.seed, self.cached, self.plan = prompt, data, hashes, seed, cached, plan
+        self.extra: list[Plan] = []  # choices 1.. of n > 1
+        top = body.get("top_logprobs")
+        self.logprobs = (int(top) if type(top) is int and top > 0 else 0) if body.get("logprobs") is True else None
         self.rid = ""
         self.created = int(time.time())
         self.model = str(body.get("model") or cfg.model)
 
     def _usage(self, full: bool) -> dict[str, Any]:
         cfg, plan = self.cfg, self.plan
-        reasoning = len(plan.reasoning) if self.kind == "chat" else None
+        reasoning = len(plan.reasoning) + sum(len(p.reasoning) for p in self.extra) if self.kind == "chat" else None
+        completion = plan.completion_tokens + sum(p.completion_tokens for p in self.extra)
         return shapes.usage(
-            cfg.flavour, len(self.prompt), plan.completion_tokens, self.cached, reasoning, report=cfg.cache_report, full=full
+            cfg.flavour, len(self.prompt), completion, self.cached, reasoning, report=cfg.cache_report, full=full
         )
 
     def _prefilled(self) -> None:
@@ -451,6 +458,12 @@ class _Job:
         self.emu.remember_output(self)
         if self.kind == "chat":
             out = shapes.chat_response(cfg.flavour, self.rid, self.created, self.model, plan, cfg.eff_reasoning_field, self._usage(True))
+            for i, p in enumerate(self.extra, 1):
+                more = shapes.chat_response(cfg.flavour, self.rid, self.created, self.model, p, cfg.eff_reasoning_field, {})
+                out["choices"].append({**more["choices"][0], "index": i})
+            if self.logprobs is not None:
+                for c, p in zip(out["choices"], [plan, *self.extra]):
+                    c["logprobs"] = {"content": [shapes.logprob(t, self.logprobs) for t in p.content]}
         else:
             out = shapes.completion_response(cfg.flavour, self.rid, self.created, self.model, plan, self._usage(True))
         rec.done = True
@@ -493,6 +506,10 @@ class _Job:
                 pieces = ch.reasoning_many(plan.reasoning) + ch.content_many(plan.content)
             if plan.tool_call is not None:
                 pieces += ch.tool_call(plan.tool_call)
+            if self.logprobs is not None:  # one entry per content token, in the chunk that carries it
+                first = len(pieces) - len(plan.content) - (len(ch.tool_call(plan.tool_call)) if plan.tool_call else 0)
+                for j, text in enumerate(plan.content):
+                    pieces[first + j] = shapes.with_logprobs(pieces[first + j], text, self.logprobs)
             events += pieces
             slots += range(len(pieces))
             slot = len(pieces)
@@ -501,6 +518,20 @@ class _Job:
             events.append(ch.finish(plan.finish_reason))
             slots.append(last)
             ch.usage_suffix = b""
+            for i, p in enumerate(self.extra, 1):  # n > 1: each further choice after the first, paced alike
+                more = [ch.role(), *ch.reasoning_many(p.reasoning)]
+                for text in p.content:
+                    piece = ch.content(text)
+                    more.append(shapes.with_logprobs(piece, text, self.logprobs) if self.logprobs is not None
+                                else piece)
+                if p.tool_call is not None:
+                    more += ch.tool_call(p.tool_call)
+                more.append(ch.finish(p.finish_reason))
+                index = b'"index":%d' % i
+                events += [e.replace(b'"index":0', index, 1) for e in more]
+                slots += range(slot, slot + len(more))
+                slot += len(more)
+                last = slot - 1
             if include_usage:
                 events.append(ch.usage(self._usage(False)))
                 slots.append(last)

@@ -12,6 +12,7 @@ import uuid
 from typing import Any
 
 import orjson
+import xxhash
 
 from .generation import Plan, ToolCallPlan
 
@@ -278,3 +279,23 @@ def models_body(flavour: str, model: str, root: str, max_model_len: int) -> dict
             }
         ]
     return {"object": "list", "data": [card]}
+
+
+# -- logprobs -------------------------------------------------------------------------------------------
+def logprob(token: str, top: int) -> dict[str, Any]:
+    """A deterministic logprob entry for `token` with `top` alternatives (the token itself first)."""
+    h = xxhash.xxh3_64_intdigest(token.encode())
+    lp = -((h % 2000) / 1000.0)
+    entry: dict[str, Any] = {"token": token, "logprob": lp, "bytes": list(token.encode())}
+    alts = [{"token": token, "logprob": lp, "bytes": list(token.encode())}]
+    for k in range(1, top):
+        alt = f"{token.strip()}#{k}"
+        alts.append({"token": alt, "logprob": round(lp - 0.5 * k - ((h >> k) % 100) / 1000.0, 4),
+                     "bytes": list(alt.encode())})
+    entry["top_logprobs"] = alts[:top]
+    return entry
+
+
+def with_logprobs(event: bytes, token: str, top: int) -> bytes:
+    """A chat chunk with its `"logprobs":null` replaced by this token's entry."""
+    return event.replace(b'"logprobs":null', b'"logprobs":' + _dumps({"content": [logprob(token, top)]}), 1)
