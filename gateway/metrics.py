@@ -16,8 +16,9 @@ import re
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
-from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram,
-                               disable_created_metrics, generate_latest)
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, GCCollector,
+                               Histogram, PlatformCollector, ProcessCollector, disable_created_metrics,
+                               generate_latest)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.requests import Request
@@ -38,6 +39,9 @@ DURATION_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
 OVERHEAD_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 REWRITE_ACTION = "pinned"  # the effort policy changed the request to the conversation's pinned effort
 MAX_GAPS_PER_REQUEST = 64  # sample long streams evenly: the distribution, at bounded cost
+STATUS_CLASSES = ("2xx", "4xx", "5xx", "cancelled")
+VERDICTS = ("hit", "drift", "eviction", "cold", "unknown")
+EFFORT_ACTIONS = ("first", "kept", "pinned", "repinned", "warned", "off")
 
 
 class BoundedLabel:
@@ -117,12 +121,20 @@ class Metrics:
                                   L, buckets=DURATION_BUCKETS, registry=r)
         self.overhead = Histogram("gateway_overhead_seconds", "Gateway time before forwarding",
                                   L, buckets=OVERHEAD_BUCKETS, registry=r)
+        self.model_requests = Counter("gateway_model_requests", "Finished requests per public model (names from "
+                                      "routes.yaml; any other name counts as 'unknown')",
+                                      ["model", "lane", "status_class"], registry=r)
+        self.fallbacks = Counter("gateway_fallbacks", "Requests served by a fallback lane",
+                                 ["model", "from_lane", "lane"], registry=r)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self.known_models: frozenset[str] = frozenset()
+        self.primed: Any = None
         self._cause = BoundedLabel(48)
         self._limit = BoundedLabel(32)
         self._action = BoundedLabel(16)
         self._lane = BoundedLabel(256)  # lanes come from routes.yaml; the bound is a safety net
         self._replica = BoundedLabel(512)
+        self._model_label = BoundedLabel(512)  # only names from routes.yaml reach it (see _model)
 
     def _c(self, metric: Any, *labels: str) -> Any:
         """metric.labels(*labels), memoised: `labels()` validates and locks on every call."""
@@ -132,11 +144,38 @@ class Metrics:
             child = self._children[key] = metric.labels(*labels)
         return child
 
+    def prime(self, config: Any) -> None:
+        """Every label value known from routes.yaml starts at 0, so a dashboard shows 0, not "No data"."""
+        self.primed = config
+        self.known_models = frozenset(config.models)
+        for name in config.lanes:
+            lane = self._lane(name)
+            for sc in STATUS_CLASSES:
+                self._c(self.requests, lane, sc)
+            for metric in (self.prompt_tokens, self.prompt_tokens_reported, self.cached_reported,
+                           self.cached_predicted, self.completion_tokens, self.reasoning_tokens, self.evictions,
+                           self.eviction_tokens, self.effort_rewrites, self.retries):
+                self._c(metric, lane)
+            for verdict in VERDICTS:
+                self._c(self.verdicts, lane, verdict)
+            for action in EFFORT_ACTIONS:
+                self._c(self.effort_actions, lane, self._action(action))
+        for model, lane_name in config.models.items():
+            for sc in STATUS_CLASSES:
+                self._c(self.model_requests, self._model(model), self._lane(lane_name), sc)
+
+    def _model(self, name: Any) -> str:
+        return self._model_label(name) if name in self.known_models else "unknown"
+
     def observe(self, ex: Exchange, lane_rt: "LaneRuntime | None" = None) -> None:
         lane = self._lane(ex.lane or "none")
         sc = status_class(ex)
         ok = 100 <= ex.status < 400 and not ex.cancelled
         self._c(self.requests, lane, sc).inc()
+        model = self._model(ex.public_model)
+        self._c(self.model_requests, model, lane, sc).inc()
+        if ex.fallback_from:
+            self._c(self.fallbacks, model, self._lane(ex.fallback_from), lane).inc()
         usage = ex.usage if isinstance(ex.usage, dict) else {}
         prompt = usage.get("prompt_tokens")
         if isinstance(prompt, int):
@@ -254,6 +293,8 @@ class LiveCollector(Collector):
                                       labels=["store", "outcome"])
             for key, value in records.counters().items():
                 store, _, outcome = key.partition("_")
+                if store not in ("sqlite", "redis") or not outcome:  # built, build_failed: the record builder
+                    store, outcome = "builder", key
                 fam.add_metric([store, outcome], value)
             yield fam
 
@@ -269,6 +310,11 @@ def install(gw: "Gateway") -> None:
 
         multiprocess.MultiProcessCollector(registry)
     registry.register(live)
+    # Process metrics (CPU seconds, RSS, open fds, start time), the Python runtime and GC: the
+    # default registry has them, this registry of our own did not.
+    for collector in (ProcessCollector, PlatformCollector, GCCollector):
+        collector(registry=registry)
+    metrics.prime(gw.runtime.snapshot.config)
     gw.services["metrics"] = metrics
     gw.aftermath.sinks.append(metrics.observe)
 
@@ -276,6 +322,9 @@ def install(gw: "Gateway") -> None:
         guard = gw.services.get("admin_guard")
         if guard is not None:
             await guard(request)
+        config = gw.runtime.snapshot.config
+        if config is not metrics.primed:  # routes.yaml was reloaded: its new lanes and models start at 0
+            metrics.prime(config)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     gw.routes.append(Route("/metrics", scrape, methods=["GET"]))
