@@ -44,7 +44,7 @@ def test_responses_create(gw, client):
 
 def test_responses_stream(client):
     events = list(client.responses.create(model="public-ds", input=[
-        {"role": "user", "content": [{"type": "input_text", "text": "Count."}]}], max_output_tokens=8, stream=True))
+        {"role": "user", "content": [{"type": "input_text", "text": "Count."}]}], max_output_tokens=24, stream=True))
     kinds = [e.type for e in events]
     assert kinds[0] == "response.created" and kinds[-1] in ("response.completed", "response.incomplete")
     assert "response.output_text.delta" in kinds
@@ -129,3 +129,14 @@ def test_responses_against_the_real_engine():
         assert events[-1].response.model == "ds"
         emb = httpx.post(g.url + "/tokenize", json={"model": "ds", "prompt": "Hello"})
         assert emb.status_code == 200 and emb.json()["count"] > 0
+
+
+def test_responses_obey_the_lane_output_limit():
+    with run_emulator(flavour="vllm") as emu:
+        routes = {"lanes": {"l": {"replicas": [emu.url], "upstream_model": "m", "qualification": "not_required",
+                                  "limits": {"max_output_tokens": 64}}}, "models": {"m": "l"}}
+        with run_gateway(routes) as g:
+            r = httpx.post(g.base_url + "/responses", json={"model": "m", "input": "x", "max_output_tokens": 10**9})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "max_output_tokens"
+            r = httpx.post(g.base_url + "/responses", json={"model": "m", "input": "x", "max_output_tokens": 8})
+            assert r.status_code == 200

@@ -39,7 +39,9 @@ def chat_body_of(body: dict[str, Any]) -> dict[str, Any]:
                     text = "".join(p.get("text", "") for p in content if isinstance(p, dict))
                 else:
                     text = content if isinstance(content, str) else ""
-                messages.append({"role": item.get("role", "user"), "content": text})
+                role = item.get("role")
+                messages.append({"role": role if role in ("system", "developer", "user", "assistant") else "user",
+                                 "content": text})
             elif kind == "function_call_output":
                 messages.append({"role": "tool", "tool_call_id": item.get("call_id", ""),
                                  "content": str(item.get("output", ""))})

@@ -188,9 +188,14 @@ class Emulator:
             chat = ep.chat_body_of(body)
             try:
                 prompt = self.tokenize_prompt(chat)
-            except ValueError as exc:
+            except (ValueError, TypeError, AttributeError) as exc:  # what the template refuses
                 self.stats.error(rec, "rejected", 400)
                 return _error(cfg, 400, str(exc), "BadRequestError")
+            try:
+                self._check_context(chat, cfg, len(prompt))  # max_output_tokens beyond the window: a 400
+            except _Rejected as rej:
+                self.stats.error(rec, "rejected", rej.response.status)
+                return rej.response
             data = token_bytes(prompt)
             seed = salt_seed(None)
             hashes = self.cache.hashes(data, seed)

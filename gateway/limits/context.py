@@ -17,7 +17,7 @@ from .tokens import Count, bounds, count_prompt, size_bound
 
 
 def requested_output(body: dict) -> tuple[str | None, int | None]:
-    for name in ("max_completion_tokens", "max_tokens"):
+    for name in ("max_completion_tokens", "max_tokens", "max_output_tokens"):  # the last: /v1/responses
         v = body.get(name)
         if isinstance(v, int) and not isinstance(v, bool):
             return name, v
