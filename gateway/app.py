@@ -210,7 +210,11 @@ def create_app(settings: Settings | None = None) -> Starlette:
     )
     app.state.gateway = gw
     return FastPath(app, {"/v1/chat/completions": lambda r: gw.pipeline.chat(r),
-                          "/v1/completions": lambda r: gw.pipeline.completions(r)})
+                          "/v1/completions": lambda r: gw.pipeline.completions(r),
+                          "/v1/responses": lambda r: gw.pipeline.responses(r),
+                          "/v1/embeddings": lambda r: gw.pipeline.embeddings(r),
+                          "/tokenize": lambda r: gw.pipeline.tokenize(r),
+                          "/detokenize": lambda r: gw.pipeline.detokenize(r)})
 
 
 class FastPath:

@@ -53,7 +53,8 @@ class Agent:
         self.turns = 0
 
     def turn(self, extra_headers: dict | None = None, wait: bool = True, **kw) -> tuple[dict, dict]:
-        args = {"model": "ds", "messages": self.messages, "max_tokens": 12, **self.kw, **kw}
+        # 8 reasoning tokens (the emulator's knob) + 12 of content: max_tokens counts reasoning, as on the engines
+        args = {"model": "ds", "messages": self.messages, "max_tokens": 20, **self.kw, **kw}
         if self.tools:
             args["tools"] = self.tools
         raw = self.client.chat.completions.with_raw_response.create(stream=self.stream, extra_headers=extra_headers,
