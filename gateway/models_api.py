@@ -92,11 +92,22 @@ class ModelCatalog:
         task = self._asking.get(key)
         if task is None:  # one question per lane at a time, whoever asks
             task = self._asking[key] = asyncio.ensure_future(_ask(lane))
-            task.add_done_callback(lambda _t, k=key: self._asking.pop(k, None))
+            task.add_done_callback(lambda t, k=key: self._answered(k, t))
+        if info is not None:
+            return  # stale while it refreshes: only the very first list waits for the engine
         try:
-            self._info[key] = await asyncio.shield(task)
+            await asyncio.shield(task)
         except Exception:  # noqa: BLE001 - the list is still answered from what the config says
-            self._info[key] = EngineInfo(None, None, time.monotonic(), False)
+            pass
+
+    def _answered(self, key: tuple, task: "asyncio.Task[EngineInfo]") -> None:
+        self._asking.pop(key, None)
+        got = None if task.cancelled() or task.exception() is not None else task.result()
+        if got is None or not got.ok:  # no answer now: keep what an engine said before, ask again sooner
+            prev = self._info.get(key)
+            got = EngineInfo(prev.root if prev else None, prev.max_model_len if prev else None,
+                             time.monotonic(), False)
+        self._info[key] = got
 
 
 def _key(lane: LaneRuntime) -> tuple:
