@@ -115,3 +115,19 @@ def test_invalid_word_is_a_400_listing_the_accepted_ones(gw):
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["param"] == "reasoning_effort" and "medium" in err["message"] and "1-100" in err["message"]
+
+
+def test_policy_off_still_translates_words_the_engine_refuses():
+    with run_emulator(flavour="vllm", tokenizer="dsv41", default_thinking=True) as emu:
+        routes = {"lanes": {"ds": {"engine": "vllm", "replicas": [emu.url], "upstream_model": "deepseek-v4-flash",
+                                   "qualification": "not_required", "effort_policy": "off",
+                                   "render": {"template": "deepseek_v4.1"}}},
+                  "models": {"ds": "ds"}}
+        with run_gateway(routes) as g:
+            for word in ("medium", "minimal", "high"):
+                r = httpx.post(g.base_url + "/chat/completions", json={
+                    "model": "ds", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+                    "reasoning_effort": word})
+                assert r.status_code == 200, (word, r.text)
+            sent = emu.stats()["recent"][-3]["body"]  # medium went as the engine's own word for 50
+            assert sent["reasoning_effort"] == "high"

@@ -85,6 +85,11 @@ def resolve(body: dict[str, Any], lane: Lane) -> EffortChoice:
     return EffortChoice(thinking, number, raw)
 
 
+def needs_translation(choice: EffortChoice) -> bool:
+    """The client named its effort with a word the engines' own encoders refuse (minimal, medium)."""
+    return type(choice.raw_effort) is str and choice.raw_effort not in ENGINE_WORDS and choice.raw_effort != "none"
+
+
 def apply_to_body(body: dict[str, Any], lane: Lane, thinking: bool, effort: int | str | None) -> None:
     """Rewrite the request so the engine renders exactly (thinking, effort), however it reads them."""
     word = _word_for(lane, effort)

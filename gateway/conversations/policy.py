@@ -132,8 +132,9 @@ class ConversationPolicy:
         else:  # warn: forward what was asked, say what it will cost
             ex.effort_applied, ex.thinking_applied = req.effort, req.thinking
             ex.effort_action = "warned"
-        if lane.config.render.template is not None and policy != "off":
-            # Say it explicitly, so the engine renders what the gateway predicts whatever its defaults.
+        if lane.config.render.template is not None and (policy != "off" or effort_mod.needs_translation(req)):
+            # Say it explicitly, so the engine renders what the gateway predicts whatever its defaults
+            # (with policy off, only when the client's word is one the engine would refuse, e.g. medium).
             effort_mod.apply_to_body(body, lane.config, bool(ex.thinking_applied), ex.effort_applied)
         ex.response_headers["X-Gateway-Effort"] = _header(ex, state)
         ex.response_headers["X-Gateway-Conversation"] = f"{state.id}; turn={ex.turn}; via={ex.conversation_source}"
