@@ -33,8 +33,8 @@ class Aftermath:
     """A Finisher (see runtime.py): analyzers run in order, then sinks, per exchange."""
 
     def __init__(self, workers: int = 2, max_queue: int = 10_000, max_queue_bytes: int | None = None) -> None:
-        self.analyzers: list[Step] = []  # e.g. render + drift verdict (writes ex.annotations)
-        self.sinks: list[Step] = []  # e.g. request record, metrics, alerts (read ex.annotations)
+        self.analyzers: list[Step] = []  # e.g. render + drift verdict (writes ex.cache)
+        self.sinks: list[Step] = []  # e.g. request record, metrics, alerts (read the exchange)
         self.skipped_analysis = 0
         self.processed = 0
         self._queue: asyncio.Queue[tuple[Exchange, LaneRuntime | None]] | None = None
@@ -68,7 +68,7 @@ class Aftermath:
             self.queued_bytes += cost
         except asyncio.QueueFull:
             self.skipped_analysis += 1
-            ex.annotations["analysis_skipped"] = "queue_full"
+            ex.analysis_skipped = "queue_full"
             asyncio.get_event_loop().create_task(self._run_sinks(ex, lane))
 
     async def drain(self, timeout: float = 10.0) -> bool:

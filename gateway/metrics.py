@@ -152,7 +152,7 @@ class Metrics:
         reasoning = reasoning_tokens(usage)
         if reasoning:
             self._c(self.reasoning_tokens, lane).inc(reasoning)
-        self._observe_cache(lane, ex.annotations.get("cache"))
+        self._observe_cache(lane, ex.cache)
         if ex.effort_action:
             self._c(self.effort_actions, lane, self._action(ex.effort_action)).inc()
             if ex.effort_action == REWRITE_ACTION:

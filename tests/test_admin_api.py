@@ -29,7 +29,7 @@ def app(tmp_path: Path):
         records = gw.services["records"]
         for i in range(5):
             ex = exchange(request_id=f"r{i}", lane="lane-a")
-            ex.annotations["cache"] = {"verdict": "drift" if i == 4 else "hit", "cause": "tools_reordered",
+            ex.cache = {"verdict": "drift" if i == 4 else "hit", "cause": "tools_reordered",
                                        "tokens_lost": 123}
             records.sink(ex, None)
         records.sqlite.flush()

@@ -22,7 +22,7 @@ REPIN_HEADER = "x-gateway-repin"
 
 @dataclass
 class Found:
-    """What the hot path learnt, handed to the analyzer through ex.annotations["conversation"]."""
+    """What the hot path learnt, handed to the analyzer through ex.conversation."""
 
     state: ConversationState
     lineage: Lineage
@@ -48,7 +48,7 @@ class ConversationPolicy:
         lin = lineage(messages)
         state, is_new, anchor_turn, source = await self._identify(ex, body, lin, lane)
         found = Found(state, lin, is_new, anchor_turn, requested)
-        ex.annotations["conversation"] = found
+        ex.conversation = found
         ex.conversation_id = state.id
         ex.conversation_source = source
         ex.turn = state.turn + 1

@@ -85,7 +85,7 @@ class LimitsPolicy:
             raise
         except Exception as exc:  # a bug here must not take the lane down: forward, and say so loudly
             log.exception("limits check failed for request %s; forwarding unchecked", ex.request_id)
-            ex.annotations["limits_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            ex.limits.error = f"{type(exc).__name__}: {exc}"[:300]
         finally:
             if ctx.notes:
                 prior = ex.response_headers.get(LIMITS_HEADER)

@@ -126,7 +126,7 @@ class InProcessLane:
         ex.public_model = self.name
         ex.stream = True
         ex.client_wants_usage = True
-        ex.annotations["qualification_run"] = True
+        ex.qualification_run = True
         t_sent = time.perf_counter()
         try:
             response = await forward(ex, self.runtime, "/v1/chat/completions", orjson.dumps(out),

@@ -172,7 +172,7 @@ class QualificationService:
             raise GatewayError(503, f"lane '{lane.name}' is not qualified: {q['reason']}",
                                code="lane_not_qualified", type="service_unavailable")
         if state == "overridden":
-            ex.annotations["qualification"] = "overridden"
+            ex.qualification = "overridden"
             ex.response_headers["X-Gateway-Lane-Override"] = _ascii(q.get("override") or "")
 
     # -- token -----------------------------------------------------------------------------------
@@ -308,7 +308,7 @@ class _LaneAddressed:
         return []
 
     def finish(self, ex: Exchange, lane: LaneRuntime | None) -> None:
-        ex.annotations["qualification_run"] = True
+        ex.qualification_run = True
         self._runtime.finish(ex, lane)
 
 

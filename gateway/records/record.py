@@ -74,7 +74,7 @@ VERDICTS = ("hit", "drift", "eviction", "cold", "unknown")
 def build_record(ex: Exchange, capture_max_bytes: int = 0) -> dict[str, Any]:
     """The record of `ex`. `capture_max_bytes` > 0 stores request and output, truncated to that size."""
     usage = ex.usage if isinstance(ex.usage, dict) else {}
-    cache = ex.annotations.get("cache") if isinstance(ex.annotations.get("cache"), dict) else {}
+    cache = ex.cache if isinstance(ex.cache, dict) else {}
     body = ex.body if isinstance(ex.body, dict) else {}
     gen = ex.generated
     completion_tokens = _int(usage.get("completion_tokens"))
@@ -132,7 +132,7 @@ def build_record(ex: Exchange, capture_max_bytes: int = 0) -> dict[str, Any]:
         "output_chars": len(output),
         "output_hash": xxhash.xxh3_64_hexdigest(output.encode("utf-8", "replace")) if output else None,
         "finish_reason": gen.finish_reason,
-        "analysis": _str(ex.annotations.get("analysis_skipped")),
+        "analysis": _str(ex.analysis_skipped),
         "capture": _capture(ex, capture_max_bytes) if capture_max_bytes > 0 else None,
     }
     return rec
