@@ -12,7 +12,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 from .config import ConfigError, Lane, RoutesConfig, load_routes
 from .exchange import Exchange
@@ -65,9 +65,8 @@ LaneHook = Callable[[LaneRuntime], None]
 class Runtime:
     def __init__(self, config: RoutesConfig, routes_path: Path | None = None) -> None:
         self.routes_path = routes_path
-        self.policies: list[Policy] = []
-        self.finishers: list[Finisher] = []
-        self.lane_hooks: list[LaneHook] = []  # run on every new LaneRuntime (e.g. attach a renderer)
+        self.finishers: tuple[Finisher, ...] = ()
+        self.lane_hooks: tuple[LaneHook, ...] = ()  # run on every new LaneRuntime (e.g. attach a renderer)
         self.last_reload_error: str | None = None
         self.last_reload_at: float | None = None
         self._retired: list[Upstream] = []
@@ -86,6 +85,13 @@ class Runtime:
             for hook in self.lane_hooks:
                 hook(lanes[name])
         return Snapshot(config, lanes, version, time.time())
+
+    def wire(self, lane_hooks: Sequence[LaneHook], finishers: Sequence[Finisher]) -> None:
+        """Set, once, what every lane gets at each (re)load and who hears of every ended exchange,
+        in order; the lanes already built get the hooks now."""
+        self.lane_hooks = tuple(lane_hooks)
+        self.finishers = tuple(finishers)
+        self.rerun_lane_hooks()
 
     def rerun_lane_hooks(self) -> None:
         for lane in self.snapshot.lanes.values():

@@ -25,7 +25,7 @@ from ..runtime import LaneRuntime
 from ..store import StateStore
 from .alerts import AlertBook
 from .drift import Comparison, Divergence, NewTurn, classify, compare
-from .identity import anchor, message_digest, request_tail
+from .identity import anchor_keys, message_digest, request_tail
 from .job import Job, Outcome
 from .policy import Found
 from .prints import message_prints, segment_prints
@@ -60,7 +60,7 @@ class TurnEnd:
         value = f"{state.id}|{state.turn + 1}".encode()
         try:
             await self.store.set("head:" + state.id, head.to_bytes(), self.ttl_s)
-            for key in _anchors(found, ex.generated.as_message(), n):
+            for key in _anchors(ex.tenant, ex.generated.as_message(), n):
                 await self.store.set(key, value, self.ttl_s)
         except Exception:  # never let bookkeeping hurt anyone; the analyzer writes state later
             log.exception("writing the head of %s failed", state.id)
@@ -281,10 +281,9 @@ def char_offset(rendered: Rendered, cmp: Comparison, options: RenderOptions) -> 
     return _char_offset(rendered, cmp, options)
 
 
-def _anchors(found: Found, generated_msg: dict[str, Any], n_messages: int) -> list[str]:
+def _anchors(tenant: str, generated_msg: dict[str, Any], n_messages: int) -> list[str]:
     """What the client's next turn will carry as its latest assistant message, at its position."""
-    gen = message_digest(generated_msg)
-    return [f"anc:{anchor(gen, n_messages):016x}", f"gen:{gen:016x}"]
+    return anchor_keys(message_digest(generated_msg), n_messages, tenant)
 
 
 def _options(lane: LaneRuntime, ex: Exchange) -> RenderOptions:

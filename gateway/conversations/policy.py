@@ -58,12 +58,12 @@ class ConversationPolicy:
         headers = ex.request_headers or {}
         key = explicit_key(body, headers, self.header_name)
         if key is not None:
-            cid = key_id(key[0])
+            cid = key_id(key[0], ex.tenant)
             state = await self._load(cid)
             if state is not None:
                 return state, False, None, key[1]
             return ConversationState(cid, key[1], lane=lane.name), True, None, key[1]
-        keys = lin.anchor_keys()
+        keys = lin.anchor_keys(ex.tenant)
         if keys:
             for value in await self.store.mget(keys):
                 if value is None:

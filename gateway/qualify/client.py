@@ -25,9 +25,8 @@ import orjson
 from ..config import Lane
 from ..errors import GatewayError
 from ..exchange import Exchange
+from ..security import QUALIFY_HEADER
 from ..sse import EventSplitter, StreamObserver
-
-QUALIFY_HEADER = "X-Gateway-Qualify"
 
 
 @dataclass

@@ -19,6 +19,7 @@ FIELDS: dict[str, str] = {
     "ts": "REAL",  # wall-clock start, epoch seconds
     "request_id": "TEXT",
     "path": "TEXT",
+    "tenant": "TEXT",  # the client key's tenant id (never the key)
     "model": "TEXT",  # the public model name the client asked for
     "lane": "TEXT",
     "replica": "TEXT",
@@ -87,6 +88,7 @@ def build_record(ex: Exchange, capture_max_bytes: int = 0) -> dict[str, Any]:
         "ts": ex.started_wall,
         "request_id": ex.request_id,
         "path": ex.path,
+        "tenant": ex.tenant,
         "model": ex.public_model,
         "lane": ex.lane,
         "replica": ex.replica,
