@@ -15,6 +15,7 @@ from starlette.responses import Response
 
 from .errors import GatewayError, invalid_request
 from .exchange import Exchange
+from .headers import safe_value
 from .proxy import ClientGone, forward
 from .runtime import LaneRuntime, Policy, Snapshot
 from .security import Caller
@@ -111,8 +112,10 @@ class Pipeline:
         headers = response.headers
         headers["X-Request-Id"] = ex.request_id
         for k, v in ex.response_headers.items():
-            headers[k] = v
-        return response
+            value = safe_value(k, v)
+            if value is not None:
+                headers[k] = value
+        return EndsExchange(response, end)
 
     async def _read_body(self, request: Request, limit: int) -> bytes:
         declared = request.headers.get("content-length")
@@ -146,6 +149,39 @@ class Pipeline:
             return orjson.dumps(out)
         except TypeError:  # orjson.JSONEncodeError: it reads deeper nesting than it writes
             raise invalid_request("the request body is nested too deeply to forward", code="invalid_json") from None
+
+
+class EndsExchange:
+    """The answer, sent; then, whatever happened while sending it (the client leaving as the stream
+    starts, a send that raised), the exchange ends: in-flight counts go back, the upstream
+    connection is released, the record is written. `end` is idempotent: the normal paths have
+    usually called it already."""
+
+    def __init__(self, response: Response, end: Callable[[], None]) -> None:
+        self.response = response
+        self.end = end
+
+    @property
+    def status_code(self) -> int:
+        return self.response.status_code
+
+    @property
+    def headers(self) -> Any:
+        return self.response.headers
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await self.response(scope, receive, send)
+        finally:
+            body = getattr(self.response, "body_iterator", None)
+            if body is not None and hasattr(body, "aclose"):
+                # A relay interrupted at a chunk (its task cancelled) runs its own `finally` now,
+                # not whenever the garbage collector finds it; a finished one ignores this.
+                await body.aclose()
+            abandon = getattr(self.response, "abandon", None)
+            if abandon is not None:
+                abandon()  # a relayed stream that never started: release its upstream connection
+            self.end()
 
 
 def _parse_object(body: bytes) -> dict[str, Any]:

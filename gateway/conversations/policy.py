@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..exchange import Exchange
+from ..headers import token
 from ..runtime import LaneRuntime
 from ..store import StateStore
 from . import effort as effort_mod
@@ -140,11 +141,14 @@ class ConversationPolicy:
 
 
 def _header(ex: Exchange, state: ConversationState) -> str:
-    """`50; requested=100; pinned` — what the engine renders, and what the client asked when different."""
-    applied = ex.effort_applied if ex.thinking_applied else "off"
-    requested = ex.effort_requested if ex.thinking_requested else "off"
+    """`50; requested=100; pinned` — what the engine renders, and what the client asked when different.
+
+    Efforts are the lane's numbers or words the client sent: each goes through `token`, so a value
+    that is not a plain word or number reads "other" instead of reaching the header raw."""
+    applied = token(ex.effort_applied) if ex.thinking_applied else "off"
+    requested = token(ex.effort_requested) if ex.thinking_requested else "off"
     if ex.effort_action == "warned":
-        pinned = state.pinned_effort if state.pinned_thinking else "off"
+        pinned = token(state.pinned_effort) if state.pinned_thinking else "off"
         return f"{applied}; pinned={pinned}; warned"
     if requested != applied or ex.effort_action == "repinned":
         return f"{applied}; requested={requested}; {ex.effort_action}"
