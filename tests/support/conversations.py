@@ -7,7 +7,7 @@ import time
 import httpx
 
 
-def wait_analysed(gw, cid: str, turn: int, timeout: float = 10.0, headers: dict | None = None) -> dict:
+def wait_analysed(gw, cid: str, turn: int, timeout: float = 30.0, headers: dict | None = None) -> dict:
     """The conversation's admin view once `turn` has been analysed (`headers`: e.g. the admin key)."""
     deadline = time.monotonic() + timeout
     r = None
