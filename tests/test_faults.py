@@ -294,7 +294,7 @@ def test_all_replicas_open_answers_503_at_once() -> None:
 
 def test_half_open_lets_exactly_one_probe_through() -> None:
     with run_emulator(flavour="vllm") as emu:
-        cfg = routes({"l": lane(emu.url, breaker={"failures": 1, "cool_down_s": 0.4})}, {"m": "l"})
+        cfg = routes({"l": lane(emu.url, breaker={"failures": 1, "cool_down_s": 2.0})}, {"m": "l"})
         with run_gateway(cfg, env=ENV) as gw:
             url = gw.url + "/v1/chat/completions"
             emu.configure(fail_rate=1.0)
@@ -302,7 +302,7 @@ def test_half_open_lets_exactly_one_probe_through() -> None:
             emu.configure(fail_rate=0.0, stall_before_first_byte_s=3.0)
             r = httpx.post(url, json=body("m", False))
             assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_replica"
-            time.sleep(0.5)  # cool-down over: half-open
+            time.sleep(2.1)  # cool-down over: half-open
             before = emu.stats()["requests"]
             probe: dict = {}
             t = threading.Thread(target=lambda: probe.update(r=httpx.post(url, json=body("m", False), timeout=20)))
