@@ -12,13 +12,11 @@ requests (errors, 4xx and 5xx, are always written); GATEWAY_ACCESS_LOG_FILE=path
 instead of stderr. Lines go through the `gateway.access` logger (level INFO), so a logging config
 may route them elsewhere.
 
-The tenant is never the key: `key:` + the first 8 hex digits of the key's sha256 (the digest the
-key check already uses; the same key always gives the same tenant), or `-` without a key.
+The tenant is the one the client-key check named (security.py: its id, never the key).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 import os
@@ -57,30 +55,17 @@ class AccessLogSettings:
                    format=fmt, sample=sample, path=env.get("GATEWAY_ACCESS_LOG_FILE") or None)
 
 
-def tenant_of(headers: Any) -> str:
-    """A stable, non-reversible name for the client key the request presented."""
-    if headers is None:
-        return "-"
-    auth = headers.get("authorization") or ""
-    scheme, _, value = auth.strip().partition(" ")
-    key = value.strip() if scheme.lower() == "bearer" else ""
-    key = key or headers.get("x-api-key") or headers.get("api-key") or ""
-    if not key:
-        return "-"
-    return "key:" + hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:8]
-
-
 def _ms(start: float, t: float | None) -> float | None:
     return None if t is None else round((t - start) * 1000, 1)
 
 
 def access_fields(ex: Exchange) -> dict[str, Any]:
     usage = ex.usage if isinstance(ex.usage, dict) else {}
-    cache = ex.annotations.get("cache") if isinstance(ex.annotations.get("cache"), dict) else {}
+    cache = ex.cache if isinstance(ex.cache, dict) else {}
     fields: dict[str, Any] = {
         "ts": round(ex.started_wall, 3),
         "request_id": ex.request_id,
-        "tenant": tenant_of(ex.request_headers),
+        "tenant": ex.tenant,
         "method": "POST",
         "path": ex.path,
         "model": ex.public_model,
@@ -150,11 +135,7 @@ class AccessLog:
         self.written += 1
 
 
-def install(gw: Any) -> AccessLog | None:
-    settings = AccessLogSettings.from_env(dict(os.environ))
-    if not settings.enabled:
-        return None
-    sink = AccessLog(settings)
-    gw.aftermath.sinks.append(sink)  # after analysis: the verdict and the prediction are known
-    return sink
-
+def build_access_log(env: dict[str, str] | None = None) -> AccessLog | None:
+    """The access log sink of these settings (the process environment by default); None when off."""
+    settings = AccessLogSettings.from_env(dict(os.environ) if env is None else env)
+    return AccessLog(settings) if settings.enabled else None

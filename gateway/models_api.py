@@ -75,7 +75,7 @@ class ModelCatalog:
         limit = lane.config.limits.max_context_tokens or (info.max_model_len if info else None)
         if limit:
             entry["max_model_len"] = limit
-        q = lane.extras.get("qualification") or {}
+        q = lane.qualification or {}
         entry["gateway"] = {
             "lane": lane.name, "engine": lane.config.engine, "upstream_model": lane.config.upstream_model,
             "fallbacks": list(config.fallbacks.get(model, ())),
