@@ -105,7 +105,7 @@ def _client(gw, key: str) -> openai.OpenAI:
 
 def _turn(gw, key: str, messages: list, **kw):
     raw = _client(gw, key).chat.completions.with_raw_response.create(
-        model="ds", messages=messages, max_tokens=8, **kw)
+        model="ds", messages=messages, max_tokens=16, **kw)  # 8 of them are reasoning
     conv = raw.headers["x-gateway-conversation"]
     cid, turn, via = re.match(r"(\S+); turn=(\d+); via=(\S+)", conv).groups()
     return raw.parse(), cid, int(turn), via, raw.headers.get("x-gateway-effort")
