@@ -31,6 +31,7 @@ _REASONING = b'"reasoning":'
 _REASONING_CONTENT = b'"reasoning_content":'
 _ID = b'"id":"'
 _DETAILS = b'"completion_tokens_details":{'
+_SAME = b"="  # a learnt head that needs no rewriting (compared by identity)
 
 
 def _value_end(data: bytes, start: int) -> int:
@@ -125,9 +126,12 @@ class Reshaper:
 
     def event(self, data: bytes) -> bytes:
         old = self._head_old
-        out = data.replace(old, self._head_new, 1) if old is not None else data
-        if out is data:  # no head learnt yet, or this chunk's head differs (bytes.replace returns self)
-            out = self._head(data)
+        if old is _SAME and data.startswith(self._head_new):
+            out = data  # the engine already says what the client should see: nothing to do
+        else:
+            out = data.replace(old, self._head_new, 1) if old else data
+            if out is data:  # no head learnt yet, or this chunk's head differs (bytes.replace returns self)
+                out = self._head(data)
         rf = self.reasoning_field
         if rf is not None:
             out = self._reasoning(out, rf)
@@ -168,10 +172,9 @@ class Reshaper:
                 data = data[:k + len(_MODEL)] + self.model_value + data[end:]
                 new_end = k + len(_MODEL) + len(self.model_value)
                 tail = len(data) - new_end
-                if id_at < k and original[:len(original) - tail] != data[:new_end]:
-                    # both rewrites are in the head; what follows is the same in both
-                    self._head_old = original[:len(original) - tail]
-                    self._head_new = data[:new_end]
+                if id_at < k:  # both rewrites are in the head; what follows is the same in both
+                    head_old, self._head_new = original[:len(original) - tail], data[:new_end]
+                    self._head_old = _SAME if head_old == self._head_new else head_old
         return data
 
     def _reasoning(self, data: bytes, rf: str) -> bytes:
