@@ -104,6 +104,12 @@ DEMO_PREFILL_TPS = 5000.0
 DEMO_TTFT_MS = 30.0
 
 
+def emulator_knobs(lane, pacing: tuple[float, float] | None) -> dict:
+    """The emulator's config for a demo lane: paced like a real lane unless the lane's knobs say otherwise."""
+    paced = {"decode_tps": pacing[0], "prefill_tps": pacing[1], "ttft_ms": DEMO_TTFT_MS} if pacing else {}
+    return {"flavour": lane.emulator.flavour, "model": lane.upstream_model, **paced, **lane.emulator.knobs}
+
+
 def start_emulators(config, pacing: tuple[float, float] | None = None) -> list[subprocess.Popen]:
     from urllib.parse import urlsplit
 
@@ -113,8 +119,7 @@ def start_emulators(config, pacing: tuple[float, float] | None = None) -> list[s
             continue
         for url in lane.replicas:
             parts = urlsplit(url)
-            paced = {"decode_tps": pacing[0], "prefill_tps": pacing[1], "ttft_ms": DEMO_TTFT_MS} if pacing else {}
-            knobs = {"flavour": lane.emulator.flavour, "model": lane.upstream_model, **paced, **lane.emulator.knobs}
+            knobs = emulator_knobs(lane, pacing)
             cmd = [sys.executable, "-m", "gateway.emulator", "--host", parts.hostname or "127.0.0.1",
                    "--port", str(parts.port or 80), "--config-json", json.dumps(knobs)]
             children.append(subprocess.Popen(cmd, preexec_fn=_die_with_parent))
