@@ -18,9 +18,10 @@ The tenant is the one the client-key check named (security.py: its id, never the
 from __future__ import annotations
 
 import logging
-import random
 import os
+import random
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,15 +125,66 @@ class AccessLog:
         log.propagate = False  # one line, once: not again through the root logger's format
 
     def __call__(self, ex: Exchange, lane: LaneRuntime | None) -> None:
-        s = self.settings
         failed = ex.status >= 400 or ex.cancelled or ex.status < 100
-        if not failed and s.sample < 1.0 and self._rng.random() >= s.sample:
-            self.sampled_out += 1
+        if self._sampled_out(failed):
             return
-        fields = access_fields(ex)
-        line = orjson.dumps(fields).decode() if s.format == "json" else _text(fields)
+        self.write(access_fields(ex), failed)
+
+    def _sampled_out(self, failed: bool) -> bool:
+        if not failed and self.settings.sample < 1.0 and self._rng.random() >= self.settings.sample:
+            self.sampled_out += 1
+            return True
+        return False
+
+    def write(self, fields: dict[str, Any], failed: bool = False, sampled: bool = True) -> None:
+        if not sampled and self._sampled_out(failed):
+            return
+        line = orjson.dumps(fields).decode() if self.settings.format == "json" else _text(fields)
         log.info(line)
         self.written += 1
+
+    def plain(self, scope: dict[str, Any]) -> PlainLine | None:
+        """The line of a request outside the proxy path, or None (quiet path, or sampled out)."""
+        if scope.get("path") in QUIET_PATHS:
+            return None
+        return PlainLine(self, scope)
+
+
+QUIET_PATHS = frozenset({"/healthz", "/readyz"})  # polled every few seconds by orchestrators: not logged
+
+
+class PlainLine:
+    """The access line of a request outside the proxy path (GET /v1/models, /metrics, /admin/...):
+    wraps `send` to see the status and count the body bytes, writes the line when the answer ends."""
+
+    __slots__ = ("sink", "scope", "status", "bytes_out", "t0")
+
+    def __init__(self, sink: "AccessLog", scope: dict[str, Any]) -> None:
+        self.sink, self.scope = sink, scope
+        self.status = 0
+        self.bytes_out = 0
+        self.t0 = time.perf_counter()
+
+    def wrap(self, send: Any) -> Any:
+        async def sending(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                self.status = message["status"]
+            elif message["type"] == "http.response.body":
+                self.bytes_out += len(message.get("body", b""))
+                if not message.get("more_body"):
+                    self.done()
+            await send(message)
+        return sending
+
+    def done(self) -> None:
+        scope = self.scope
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
+        fields = {"ts": round(time.time(), 3), "request_id": headers.get("x-request-id"), "tenant": None,
+                  "method": scope.get("method"), "path": scope.get("path"), "model": None, "lane": None,
+                  "replica": None, "status": self.status, "stream": False, "bytes_in": None,
+                  "bytes_out": self.bytes_out, "latency_ms": round((time.perf_counter() - self.t0) * 1000, 1),
+                  "ttft_ms": None}
+        self.sink.write(fields, failed=self.status >= 400, sampled=False)
 
 
 def build_access_log(env: dict[str, str] | None = None) -> AccessLog | None:

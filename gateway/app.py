@@ -108,7 +108,7 @@ def create_app(settings: Settings | None = None) -> "FastPath":
     )
     app.state.gateway = gw
     fast = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/tokenize", "/detokenize")
-    return FastPath(app, {path: protected[path] for path in fast})
+    return FastPath(app, {path: protected[path] for path in fast}, gw.access_log)
 
 
 class FastPath:
@@ -118,10 +118,11 @@ class FastPath:
     chunk; the pipeline already answers every error itself in OpenAI's shape, so it needs none of it.
     """
 
-    def __init__(self, app: Starlette, handlers: dict[str, Callable[[Request], Any]]) -> None:
+    def __init__(self, app: Starlette, handlers: dict[str, Callable[[Request], Any]], access_log: Any = None) -> None:
         self.app = app
         self.state = app.state
         self.handlers = handlers
+        self.access_log = access_log  # lines for the other routes; the proxy path's come from the aftermath
 
     @property
     def gateway(self) -> Gateway:
@@ -130,7 +131,8 @@ class FastPath:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         handler = self.handlers.get(scope.get("path", "")) if scope["type"] == "http" else None
         if handler is None or scope["method"] != "POST":
-            await self.app(scope, receive, send)
+            line = self.access_log.plain(scope) if self.access_log is not None and scope["type"] == "http" else None
+            await self.app(scope, receive, line.wrap(send) if line is not None else send)
             return
         try:
             response = await handler(Request(scope, receive))

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol, TypeVar
 
 from .access import Access, Endpoint
-from .access_log import build_access_log
+from .access_log import AccessLog, build_access_log
 from .aftermath import Aftermath
 from .admin.feature import AdminAPI
 from .config import ConfigError, load_routes
@@ -101,6 +101,7 @@ class Gateway:
     admin: AdminAPI
     openapi: OpenAPI
     metrics_export: MetricsExport
+    access_log: AccessLog | None = None  # also writes the lines of requests outside the proxy path
     services: tuple[Service, ...] = ()
     _started: list[Service] = field(default_factory=list)
 
@@ -209,7 +210,8 @@ def build(settings: Settings) -> Gateway:
     return Gateway(settings=settings, runtime=runtime, store=store, security=security, status=status,
                    conversations=conversations, routing=routing, limits=limits, qualification=qualification,
                    metrics=metrics, records=records, aftermath=aftermath, pipeline=pipeline, health=health,
-                   admin=admin, openapi=OpenAPI(runtime, security), metrics_export=export, services=services)
+                   admin=admin, openapi=OpenAPI(runtime, security), metrics_export=export, access_log=access_log,
+                   services=services)
 
 
 __all__ = ["Gateway", "Service", "StartupError", "build"]

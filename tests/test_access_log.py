@@ -61,6 +61,11 @@ def test_one_json_line_per_request(emu):
         assert stream["tenant"] and stream["tenant"] == whole["tenant"]  # "default" without client keys
         assert stream["verdict"] in ("cold", "hit", "drift", "eviction", "unknown")
         assert bad["status"] in (400, 404) and bad["bytes_out"] > 0
+        httpx.get(gw.base_url + "/models", headers={"X-Request-Id": "list-1"})
+        httpx.get(gw.url + "/healthz")
+        listing = next(x for x in _lines(gw, 4) if x["request_id"] == "list-1")
+        assert listing["method"] == "GET" and listing["path"] == "/v1/models" and listing["status"] == 200
+        assert listing["bytes_out"] > 0 and not any(x["path"] == "/healthz" for x in _lines(gw, 4))
 
 
 def test_text_format_and_off(emu):
