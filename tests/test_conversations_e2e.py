@@ -350,7 +350,7 @@ def test_large_turns_go_to_the_worker_through_a_spool_file_that_is_removed(emu):
     with run_gateway(routes(emu.url)) as gw:
         # Answers end on their own (not cut at max_tokens): the emulator caches a cut answer's closing
         # tokens too, which a real engine never computed and the gateway rightly does not predict.
-        agent = Agent(gw, max_tokens=64)
+        agent = Agent(gw, max_tokens=72)  # 8 reasoning + 64 content (max_tokens counts reasoning)
         agent.messages[1]["content"] += "\n" + "def helper(x):\n    return x + 1\n" * 4000  # ~130 KB
         assert agent.turn()[1]["verdict"] == "cold"
         for _ in range(2):

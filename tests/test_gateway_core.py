@@ -58,18 +58,18 @@ def chat(content: str = "Hello there", **kw) -> dict:
 
 
 def test_non_streaming(client, emu):
-    r = client.chat.completions.create(**chat(max_tokens=5))
+    r = client.chat.completions.create(**chat(max_tokens=13))  # 8 reasoning + 5 content
     assert r.choices[0].message.content
     assert r.usage.prompt_tokens > 0
     assert r.usage.prompt_tokens_details is not None
 
 
 def test_streaming_hides_usage_unless_asked(client):
-    chunks = list(client.chat.completions.create(**chat(max_tokens=6), stream=True))
+    chunks = list(client.chat.completions.create(**chat(max_tokens=14), stream=True))  # 8 of them reasoning
     assert all(c.usage is None for c in chunks)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text
-    with_usage = list(client.chat.completions.create(**chat(max_tokens=6), stream=True,
+    with_usage = list(client.chat.completions.create(**chat(max_tokens=14), stream=True,
                                                      stream_options={"include_usage": True}))
     usage_chunks = [c for c in with_usage if c.usage is not None]
     assert len(usage_chunks) == 1 and usage_chunks[0].choices == []

@@ -164,6 +164,9 @@ class Emulator:
             body = orjson.loads(await request.read() or b"{}")
             if not isinstance(body, dict) or body.get("input") in (None, "", []):
                 raise ValueError("input is required")
+            dims = body.get("dimensions")
+            if dims is not None and not (type(dims) is int and 1 <= dims <= 4096):
+                raise ValueError("dimensions must be an integer 1-4096")  # (vLLM: only what the model has)
             out = ep.embeddings_body(body, str(body.get("model") or cfg.model), 64,
                                      lambda item: len(item) if isinstance(item, list) else len(words(item)))
         except (ValueError, TypeError) as exc:
