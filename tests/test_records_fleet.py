@@ -89,6 +89,17 @@ def test_two_gateways_share_one_postgres_and_both_show_the_fleet() -> None:
             conv = get_json(a.url + "/admin/api/conversations/fleet-conv")
             assert conv["looked_up_as"] == "fleet-conv" and [t["turn"] for t in conv["turns"]] == [1, 2]
             assert conv["turns"][1]["verdict"] == "drift" and conv["turns"][1]["diff_after"]
+            # `gateway drift` of gateway a lists it; a mute set through gateway b applies on a too.
+            out = gateway_cli("drift", "--url", a.url, "--since", "3600")
+            assert "over the whole fleet" in out and "system_prompt_changed" in out and "→ The client changed" in out
+            assert "claude-cli" in out
+            gateway_cli("drift", "mute", "--url", b.url, "--cause", "system_prompt_changed", "--client", "claude-cli",
+                        "--for", "1h", "--note", "told the authors")
+            listed = json.loads(gateway_cli("drift", "--url", a.url, "--json"))
+            assert listed["counts"]["muted"] == 1 and all(x["cause"] != "system_prompt_changed" for x in listed["alerts"])
+            assert "told the authors" in gateway_cli("drift", "rules", "--url", a.url)
+            timeline = gateway_cli("drift", "conversation", "fleet-conv", "--url", a.url)
+            assert "client key 'fleet-conv'" in timeline and "system_prompt_changed" in timeline
             # `gateway stats` reads the fleet from routes.yaml's database, and from either gateway.
             out = subprocess.run([sys.executable, "-m", "gateway.cli", "stats", "--routes", str(a.routes_path)],
                                  cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -122,6 +133,13 @@ def test_database_stopped_mid_traffic_fails_no_request() -> None:
             ov = get_json(gw.url + "/admin/api/overview?probe=0")
             assert ov["records"]["source"]["connected"] and ov["records"]["source"]["queued"] == 0
             assert "records database" in gw.log()  # said once that it failed (and that it came back)
+
+
+def gateway_cli(*args: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "gateway.cli", *args], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
 
 
 def _total_or_zero(url: str) -> int:

@@ -183,7 +183,7 @@ class AdminAPI:
     async def alerts(self, request: Request) -> Response:
         """Drift alerts of the whole fleet (records in PostgreSQL) or this host (SQLite), graded and
         triaged: ?window_s, lane, cause, severity, group, tenant, client, user_agent, since, until,
-        key (the client's own conversation key), show=open|all, limit."""
+        conversation_key (the client's own key for its session), show=open|all, limit."""
         await self._guard(request)
         q = request.query_params
         window = _num(request, "window_s", 86400, 60, 90 * 86400)
@@ -199,8 +199,8 @@ class AdminAPI:
         f = filters_from(request).with_(verdict="drift")
         now = time.time()
         found = [None]
-        if q.get("key"):
-            found = candidate_ids(q["key"])
+        if q.get("conversation_key"):
+            found = candidate_ids(q["conversation_key"])
         rows: list[dict[str, Any]] = []
         for cid in found:
             rows = await _db(records.rows(window, filters=f.with_(conversation=cid) if cid else f,

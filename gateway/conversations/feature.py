@@ -12,6 +12,7 @@ from starlette.routing import Route
 from ..errors import invalid_request
 from .alerts import AlertBook
 from .analyzer import Analyzer, TurnEnd
+from .lookup import candidate_ids
 from .policy import ConversationPolicy
 from .worker import AnalysisProcess
 
@@ -65,12 +66,17 @@ def install(gw: "Gateway") -> None:
             await guard(request)
         from .state import ConversationState
 
-        raw = await store.get("conv:" + request.path_params["cid"])
+        raw = cid = None
+        for cid in candidate_ids(request.path_params["cid"]):  # the gateway's id, or the client's own key
+            raw = await store.get("conv:" + cid)
+            if raw is not None:
+                break
         if raw is None:
             return JSONResponse({"error": {"message": "no such conversation", "type": "invalid_request_error",
                                            "param": "cid", "code": "not_found"}}, status_code=404)
         st = ConversationState.from_bytes(raw)
-        return JSONResponse({"id": st.id, "source": st.source, "lane": st.lane, "turn": st.turn,
+        return JSONResponse({"id": st.id, "looked_up_as": request.path_params["cid"] if cid != request.path_params["cid"]
+                             else None, "source": st.source, "lane": st.lane, "turn": st.turn,
                              "pinned_effort": st.pinned_effort, "pinned_thinking": st.pinned_thinking,
                              "parent": st.parent, "replica": st.replica, "created": st.created,
                              "updated": st.updated, "state_bytes": len(raw),
@@ -78,4 +84,4 @@ def install(gw: "Gateway") -> None:
                              "last_cache": st.last_cache})
 
     gw.routes.append(Route("/admin/drift", drift, methods=["GET"]))
-    gw.routes.append(Route("/admin/conversations/{cid}", conversation, methods=["GET"]))
+    gw.routes.append(Route("/admin/conversations/{cid:path}", conversation, methods=["GET"]))
