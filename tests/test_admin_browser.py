@@ -237,3 +237,38 @@ def test_conversation_page_from_an_alert_and_by_client_key(site, browser, width:
     finally:
         page.close()
     assert not errors, errors
+
+
+# The chart kit with the figures that broke it before: decode speeds up to 800,000 tok/s (the last
+# label read "80000"), a tallest bar of 7 with ticks of 2 (it passed the top gridline), long causes.
+CHART_KIT_JS = """
+(w) => {
+  const box = document.createElement('div');
+  box.className = 'chart'; box.id = 'kit'; box.style.width = w + 'px';
+  document.body.appendChild(box);
+  Charts.histogram(box, { edges: [0, 200000, 400000, 600000, 800000], unit: 'tok/s',
+    series: [{ name: 'a', color: '#000', values: [7, 3, 0, 1] }] });
+  const labels = [...box.querySelectorAll('svg text')].map((t) => t.textContent);
+  const b = box.querySelector('svg').getBoundingClientRect();
+  const outside = [...box.querySelectorAll('svg text')].filter((t) => {
+    const r = t.getBoundingClientRect(); return r.left < b.left - 0.5 || r.right > b.right + 0.5; }).map((t) => t.textContent);
+  const grid = [...box.querySelectorAll('line.grid')].map((l) => +l.getAttribute('y1'));
+  const tallest = Math.min(...[...box.querySelectorAll('rect')].map((r) => +r.getAttribute('y')));
+  box.remove();
+  return { labels, outside, top: Math.min(...grid), tallest };
+}
+"""
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_chart_kit_keeps_big_numbers_whole_and_bars_under_the_top_gridline(site, browser, width: int) -> None:
+    page, errors = open_page(browser, site["gw"].url + "/admin", width)
+    try:
+        out = page.evaluate(CHART_KIT_JS, 420 if width == 1024 else 640)
+        assert "800K" in out["labels"] and "0" in out["labels"], out
+        assert out["outside"] == [], out
+        assert out["tallest"] >= out["top"] - 0.5, out  # 7 fits under a gridline at 8
+        assert "8" in out["labels"], out
+    finally:
+        page.close()
+    assert not errors, errors

@@ -105,6 +105,7 @@ def test_two_gateways_share_one_postgres_and_both_show_the_fleet() -> None:
                                  cwd=REPO, capture_output=True, text=True, timeout=60)
             assert out.returncode == 0, out.stderr
             assert "dsv41-vllm" in out.stdout and " 7 " in out.stdout and "every gateway writing to" in out.stdout
+            assert "prefill lost:" in out.stdout and "claude-cli" in out.stdout  # who is costing us prefill
             out = subprocess.run([sys.executable, "-m", "gateway.cli", "stats", "--url", b.url, "--json"],
                                  cwd=REPO, capture_output=True, text=True, timeout=60)
             assert json.loads(out.stdout)["total"]["requests"] == 7

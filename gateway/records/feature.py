@@ -23,6 +23,7 @@ from .record import build_record
 from .stats import STATS_COLUMNS, compute_stats, costs, decode_histogram, lost_by_cause, parse_window, series
 from .store_postgres import PostgresStore, redact
 from .store_redis import DEFAULT_KEY, RedisRecordStream
+from .store_sql import MAX_ROWS
 from .store_sqlite import SQLiteStore
 
 if TYPE_CHECKING:
@@ -106,6 +107,7 @@ class Records:
         out = compute_stats(rows, window_s, now)
         out["costs"] = costs(rows, window_s, now=now)
         out["source"] = self.source()
+        out["rows_capped"] = len(rows) >= MAX_ROWS  # the summary covers only the newest MAX_ROWS records
         return out
 
     async def charts(self, window_s: float = 3600.0, buckets: int = 60,
@@ -119,6 +121,7 @@ class Records:
             "lost_by_cause": lost_by_cause(rows),
             "costs": costs(rows, window_s, buckets=min(buckets, 48), now=now),
             "source": self.source(),
+            "rows_capped": len(rows) >= MAX_ROWS,
         }
 
     async def conversation(self, cid: str, limit: int = 2000) -> list[dict[str, Any]]:

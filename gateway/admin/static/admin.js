@@ -62,6 +62,11 @@
     const up = ov.now - ov.started_at;
     const upText = up < 3600 ? `${Math.round(up / 60)} min` : up < 86400 ? `${(up / 3600).toFixed(1)} h` : `${(up / 86400).toFixed(1)} d`;
     let line = `routes v${c.version ?? "?"} · ${ov.lanes.length} lanes · up ${upText}`;
+    const src = ov.records && ov.records.source;
+    if (src) {
+      line += src.scope === "fleet" ? ` · records: whole fleet (${src.backend})` : ` · records: this host (${src.backend})`;
+      if (src.backend === "postgres" && !src.connected) line += ` · records database unreachable, ${src.queued} waiting, ${src.dropped} dropped`;
+    }
     if (c.last_reload_error) line += ` · last reload refused: ${c.last_reload_error}`;
     document.getElementById("config-line").textContent = line;
   }
@@ -511,7 +516,8 @@
       ]);
       last = { ov, ch, rec, drift };
       draw();
-      banner.hidden = true;
+      banner.hidden = !ch.rows_capped;
+      if (ch.rows_capped) banner.textContent = "This window holds more records than one summary reads: the figures cover the newest 200,000. Narrow the window or filter.";
       document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
       document.body.dataset.loaded = "1";
     } catch (err) {
