@@ -138,7 +138,7 @@ def api(tmp_path: Path):
     app = create_app(Settings(routes_path=path, data_dir=tmp_path / "data", watch_routes=False))
     with TestClient(app) as client:
         gw = app.state.gateway
-        records = gw.services["records"]
+        records = gw.records
         plan = [("sess-1", "opencode/0.5.1", "tools_changed", 60_000, None),
                 ("sess-1", "opencode/0.5.1", "tools_changed", 40_000, None),
                 ("sess-2", "aider/0.80 (linux)", "reasoning_dropped_by_template", 30_000, None),
@@ -146,7 +146,7 @@ def api(tmp_path: Path):
         for i, (sess, ua, cause, lost, action) in enumerate(plan):
             ex = exchange(request_id=f"d{i}", lane="lane-a", request_headers={"user-agent": ua},
                           conversation_id=key_id(sess), turn=i + 2, effort_action=action)
-            ex.annotations["cache"] = {"verdict": "drift", "cause": cause, "tokens_lost": lost,
+            ex.cache = {"verdict": "drift", "cause": cause, "tokens_lost": lost,
                                        "seconds_lost": lost / 4000, "divergence_message_index": 0,
                                        "snippet_before": "<｜User｜>Today is Monday", "snippet_after": "<｜User｜>Today is Tuesday"}
             records.sink(ex, None)

@@ -11,8 +11,8 @@
 Filters (records, stats, charts, alerts): lane, tenant, client, user_agent, cause, verdict,
 conversation, gateway, since, until (epoch seconds, negative = seconds ago).
 
-Drift alerts come from `GET /admin/drift`, owned by the conversations part; the page shows them
-when that route exists. Every handler calls `gw.services["admin_guard"]` when one is installed.
+Drift alerts come from `GET /admin/drift`, owned by the conversations part. Which key each route
+needs is declared in the route table (compose.py); the page shell and its static files carry no data.
 """
 
 from __future__ import annotations
@@ -24,16 +24,21 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
-from starlette.routing import Route
 
 from ..conversations.alerts import ALERT_COLUMNS, GROUPS, SEVERITIES, review
+from ..conversations.identity import DEFAULT_TENANT
 from ..conversations.lookup import candidate_ids
 from ..conversations.remedies import remedy_for
 from ..errors import GatewayError, invalid_request
 from ..records.query import Filters
 
 if TYPE_CHECKING:
-    from ..app import Gateway
+    from ..aftermath import Aftermath
+    from ..conversations.analyzer import Analyzer
+    from ..records.feature import Records
+    from ..runtime import Runtime
+    from ..status import Status
+    from ..store import StateStore
 
 STATIC = Path(__file__).parent / "static"
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
@@ -66,28 +71,24 @@ def _num(request: Request, name: str, default: float, lo: float, hi: float) -> f
 
 
 class AdminAPI:
-    def __init__(self, gw: "Gateway") -> None:
-        self.gw = gw
+    def __init__(self, runtime: "Runtime", status: "Status", aftermath: "Aftermath", records: "Records",
+                 analyzer: "Analyzer", store: "StateStore | None" = None) -> None:
+        self.runtime = runtime
+        self.store = store  # the live conversation state, beside the records on the conversation page
+        self.status = status
+        self.aftermath = aftermath
+        self.records_ = records
+        self.analyzer = analyzer
         self._probe: tuple[float, dict[str, Any]] | None = None
 
-    async def _guard(self, request: Request) -> None:
-        guard = self.gw.services.get("admin_guard")
-        if guard is not None:
-            await guard(request)
-
-    def _records(self) -> Any:
-        records = self.gw.services.get("records")
-        if records is None:
-            raise GatewayError(503, "request records are not enabled in this gateway", code="records_disabled")
-        return records
+    def _records(self) -> "Records":
+        return self.records_
 
     async def page(self, request: Request) -> Response:
-        await self._guard(request)
         return FileResponse(STATIC / "index.html", media_type="text/html",
                             headers={"Cache-Control": "no-cache"})
 
     async def static(self, request: Request) -> Response:
-        await self._guard(request)
         name = request.path_params["name"]
         path = STATIC / name
         # Only plain files directly inside static/: no traversal, no directories.
@@ -96,9 +97,7 @@ class AdminAPI:
         return FileResponse(path, media_type=_TYPES[path.suffix], headers={"Cache-Control": "no-cache"})
 
     async def overview(self, request: Request) -> Response:
-        await self._guard(request)
-        gw = self.gw
-        snap = gw.runtime.snapshot
+        snap = self.runtime.snapshot
         probe = await self._probed() if request.query_params.get("probe", "1") != "0" else {}
         now = time.monotonic()
         aliases: dict[str, list[str]] = {}
@@ -131,28 +130,24 @@ class AdminAPI:
                 "qualification": {
                     "required": cfg.qualification == "required",
                     "override": cfg.override.reason if cfg.override else None,
-                    "state": lane.extras.get("qualification"),
+                    "state": lane.qualification,
                 },
                 "health": _lane_health([r["health"] for r in replicas]),
                 "replicas": replicas,
             })
-        config = gw.config_state() if hasattr(gw, "config_state") else {}
         return _json({
             "now": time.time(),
-            "started_at": gw.started_at,
-            "config": config,
-            "aftermath": {"processed": gw.aftermath.processed, "skipped_analysis": gw.aftermath.skipped_analysis,
-                          **_analysis(gw)},
-            "records": ({**gw.services["records"].counters(), "source": gw.services["records"].source()}
-                        if "records" in gw.services else None),
+            "started_at": self.status.started_at,
+            "config": self.status.config_state(),
+            "aftermath": {"processed": self.aftermath.processed, "skipped_analysis": self.aftermath.skipped_analysis,
+                          **_analysis(self.analyzer)},
+            "records": {**self.records_.counters(), "source": self.records_.source()},
             "lanes": lanes,
         })
 
     async def _probed(self) -> dict[str, Any]:
         """Replica reachability, probed at most every few seconds however many pages are open."""
-        probe = getattr(self.gw, "_probe_lanes", None)
-        if probe is None:
-            return {}
+        probe = self.status.probe_lanes
         now = time.monotonic()
         if self._probe is None or now - self._probe[0] > PROBE_TTL_S:
             try:
@@ -162,18 +157,15 @@ class AdminAPI:
         return self._probe[1]
 
     async def records(self, request: Request) -> Response:
-        await self._guard(request)
         limit = int(_num(request, "limit", 100, 1, 5000))
         rows = await _db(self._records().recent(limit, filters=filters_from(request)))
         return _json({"records": rows})
 
     async def stats(self, request: Request) -> Response:
-        await self._guard(request)
         window = _num(request, "window_s", 3600, 1, 90 * 86400)
         return _json(await _db(self._records().stats(window, filters=filters_from(request))))
 
     async def charts(self, request: Request) -> Response:
-        await self._guard(request)
         window = _num(request, "window_s", 3600, 60, 90 * 86400)
         buckets = int(_num(request, "buckets", 60, 1, 720))
         return _json(await _db(self._records().charts(window, buckets, filters=filters_from(request))))
@@ -184,7 +176,6 @@ class AdminAPI:
         """Drift alerts of the whole fleet (records in PostgreSQL) or this host (SQLite), graded and
         triaged: ?window_s, lane, cause, severity, group, tenant, client, user_agent, since, until,
         conversation_key (the client's own key for its session), show=open|all, limit."""
-        await self._guard(request)
         q = request.query_params
         window = _num(request, "window_s", 86400, 60, 90 * 86400)
         limit = int(_num(request, "limit", 200, 1, 2000))
@@ -200,7 +191,7 @@ class AdminAPI:
         now = time.time()
         found = [None]
         if q.get("conversation_key"):
-            found = candidate_ids(q["conversation_key"])
+            found = candidate_ids(q["conversation_key"], f.tenant or DEFAULT_TENANT)
         rows: list[dict[str, Any]] = []
         for cid in found:
             rows = await _db(records.rows(window, filters=f.with_(conversation=cid) if cid else f,
@@ -217,7 +208,6 @@ class AdminAPI:
     async def triage(self, request: Request) -> Response:
         """GET: active acknowledgements and mutes. POST {kind: ack|mute, lane, cause, client,
         expires_in_s | until, note, author}: "*" or a missing field matches anything."""
-        await self._guard(request)
         records = self._records()
         if request.method == "GET":
             return _json({"rules": await _db(records.triage())})
@@ -231,7 +221,6 @@ class AdminAPI:
         return _json(await _db(records.triage_add(rule)), status=201)
 
     async def triage_delete(self, request: Request) -> Response:
-        await self._guard(request)
         ok = await _db(self._records().triage_delete(request.path_params["rule_id"]))
         if not ok:
             raise GatewayError(404, "no such acknowledgement or mute", code="not_found")
@@ -240,11 +229,10 @@ class AdminAPI:
     async def conversation(self, request: Request) -> Response:
         """One conversation's turns as a timeline, found by the gateway's id or the client's own key
         (?tenant= narrows it to one tenant)."""
-        await self._guard(request)
         key = request.path_params["key"]
         tenant = (request.query_params.get("tenant") or "").strip() or None
         records = self._records()
-        for cid in candidate_ids(key):
+        for cid in candidate_ids(key, tenant or DEFAULT_TENANT):
             rows = await _db(records.conversation(cid))
             if tenant:
                 rows = [r for r in rows if (r.get("tenant") or "default") == tenant]
@@ -264,7 +252,7 @@ class AdminAPI:
             turns.append({k: r.get(k) for k in TIMELINE_COLUMNS} | ({
                 "title": rem.title, "fixable_by": rem.fixable_by, "remedy": rem.remedy} if rem else {}))
         state = None
-        store = self.gw.services.get("store")
+        store = self.store
         if store is not None:
             try:
                 raw = await store.get("conv:" + cid)
@@ -383,10 +371,7 @@ async def _db(awaitable: Any) -> Any:
                            code="records_unavailable") from None
 
 
-def _analysis(gw: Any) -> dict[str, Any]:
-    analyzer = gw.services.get("analyzer")
-    if analyzer is None:
-        return {}
+def _analysis(analyzer: "Analyzer") -> dict[str, Any]:
     process = analyzer.process
     return {"analysis_failures": analyzer.failures, "analysis_last_ms": round(analyzer.last_ms, 1),
             "analysis_in": "process" if process is not None else "thread",
@@ -402,21 +387,3 @@ def _lane_health(states: list[str]) -> str:
     if any(s == "up" for s in states):
         return "up"
     return "unknown"
-
-
-def install(gw: "Gateway") -> None:
-    api = AdminAPI(gw)
-    gw.services["admin_api"] = api
-    gw.routes.extend([
-        Route("/admin", api.page, methods=["GET"]),
-        Route("/admin/", api.page, methods=["GET"]),
-        Route("/admin/static/{name}", api.static, methods=["GET"]),
-        Route("/admin/api/overview", api.overview, methods=["GET"]),
-        Route("/admin/api/records", api.records, methods=["GET"]),
-        Route("/admin/api/stats", api.stats, methods=["GET"]),
-        Route("/admin/api/charts", api.charts, methods=["GET"]),
-        Route("/admin/api/alerts", api.alerts, methods=["GET"]),
-        Route("/admin/api/triage", api.triage, methods=["GET", "POST"]),
-        Route("/admin/api/triage/{rule_id}", api.triage_delete, methods=["DELETE"]),
-        Route("/admin/api/conversations/{key:path}", api.conversation, methods=["GET"]),
-    ])

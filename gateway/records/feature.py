@@ -5,7 +5,7 @@ PostgreSQL table instead of the local file (read once at start-up: changing it n
 Knobs (environment): GATEWAY_RECORDS_SQLITE (1), GATEWAY_RECORDS_MAX_AGE ("7d"),
 GATEWAY_RECORDS_MAX_ROWS (1000000), GATEWAY_RECORDS_STREAM ("gateway:records"),
 GATEWAY_RECORDS_STREAM_MAXLEN (100000), GATEWAY_CAPTURE=1 with GATEWAY_CAPTURE_MAX_BYTES (16384).
-Query API for the admin page and other parts: `gw.services["records"]` (a `Records`).
+Query API for the admin page and other parts: the `Records` the composition root builds.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from .store_sql import MAX_ROWS
 from .store_sqlite import SQLiteStore
 
 if TYPE_CHECKING:
-    from ..app import Gateway
+    from ..config import RecordsConfig
     from ..runtime import LaneRuntime
+    from ..settings import Settings
 
 log = logging.getLogger("gateway.records")
 
@@ -190,13 +191,52 @@ def _env(name: str, default: str) -> str:
     return value if value not in (None, "") else default
 
 
-def install(gw: "Gateway") -> None:
-    settings = gw.settings
-    cfg = gw.runtime.snapshot.config.gateway.records
+class RecordsLifecycle:
+    """Opens the records database and the Redis stream at start; flushes and closes them at stop (after
+    the aftermath queue drained, so the last records are in the stores' queues)."""
+
+    def __init__(self, records: Records, data_dir: Any, own_client: list[Any]) -> None:
+        self.records = records
+        self.data_dir = data_dir
+        self._own_client = own_client
+
+    async def start(self) -> None:
+        db = self.records.db
+        if db is not None:
+            try:
+                # SQLite: opens the file. PostgreSQL: starts the writer, which connects in the
+                # background; a database that is down now never stops the gateway from serving.
+                await asyncio.to_thread(db.open)
+            except Exception:  # serving matters more than records: keep going, say why loudly
+                log.exception("cannot open the records file under %s; records are not stored", self.data_dir)
+                self.records.db = None
+        if self.records.stream is not None:
+            self.records.stream.start()
+
+    async def stop(self) -> None:
+        stream = self.records.stream
+        if stream is not None:
+            await stream.stop()
+            for client in self._own_client:
+                await client.aclose()
+        db = self.records.db
+        if db is not None:
+            await asyncio.to_thread(db.flush, 5.0)
+            await asyncio.to_thread(db.close)
+
+
+def build_records(settings: "Settings", shared_client: Any = None,
+                  config: "RecordsConfig | None" = None) -> tuple[Records, RecordsLifecycle]:
+    """Records per routes.yaml's `gateway.records` (`config`) and the environment knobs above;
+    `shared_client` is the state store's Redis client when it has one."""
     db: SQLiteStore | PostgresStore | None = None
-    if cfg.postgres_url():
-        db = PostgresStore(cfg.postgres_url() or "", max_age_s=cfg.max_age_days * 86400, max_rows=cfg.max_rows,
-                           max_queue=cfg.max_queue)
+    url = config.postgres_url() if config is not None else None
+    if config is not None and config.postgres_env and not url:
+        log.error("gateway.records.postgres_env names %s, which is not set: records go to the local file",
+                  config.postgres_env)
+    if url and config is not None:
+        db = PostgresStore(url, max_age_s=config.max_age_days * 86400, max_rows=config.max_rows,
+                           max_queue=config.max_queue)
     elif _env("GATEWAY_RECORDS_SQLITE", "1") == "1":
         db = SQLiteStore(
             settings.data_dir,
@@ -207,9 +247,8 @@ def install(gw: "Gateway") -> None:
 
     def redis_client() -> Any:
         # The state store's client when it exists (one pool per process), else our own.
-        shared = gw.services.get("redis")
-        if shared is not None:
-            return shared
+        if shared_client is not None:
+            return shared_client
         if not own_client:
             import redis.asyncio as aioredis
 
@@ -223,28 +262,4 @@ def install(gw: "Gateway") -> None:
                                    maxlen=int(_env("GATEWAY_RECORDS_STREAM_MAXLEN", "100000")))
     capture = int(_env("GATEWAY_CAPTURE_MAX_BYTES", "16384")) if settings.capture_bodies else 0
     records = Records(db, stream, capture, gateway_id=f"{socket.gethostname()}:{settings.port}")
-    gw.services["records"] = records
-    gw.aftermath.sinks.append(records.sink)
-
-    async def startup() -> None:
-        if db is not None:
-            try:
-                await asyncio.to_thread(db.open)
-            except Exception:  # serving matters more than records: keep going, say why loudly
-                log.exception("cannot open the records file under %s; records are not stored", settings.data_dir)
-                records.db = None
-        if stream is not None:
-            stream.start()
-
-    async def shutdown() -> None:
-        # Runs after the aftermath queue drained, so the last records are in the stores' queues.
-        if stream is not None:
-            await stream.stop()
-            for client in own_client:
-                await client.aclose()
-        if records.db is not None:
-            await asyncio.to_thread(records.db.flush, 5.0)
-            await asyncio.to_thread(records.db.close)
-
-    gw.startup.append(startup)
-    gw.shutdown.append(shutdown)
+    return records, RecordsLifecycle(records, settings.data_dir, own_client)
