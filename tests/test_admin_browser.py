@@ -227,7 +227,8 @@ def test_conversation_page_from_an_alert_and_by_client_key(site, browser, width:
         assert page.evaluate(OVERFLOWS_JS) == []
         # ... and found by the client's own session key.
         page.goto(gw.url + "/admin#conversation=repin-conv")
-        page.wait_for_selector("#conversation .conv-meta")
+        page.wait_for_function("(document.querySelector('#conversation .conv-meta') || {}).innerText"
+                               "?.includes('repin-conv')")
         meta = page.locator("#conversation .conv-meta").inner_text()
         assert "repin-conv" in meta and "opencode" in meta
         assert page.locator("#conversation .badge.repin").count() == 1
@@ -269,6 +270,26 @@ def test_chart_kit_keeps_big_numbers_whole_and_bars_under_the_top_gridline(site,
         assert out["outside"] == [], out
         assert out["tallest"] >= out["top"] - 0.5, out  # 7 fits under a gridline at 8
         assert "8" in out["labels"], out
+    finally:
+        page.close()
+    assert not errors, errors
+
+
+def test_mute_from_the_page_hides_the_alert_until_removed(site, browser) -> None:
+    page, errors = open_page(browser, site["gw"].url + "/admin", 1440)
+    try:
+        page.on("dialog", lambda d: d.accept("known: aider drops tools in chat mode"))
+        card = page.locator("#drift .alert[data-cause='reasoning_dropped_by_template']")
+        assert card.count() == 1
+        card.locator("button[data-kind='mute']").click()
+        page.wait_for_function(
+            "!document.querySelector(\"#drift .alert[data-cause='reasoning_dropped_by_template']\")")
+        rules = page.locator("#rules table.rules tbody tr")
+        assert rules.count() == 1 and "known: aider" in rules.first.inner_text()
+        assert "1 muted" in page.locator("#drift-summary").inner_text()
+        rules.first.locator("button.unrule").click()
+        page.wait_for_selector("#drift .alert[data-cause='reasoning_dropped_by_template']")
+        assert page.locator("#rules table.rules").count() == 0
     finally:
         page.close()
     assert not errors, errors

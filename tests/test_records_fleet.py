@@ -8,8 +8,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
+import urllib.request
 import sys
 import time
 import urllib.error
@@ -43,9 +45,9 @@ def total_requests(gw_url: str) -> int:
     return get_json(gw_url + "/admin/api/stats?window_s=3600")["total"]["requests"]
 
 
-def drifting_conversation(gw_url: str, conv: str, ua: str) -> None:
+def drifting_conversation(gw_url: str, conv: str, ua: str, extra: dict[str, str] | None = None) -> None:
     """Two turns whose system prompt changes in between: one drift alert, cause system_prompt_changed."""
-    headers = {"X-Conversation-Id": conv, "User-Agent": ua}
+    headers = {"X-Conversation-Id": conv, "User-Agent": ua, **(extra or {})}
     first = [{"role": "system", "content": "You are a careful agent. Today is Monday."},
              {"role": "user", "content": "List the files."}]
     status, body = post(gw_url, {"model": "agent", "messages": first, "tools": TOOLS}, headers)
@@ -148,3 +150,42 @@ def _total_or_zero(url: str) -> int:
         return total_requests(url)
     except urllib.error.HTTPError:
         return 0
+
+
+def admin_get(url: str, key: str) -> Any:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 - loopback
+        return json.loads(resp.read())
+
+
+def test_client_keys_are_looked_up_within_their_tenant(tmp_path) -> None:
+    keys = tmp_path / "client_keys.sha256"
+    keys.write_text("".join(f"{hashlib.sha256(k.encode()).hexdigest()} {t}\n"
+                            for k, t in (("key-a", "team-a"), ("key-b", "team-b"))))
+    with run_emulator(flavour="vllm", tokenizer="dsv41", default_thinking=True, reasoning_tokens=4) as emu:
+        routes = {"gateway": {"client_keys": {"hashed_file": str(keys)}, "admin_key_env": "TEST_REVIEW_ADMIN"},
+                  "lanes": {"dsv41-vllm": lane(emu.url)}, "models": {"agent": "dsv41-vllm"}}
+        with run_gateway(routes, env={"TEST_REVIEW_ADMIN": "adm"}) as gw:
+            # Two tenants name their sessions the same: two conversations, each found only in its tenant.
+            drifting_conversation(gw.url, "shared-session", "opencode/0.5.1", {"Authorization": "Bearer key-a"})
+            drifting_conversation(gw.url, "shared-session", "aider/0.80", {"Authorization": "Bearer key-b"})
+            base = gw.url + "/admin/api"
+            wait_for(lambda: admin_get(base + "/stats?window_s=3600", "adm")["total"]["requests"] == 4,
+                     what="4 records")
+            a = admin_get(base + "/conversations/shared-session?tenant=team-a", "adm")
+            b = admin_get(base + "/conversations/shared-session?tenant=team-b", "adm")
+            assert a["tenant"] == "team-a" and b["tenant"] == "team-b" and a["conversation"] != b["conversation"]
+            assert a["client"] == "opencode" and len(a["turns"]) == 2 and a["looked_up_as"] == "shared-session"
+            with pytest.raises(urllib.error.HTTPError) as err:  # no such session in the default tenant
+                admin_get(base + "/conversations/shared-session", "adm")
+            assert err.value.code == 404
+            only_b = admin_get(base + "/alerts?tenant=team-b", "adm")["alerts"]
+            assert [x["tenant"] for x in only_b] == ["team-b"] and only_b[0]["client"] == "aider"
+            mine = admin_get(base + "/alerts?conversation_key=shared-session&tenant=team-a", "adm")["alerts"]
+            assert [x["conversation"] for x in mine] == [a["conversation"]]
+            with pytest.raises(urllib.error.HTTPError) as err:  # a client key is not an admin key
+                admin_get(base + "/alerts", "key-a")
+            assert err.value.code == 403
+            out = gateway_cli("drift", "--url", gw.url, "--key", "adm", "--session", "shared-session",
+                              "--tenant", "team-a")
+            assert a["conversation"] in out and b["conversation"] not in out

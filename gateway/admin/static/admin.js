@@ -81,7 +81,7 @@
       ["TTFT p50", fmtS(t.ttft_p50_s), `p95 ${fmtS(t.ttft_p95_s)}`],
       ["Decode p50", t.decode_tps_p50 === null ? "–" : `${fmtTps(t.decode_tps_p50)}`, "tokens / second"],
       ["Cache hit", fmtPct(t.cache_hit_ratio), `${fmtN(t.cached_tokens)} of ${fmtN(t.prompt_tokens_with_cache_report)} tokens`],
-      ["Tokens lost", fmtN(lostTokens), drift ? `${drift.alerts.length} drift alert${drift.alerts.length === 1 ? "" : "s"}` : `drift ${fmtN(t.drift_tokens_lost)} · evict ${fmtN(t.eviction_tokens_lost)}`],
+      ["Tokens lost", fmtN(lostTokens), drift ? `${drift.alerts.length} drift alert${drift.alerts.length === 1 ? "" : "s"} · ${(drift.counts || {}).paging || 0} paging` : `drift ${fmtN(t.drift_tokens_lost)} · evict ${fmtN(t.eviction_tokens_lost)}`],
     ];
     document.getElementById("kpis").innerHTML = cards.map(([label, value, detail]) =>
       `<div class="kpi"><div class="label">${label}</div><div class="value">${esc(value)}</div><div class="detail">${esc(detail)}</div></div>`).join("");
