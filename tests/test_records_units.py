@@ -299,3 +299,19 @@ def test_costs_rank_causes_clients_tenants_and_conversations() -> None:
     text = format_costs(c)
     assert "95.0K tokens" in text and "top clients" in text and "opencode" in text and "mostly tools_changed" in text
     assert format_costs(costs([], 3600, now=now)) == "no prefill lost in this window"
+
+
+def test_a_newer_reader_on_an_older_file_reads_missing_columns_as_null(tmp_path: Path) -> None:
+    """`gateway stats` upgraded before the gateway: the file lacks tenant/client; nothing fails."""
+    conn = sqlite3.connect(tmp_path / FILENAME)
+    conn.execute("CREATE TABLE records (id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL, lane TEXT, verdict TEXT)")
+    conn.execute("INSERT INTO records (ts, lane, verdict) VALUES (?, 'legacy', 'hit')", (time.time(),))
+    conn.commit()
+    conn.close()
+    from gateway.records.query import Filters
+
+    reader = RecordReader(tmp_path / FILENAME, readonly=True)
+    rows = reader.rows(time.time() - 60)
+    assert len(rows) == 1 and rows[0]["lane"] == "legacy" and rows[0]["client"] is None
+    assert reader.rows(filters=Filters(client="opencode", since=time.time() - 60)) == []
+    assert compute_stats(rows, 60)["lanes"]["legacy"]["requests"] == 1

@@ -106,6 +106,11 @@ class PostgresReader(SQLReader):
     def _query(self, sql: str, args: Any) -> list[dict[str, Any]]:
         return self._run(sql, args, True)
 
+    def _table_columns(self) -> set[str]:
+        rows = self._run("SELECT column_name FROM information_schema.columns WHERE table_name = 'records' "
+                         "AND table_schema = ANY(current_schemas(false))", [], True)
+        return {r["column_name"] for r in rows}
+
     def _exec(self, sql: str, args: Any) -> None:
         self._run(sql, args, False)
 

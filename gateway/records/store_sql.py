@@ -12,6 +12,7 @@ import uuid
 from typing import Any
 
 from .query import Filters, where
+from .record import FIELDS
 from .stats import STATS_COLUMNS
 
 MAX_ROWS = 200_000  # a summary never reads more rows than this (newest kept): ~100 MB of dicts at most
@@ -28,10 +29,32 @@ class SQLReader:
     def _exec(self, sql: str, args: list[Any] | tuple[Any, ...]) -> None:
         raise NotImplementedError
 
+    def _table_columns(self) -> set[str]:
+        """The records table's columns as the database has them now."""
+        raise NotImplementedError
+
+    def _have(self) -> set[str]:
+        # A reader may be newer than the gateway that last wrote the table (`gateway stats` on a
+        # host running an older gateway): columns it does not have yet read as NULL. Kept once the
+        # table has every column (one catalogue query per call until then).
+        cached = getattr(self, "_have_cache", None)
+        if cached is not None:
+            return cached
+        have = self._table_columns()
+        if have >= FIELDS.keys():
+            self._have_cache = have
+        return have
+
+    def _missing_filter(self, f: Filters) -> bool:
+        have = self._have()
+        return any(name not in have for name in f.as_dict() if name not in ("since", "until", "verdicts"))
+
     def recent(self, limit: int = 100, lane: str | None = None, since: float | None = None,
                conversation: str | None = None, filters: Filters | None = None) -> list[dict[str, Any]]:
         """Newest first, every column."""
         f = _merge(filters, lane, since, conversation)
+        if self._missing_filter(f):
+            return []  # filtering on a column this table does not have yet: nothing matches
         clause, args = where(f, self.MARK)
         sql = f"SELECT * FROM records{clause} ORDER BY ts DESC, id DESC LIMIT {self.MARK}"
         return self._query(sql, [*args, max(1, min(int(limit), 10_000))])
@@ -40,8 +63,11 @@ class SQLReader:
              columns: tuple[str, ...] = STATS_COLUMNS, limit: int = MAX_ROWS) -> list[dict[str, Any]]:
         """The given columns of every record matching, oldest first (at most the newest `limit`)."""
         f = _merge(filters, lane, since, None)
+        if self._missing_filter(f):
+            return []
         clause, args = where(f, self.MARK)
-        cols = ", ".join(f'"{c}"' for c in columns)
+        have = self._have()
+        cols = ", ".join(f'"{c}"' if c in have else f'NULL AS "{c}"' for c in columns)
         sql = (f"SELECT * FROM (SELECT {cols}, id AS id_ FROM records{clause} ORDER BY ts DESC, id DESC "
                f"LIMIT {self.MARK}) AS newest ORDER BY ts, id_")
         out = self._query(sql, [*args, int(limit)])

@@ -76,6 +76,9 @@ class RecordReader(SQLReader):
         conn.execute(sql, tuple(args))
         conn.commit()
 
+    def _table_columns(self) -> set[str]:
+        return {row[1] for row in self._conn().execute("PRAGMA table_info(records)")}
+
     def _has_triage(self) -> bool:
         return bool(self._conn().execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'triage'").fetchone())
