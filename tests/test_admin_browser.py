@@ -184,6 +184,7 @@ def test_overview_reads_well_and_every_alert_says_what_to_do(site, browser, widt
         assert any("system prompt" in t.lower() for t in texts), texts
         assert page.locator("#drift .group-unavoidable .alert[data-cause='reasoning_dropped_by_template']").count() == 1
         assert page.locator("#drift .group-repin .alert").count() == 1
+        assert page.locator("#drift table.patterns tbody tr").count() >= 1  # what to forward or mute, per client
         assert "deliberate re-pin" in page.locator("#drift .group-repin").inner_text().lower() or \
             "re-pin" in page.locator("#drift .group-repin").inner_text().lower()
         assert page.locator("#drift .snip mark").count() >= 1  # the diverging part is marked

@@ -94,7 +94,7 @@ def test_two_gateways_share_one_postgres_and_both_show_the_fleet() -> None:
             # `gateway drift` of gateway a lists it; a mute set through gateway b applies on a too.
             out = gateway_cli("drift", "--url", a.url, "--since", "3600")
             assert "over the whole fleet" in out and "system_prompt_changed" in out and "→ The client changed" in out
-            assert "claude-cli" in out
+            assert "claude-cli" in out and "PATTERNS" in out
             gateway_cli("drift", "mute", "--url", b.url, "--cause", "system_prompt_changed", "--client", "claude-cli",
                         "--for", "1h", "--note", "told the authors")
             listed = json.loads(gateway_cli("drift", "--url", a.url, "--json"))

@@ -125,6 +125,14 @@ def format_review(data: dict[str, Any]) -> str:
     if not alerts:
         return head + "\nno drift alerts"
     out = [head]
+    pats = [p for p in data.get("patterns") or [] if p.get("group") == "actionable"][:5]
+    if pats:
+        out.append("")
+        out.append("PATTERNS (lane · cause · client, what to mute or forward)")
+        for p in pats:
+            out.append(f"  {p['severity']:<8} {p['lane']} · {p['cause']} · {p['client']}: {p['conversations']} conversation(s),"
+                       f" {p['turns']} turn(s), {_tokens(p['tokens_lost'])} tokens, {p['seconds_lost']:.1f} s"
+                       + (f" [{p['state']}]" if p.get("state") else ""))
     for group in ("actionable", "unavoidable", "repin"):
         items = [a for a in alerts if a["group"] == group]
         if not items:

@@ -290,6 +290,14 @@
     hint.textContent = `${scope} · ${c.paging || 0} paging`;
     summary.innerHTML = SEV_ORDER.map((s) => `<span class="badge sev ${s}">${c[s] || 0} ${s}</span>`).join("") +
       `<span class="muted">${c.acknowledged || 0} acknowledged · ${c.muted || 0} muted (hidden)</span>`;
+    const pats = (drift.patterns || []).filter((p) => p.group === "actionable").slice(0, 5);
+    const patHtml = pats.length ? `<h3>Patterns <span class="hint">the same cause from the same client on a lane: what to forward, or mute</span></h3>
+      <table class="patterns"><thead><tr><th>severity</th><th>lane</th><th>cause</th><th>client</th><th class="num">conv.</th>
+      <th class="num">turns</th><th class="num">tokens</th><th class="num">prefill</th><th></th></tr></thead><tbody>${pats.map((p) =>
+      `<tr><td><span class="badge sev ${esc(p.severity)}">${esc(p.severity)}</span></td><td class="wrap">${esc(p.lane || "–")}</td>
+        <td class="wrap">${esc(String(p.cause).replace(/_/g, " "))}</td><td class="wrap">${esc(p.client)}</td><td class="num">${p.conversations}</td>
+        <td class="num">${p.turns}</td><td class="num">${fmtN(p.tokens_lost)}</td><td class="num">${fmtS(p.seconds_lost)}</td>
+        <td>${p.state ? `<span class="badge state">${esc(p.state)}</span>` : `<button type="button" class="act" data-kind="mute" data-lane="${esc(p.lane || "*")}" data-cause="${esc(p.cause)}" data-client="${esc(p.client)}">Mute 7 d</button>`}</td></tr>`).join("")}</tbody></table>` : "";
     if (!alerts.length) {
       box.innerHTML = `<div class="none">no drift alerts${filtersActive() ? " match these filters" : ": every conversation kept its prefix"}</div>`;
     } else {
@@ -300,6 +308,7 @@
         return `<div class="group group-${g}"><h3>${title} <span class="badge">${items.length}</span> <span class="hint">${why}</span></h3>
           ${items.map(alertCard).join("")}</div>`;
       }).join("");
+      box.insertAdjacentHTML("afterbegin", patHtml);
     }
     const rules = drift.rules || [];
     document.getElementById("rules").innerHTML = rules.length ? `<h3>Acknowledged and muted</h3><table class="rules"><thead><tr>
