@@ -201,3 +201,15 @@ def test_conversation_timeline_by_client_key(api) -> None:
     assert api.get(f"/admin/api/conversations/{key_id('sess-1')}").json()["conversation"] == key_id("sess-1")
     assert api.get("/admin/api/conversations/sess-1", params={"tenant": "acme"}).status_code == 404
     assert api.get("/admin/api/conversations/nobody-knows").status_code == 404
+
+
+def test_patterns_sum_a_clients_cause_over_conversations() -> None:
+    rows = [row("tools_changed", f"c{i}", 1_000, 0.25, ts=NOW - 7200 + i * 600, client="opencode") for i in range(6)]
+    rows.append(row("tools_changed", "c9", 1_000, 0.25, client="aider"))
+    out = review(rows, [], NOW)
+    pats = {(p["client"], p["cause"]): p for p in out["patterns"]}
+    p = pats[("opencode", "tools_changed")]
+    assert p["conversations"] == 6 and p["turns"] == 6 and p["tokens_lost"] == 6_000
+    assert p["per_hour"] == 6.0  # six in 50 minutes, counted over at least an hour
+    assert p["severity"] == "major"  # six conversations hit by the same client: it keeps costing
+    assert pats[("aider", "tools_changed")]["severity"] == "info"

@@ -220,12 +220,13 @@ def review(rows: list[dict[str, Any]], rules: list[dict[str, Any]], now: float |
         p = patterns.setdefault((alert["lane"] or "-", cause, client), {
             "lane": alert["lane"], "cause": cause, "client": client, "title": rem.title, "fixable_by": rem.fixable_by,
             "remedy": rem.remedy, "group": grp, "conversations": 0, "turns": 0, "tokens_lost": 0, "seconds_lost": 0.0,
-            "last": 0.0, "state": state})
+            "first": a["first_seen"], "last": 0.0, "state": state})
         p["conversations"] += 1
         p["turns"] += a["count"]
         p["tokens_lost"] += a["tokens_lost_total"]
         p["seconds_lost"] = round(p["seconds_lost"] + a["seconds_lost_total"], 3)
         p["last"] = max(p["last"], r["ts"])
+        p["first"] = min(p["first"], a["first_seen"])
         if severity and sev != severity or group and grp != group:
             continue
         if state == "muted":
@@ -242,8 +243,9 @@ def review(rows: list[dict[str, Any]], rules: list[dict[str, Any]], now: float |
                                -x["tokens_lost_total"], -x["time"]))
     pats = sorted(patterns.values(), key=lambda p: -p["tokens_lost"])
     for p in pats:
-        span_h = 1.0
-        p["severity"] = grade(p["tokens_lost"], p["seconds_lost"], p["turns"], p["turns"] / span_h)[0]
+        span_h = max((p["last"] - p["first"]) / 3600, 1.0)
+        p["per_hour"] = round(p["turns"] / span_h, 2)
+        p["severity"] = grade(p["tokens_lost"], p["seconds_lost"], p["turns"], p["per_hour"])[0]
     return {"alerts": alerts[:limit], "counts": counts, "patterns": pats[:50], "rules": rules, "now": now}
 
 
