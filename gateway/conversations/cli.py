@@ -1,8 +1,8 @@
 """`gateway drift`: the drift reviewers' morning: alerts of the whole fleet graded, triaged, acted on.
 
   gateway drift [--lane L] [--cause C] [--severity S] [--tenant T] [--client C] [--since 86400]
-  gateway drift --session SESSION           the alerts of the conversation the client calls SESSION
-  gateway drift conversation SESSION     its turns as a timeline
+  gateway drift --session SESSION [--tenant T]   the alerts of the session a client calls SESSION
+  gateway drift conversation SESSION [--tenant T]   its turns as a timeline
   gateway drift ack  --lane L --cause C --client C [--for 1d] [--note ...]
   gateway drift mute --lane L --cause C --client C [--for 7d] [--note ...]
   gateway drift rules | gateway drift unmute RULE_ID
