@@ -24,6 +24,7 @@ FEATURE_MODULES = (
     "gateway.conversations.feature",  # identity, effort pinning, drift, cache verdicts
     "gateway.routing.feature",  # replica routing lookups (after conversations: homes need them)
     "gateway.metrics",  # Prometheus
+    "gateway.kvevents.feature",  # the engines' KV-cache events (after conversations and metrics: it hooks both)
     "gateway.records.feature",  # per-request records
     "gateway.qualify.feature",  # refuse unqualified lanes
     "gateway.admin.feature",  # /admin pages and APIs

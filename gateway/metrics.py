@@ -269,6 +269,7 @@ def install(gw: "Gateway") -> None:
 
         multiprocess.MultiProcessCollector(registry)
     registry.register(live)
+    metrics.registry = registry  # type: ignore[attr-defined]  # other parts register their collectors
     gw.services["metrics"] = metrics
     gw.aftermath.sinks.append(metrics.observe)
 

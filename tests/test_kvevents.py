@@ -1,0 +1,276 @@
+"""KV-cache events (issue 20): decoding as vLLM encodes, the index, verdicts, pressure, and the stream
+through a real ZMQ publisher on loopback (gaps replayed, engine restarts, the stream lost)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+import tracemalloc
+
+import msgpack
+import pytest
+
+from gateway.kvevents import chain
+from gateway.kvevents.events import Batch, Cleared, Removed, Stored, decode_batch
+from gateway.kvevents.index import ReplicaIndex
+from gateway.kvevents.pressure import Pressure
+from gateway.kvevents.subscriber import Subscriber
+from gateway.kvevents.verdict import Question, explain
+from tests.support.kv_publisher import Publisher, cleared, encode, golden_payload, removed, stored
+
+BS = 4
+
+
+def ehash(parent: bytes | None, tokens: list[int]) -> bytes:
+    """A stand-in for the engine's block hash (opaque to the gateway: only compared for equality)."""
+    return hashlib.sha256((parent or b"root") + repr(tokens).encode()).digest()
+
+
+def conv_blocks(tokens: list[int], bs: int = BS) -> list[tuple[bytes, bytes | None, list[int]]]:
+    out, parent = [], None
+    for i in range(len(tokens) // bs):
+        chunk = tokens[i * bs:(i + 1) * bs]
+        h = ehash(parent, chunk)
+        out.append((h, parent, chunk))
+        parent = h
+    return out
+
+
+def stored_event(blocks, bs: int = BS) -> dict:
+    return stored([b[0] for b in blocks], blocks[0][1], [t for b in blocks for t in b[2]], bs)
+
+
+def apply(index: ReplicaIndex, events: list[dict], t: float) -> None:
+    index.apply(decode_batch(encode(events)), t)
+
+
+# -- decoding ------------------------------------------------------------------------------------------
+
+
+def test_decodes_vllms_own_encoding_byte_for_byte():
+    assert encode([stored([b"\x01" * 32], None, [1, 2], 2), removed([b"\x01" * 32]), cleared()], ts=1.5) \
+        == golden_payload()
+    batch = decode_batch(golden_payload())
+    assert batch.ts == 1.5
+    s, r, c = batch.events
+    assert isinstance(s, Stored) and s.block_hashes == [b"\x01" * 32] and s.parent is None
+    assert list(s.token_ids) == [1, 2] and s.block_size == 2
+    assert isinstance(r, Removed) and r.block_hashes == [b"\x01" * 32]
+    assert isinstance(c, Cleared)
+
+
+def test_decodes_the_array_form_of_sglang_and_older_vllm():
+    payload = msgpack.packb([2.0, [["BlockStored", [11, 12], None, [1, 2, 3, 4], 2, None, "GPU"],
+                                   ["BlockRemoved", [11], "GPU"], ["AllBlocksCleared"]]])
+    s, r, c = decode_batch(payload).events
+    assert s.block_hashes == [11, 12] and list(s.token_ids) == [1, 2, 3, 4] and s.block_size == 2
+    assert r.block_hashes == [11] and isinstance(c, Cleared)
+
+
+def test_other_tiers_and_bad_payloads():
+    payload = encode([{**stored([1], None, [1, 2], 2), "medium": "CPU"}, {"type": "Unknown"}])
+    batch = decode_batch(payload)
+    assert batch.events == [] and batch.skipped == 2
+    with pytest.raises(ValueError):
+        decode_batch(b"\xc1not msgpack")
+    with pytest.raises(ValueError):
+        decode_batch(msgpack.packb({"nothing": 1}))
+
+
+# -- keys, index, verdicts ------------------------------------------------------------------------------
+
+
+def test_keys_from_events_equal_keys_from_the_render():
+    tokens = list(range(100, 100 + 6 * BS + 2))  # six full blocks and a partial one
+    index = ReplicaIndex()
+    blocks = conv_blocks(tokens)
+    apply(index, [stored_event(blocks[:2])], 1.0)
+    apply(index, [stored_event(blocks[2:])], 2.0)  # a later event chains through the parent's hash
+    keys = chain.keys(tokens, BS)
+    assert len(keys) == 6 and index.held_prefix(keys) == 6
+    assert index.held_prefix(chain.keys([7] + tokens[1:], BS)) == 0  # token 0 differs: nothing matches
+    assert index.block_size == BS and index.held_tokens == 6 * BS
+
+
+def _two_conversations():
+    a = list(range(1000, 1000 + 8 * BS))
+    b = list(range(5000, 5000 + 8 * BS))
+    return a, b, conv_blocks(a), conv_blocks(b)
+
+
+def test_eviction_names_the_displacing_conversation():
+    a, b, ba, bb = _two_conversations()
+    index = ReplicaIndex()
+    apply(index, [stored_event(ba)], 10.0)  # A's turn 1 ends at 11
+    index.attribute(chain.keys(a, BS), "conv-a")
+    apply(index, [stored_event(bb[:6])], 20.0)
+    apply(index, [removed([h for h, _, _ in reversed(ba[3:])]), stored_event(bb[6:])], 21.0)  # LRU: A's tail
+    index.attribute(chain.keys(b, BS), "conv-b")
+    v = explain(index, Question("conv-a", chain.keys(a, BS), len(a) + 10, len(a), 3 * BS, 30.0, 11.0))
+    assert v.cause == "pool_pressure" and v.held_tokens == 3 * BS and v.agrees
+    assert v.first_missing_block == 3 and v.missing_blocks == 5 and v.removed_at == 21.0
+    assert [(d.conversation, d.tokens) for d in v.displaced_by] == [("conv-b", 8 * BS)]
+    # Held when asked: the same question about a moment before the removal says so.
+    assert explain(index, Question("conv-a", chain.keys(a, BS), len(a) + 10, len(a), len(a), 20.5, 11.0)).cause \
+        == "held"
+
+
+def test_cleared_restarted_and_never_stored():
+    a, b, ba, bb = _two_conversations()
+    index = ReplicaIndex()
+    apply(index, [stored_event(ba)], 10.0)
+    index.attribute(chain.keys(a, BS), "conv-a")
+    apply(index, [cleared()], 12.0)
+    v = explain(index, Question("conv-a", chain.keys(a, BS), len(a) + 1, len(a), 0, 13.0, 11.0))
+    assert v.cause == "cache_cleared" and v.held_tokens == 0 and v.removed_at == 12.0
+    apply(index, [stored_event(ba)], 14.0)
+    index.reset("restarted", 15.0)
+    v = explain(index, Question("conv-a", chain.keys(a, BS), len(a) + 1, len(a), 0, 16.0, 14.5))
+    assert v.cause == "engine_restarted"
+    # B's previous turn never stored anything (it failed mid-prefill): never stored, not an eviction.
+    v = explain(index, Question("conv-b", chain.keys(b, BS), len(b) + 1, len(b), 0, 16.0, 15.5))
+    assert v.cause == "never_stored" and v.displaced_by == ()
+    # The stream was lost in between: the gateway does not guess.
+    v = explain(index, Question("conv-b", chain.keys(b, BS), len(b) + 1, len(b), 0, 16.0, 15.5, stream_ok=False))
+    assert v.cause == "unknown"
+
+
+def test_index_memory_is_bounded_and_measured():
+    index = ReplicaIndex(max_blocks=20_000)
+    tokens = list(range(40_000 * 8))
+    blocks = conv_blocks(tokens, 8)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for i in range(0, 20_000, 500):
+        index.apply(Batch(0.0, [Stored([b[0] for b in blocks[i:i + 500]], blocks[i][1],
+                                       [t for b in blocks[i:i + 500] for t in b[2]], 8)]), float(i))
+    index.attribute([index.blocks[h].key for h in list(index.blocks)], "c")
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    per_block = used / 20_000
+    assert per_block < 800, per_block  # ~420 B measured: held block, its log entry and owner
+    assert abs(index.approx_bytes() - used) < used  # the cheap estimate is the right size
+    for i in range(20_000, 40_000, 500):  # twice the bound
+        index.apply(Batch(0.0, [Stored([b[0] for b in blocks[i:i + 500]], blocks[i][1],
+                                       [t for b in blocks[i:i + 500] for t in b[2]], 8)]), float(i))
+    assert len(index.blocks) == 20_000 and index.forgotten >= 20_000
+
+
+# -- pressure --------------------------------------------------------------------------------------------
+
+
+def test_forecast_warns_when_two_conversations_do_not_fit():
+    index = ReplicaIndex()
+    p = Pressure(half_life_s=900, live_for_s=3600, rate_window_s=60)
+    p.turn("a", 2000, 100.0)
+    p.turn("b", 1500, 110.0)
+    fc = {f.conversation: f for f in p.forecast(index, 4000, 111.0)}
+    assert not fc["a"].will_be_evicted and fc["a"].ahead_tokens == 1500
+    s = p.summary(index, 4000, 111.0)
+    assert s["alert"] is None and s["working_set_tokens"] <= 3500
+    p.turn("b", 2100, 120.0)
+    fc = {f.conversation: f for f in p.forecast(index, 4000, 121.0)}
+    assert fc["a"].will_be_evicted and fc["a"].margin_tokens == 4000 - 2000 - 2100
+    assert not fc["b"].will_be_evicted
+    s = p.summary(index, 4000, 121.0)
+    assert s["alert"] is not None and s["alert"]["overflow_tokens"] > 0
+    assert s["alert"]["options"]["cap_concurrent_long_sessions"] == 1
+    assert s["forecast_evictions"] == 1
+
+
+# -- the stream ------------------------------------------------------------------------------------------
+
+
+async def until(cond, timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def publisher():
+    pub = Publisher(topic="kv")
+    yield pub
+    pub.terminate()
+
+
+async def _subscribed(pub: Publisher) -> Subscriber:
+    sub = Subscriber("http://r", pub.endpoint, pub.replay_endpoint, "kv", ReplicaIndex())
+    sub.start()
+    await until(lambda: sub.state == "live", what="connected")
+    # PUB/SUB joins late: publish a probe until one arrives (it is replayed if missed, as in production).
+    deadline = time.monotonic() + 10
+    while sub.last_seq is None and time.monotonic() < deadline:
+        pub.publish([])
+        await asyncio.sleep(0.05)
+    return sub
+
+
+async def test_stream_applies_batches_in_order(publisher):
+    sub = await _subscribed(publisher)
+    try:
+        a = list(range(1000, 1000 + 8 * BS))
+        blocks = conv_blocks(a)
+        publisher.publish([stored_event(blocks[:4])])
+        last = publisher.publish([stored_event(blocks[4:])])
+        await until(lambda: sub.last_seq == last, what="batches applied")
+        assert sub.index.held_prefix(chain.keys(a, BS)) == 8
+        assert sub.gaps == 0 and sub.snapshot()["state"] == "live"
+    finally:
+        await sub.stop()
+
+
+async def test_gap_is_replayed(publisher):
+    sub = await _subscribed(publisher)
+    try:
+        a = list(range(1000, 1000 + 8 * BS))
+        blocks = conv_blocks(a)
+        publisher.publish([stored_event(blocks[:4])], drop=True)  # lost on the way
+        last = publisher.publish([stored_event(blocks[4:])])
+        await until(lambda: sub.last_seq == last, what="gap filled")
+        assert sub.gaps == 1 and sub.replayed == 1 and sub.unfilled == 0
+        assert sub.index.held_prefix(chain.keys(a, BS)) == 8  # the replayed batch was applied first
+    finally:
+        await sub.stop()
+
+
+async def test_gap_without_replay_is_counted_and_verdicts_say_unknown():
+    pub = Publisher(topic="kv", replay=False)
+    try:
+        sub = await _subscribed(pub)
+        try:
+            pub.publish([stored_event(conv_blocks(list(range(8))))], drop=True)
+            last = pub.publish([])
+            await until(lambda: sub.last_seq == last, what="jump seen")
+            assert sub.gaps == 1 and sub.unfilled == 1 and sub.last_gap_at is not None
+        finally:
+            await sub.stop()
+    finally:
+        pub.terminate()
+
+
+async def test_restart_resets_the_index_and_loss_is_visible(publisher):
+    sub = await _subscribed(publisher)
+    try:
+        a = list(range(1000, 1000 + 8 * BS))
+        publisher.publish([stored_event(conv_blocks(a))])
+        await until(lambda: sub.index.held_tokens == 8 * BS, what="stored")
+        publisher.close()  # the engine dies
+        await until(lambda: sub.state == "lost", what="stream lost")
+        assert sub.disconnects >= 1
+        publisher.seq = 0
+        publisher.buffer.clear()
+        publisher.bind()  # a new engine process on the same ports
+        await until(lambda: sub.state == "live", what="reconnected")
+        deadline = time.monotonic() + 10
+        while sub.restarts == 0 and time.monotonic() < deadline:
+            publisher.publish([])
+            await asyncio.sleep(0.05)
+        assert sub.index.held_tokens == 0 and sub.index.clears[-1][1] == "restarted"
+        v = explain(sub.index, Question("a", chain.keys(a, BS), len(a) + 1, len(a), 0, time.time(), 0.5))
+        assert v.cause == "engine_restarted"
+    finally:
+        await sub.stop()
