@@ -274,3 +274,31 @@ async def test_restart_resets_the_index_and_loss_is_visible(publisher):
         assert v.cause == "engine_restarted"
     finally:
         await sub.stop()
+
+
+# -- routing: where a new conversation's prefix is actually held -------------------------------------------
+
+
+def test_boundaries_find_the_replica_that_holds_the_prefix():
+    from gateway.kvevents.placement import Boundaries
+    from gateway.routing import prefix_index
+
+    messages = [{"role": "system", "content": "S" * 40}, {"role": "user", "content": "U" * 40},
+                {"role": "assistant", "content": "A" * 40}, {"role": "user", "content": "again"}]
+    tokens = list(range(10, 10 + 10 * BS))
+    ends = [3 * BS + 1, 6 * BS, 9 * BS + 2, 10 * BS]  # render tokens through each message
+    keys = chain.keys(tokens, BS)
+    head = prefix_index.seed("lane", True, 50, None)
+    b = Boundaries()
+    b.note("lane", messages, head, ends, keys, BS)
+    near, far = ReplicaIndex(), ReplicaIndex()
+    blocks = conv_blocks(tokens)
+    apply(near, [stored_event(blocks[:6])], 1.0)  # holds the prefix through message 1 only
+    apply(far, [stored_event(blocks)], 1.0)  # holds all of it
+    follow_up = messages[:3] + [{"role": "user", "content": "a new question"}]
+    held = b.held("lane", follow_up, head, {"near": near, "far": far})
+    assert held == {"near": (1, 6 * BS), "far": (2, 9 * BS)}
+    apply(far, [removed([h for h, _, _ in blocks[6:]])], 2.0)  # far's pool let the tail go
+    assert b.held("lane", follow_up, head, {"near": near, "far": far})["far"] == (1, 6 * BS)
+    other_head = prefix_index.seed("lane", True, 75, None)  # another effort renders another head
+    assert b.held("lane", follow_up, other_head, {"near": near, "far": far}) == {}

@@ -166,7 +166,8 @@ def analyse_job(job: Job, renderer: Renderer | None, estimator: Any) -> Outcome:
     body = orjson.loads(job.body) if isinstance(job.body, bytes) else job.body
     out: dict[str, Any] = {}
     new_state, cache, divergence, snippets = analyse(job, body, state, renderer, estimator, out)
-    return Outcome(cache, new_state.turn, new_state.to_bytes(), divergence, snippets, out.get("kv_keys"))
+    return Outcome(cache, new_state.turn, new_state.to_bytes(), divergence, snippets, out.get("kv_keys"),
+                   out.get("kv_ends"))
 
 
 def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: Renderer | None,
@@ -240,6 +241,7 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
         cache["render_matches_engine"] = job.usage["prompt_tokens"] == n
     if out is not None and job.kv_block_size and rendered.exact:
         out["kv_keys"] = _block_keys(rendered, generated, job.kv_block_size)
+        out["kv_ends"] = _message_ends(rendered, len(body.get("messages") or ()))
     last = turn_print(new, rendered, generated, generated_msg, request_tail(body.get("messages") or []),
                       _kv_tokens(job, rendered))
     new_state = _next_state(job, state, last)
@@ -293,6 +295,22 @@ def _block_keys(rendered: Rendered, generated: Segment | None, block_size: int) 
     if generated is not None and rendered.exact:
         ids.extend(generated.token_ids if isinstance(generated.token_ids, array) else array("I", generated.token_ids))
     return array("Q", keys(ids, block_size)).tobytes()
+
+
+def _message_ends(rendered: Rendered, n_messages: int) -> bytes:
+    """Issue 20: render tokens through each request message (for routing by the KV-event index)."""
+    from array import array
+
+    ends = array("I", bytes(4 * n_messages))
+    total = 0
+    for seg in rendered.segments:
+        total += seg.n_tokens
+        for m in seg.message_indices or (seg.message_index,):
+            if 0 <= m < n_messages:
+                ends[m] = total
+    for i in range(1, n_messages):  # a message rendered as nothing ends where the one before it did
+        ends[i] = max(ends[i], ends[i - 1])
+    return ends.tobytes()
 
 
 def _kv_tokens(job: Job, rendered: Rendered) -> int | None:

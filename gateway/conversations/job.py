@@ -46,3 +46,4 @@ class Outcome:
     divergence: Divergence | None
     snippets: tuple[str, str] | None
     kv_keys: bytes | None = None  # issue 20: block keys of the render + output (array('Q'), gateway/kvevents)
+    kv_ends: bytes | None = None  # issue 20: render tokens through each request message (array('I'))

@@ -33,6 +33,9 @@ def install(gw: "Gateway") -> None:
     analyzer = gw.services.get("analyzer")
     if analyzer is not None:
         analyzer.kv_events = service
+    routing = gw.services.get("routing")
+    if routing is not None:
+        routing.kv = service  # conversation_affinity with prefix_source: kv_events
     metrics = gw.services.get("metrics")
     registry = getattr(metrics, "registry", None)
     if registry is not None:

@@ -19,6 +19,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..config import KVEvents, KVEventsPublisher
 from .index import ReplicaIndex
+from ..routing import prefix_index
+from .placement import Boundaries
 from .pool import fetch_pool_tokens
 from .pressure import Pressure
 from .subscriber import Subscriber
@@ -62,6 +64,7 @@ class KVEventsService:
         self.warnings: deque[dict[str, Any]] = deque(maxlen=MAX_WARNINGS)  # forecasts and alerts, newest last
         self.judged = 0
         self.disagreements = 0
+        self.boundaries = Boundaries()
         self._started = False
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -188,10 +191,48 @@ class KVEventsService:
         else:
             kv["note"] = f"the replica's KV-event stream is {sub.state}: verdict from counts only"
         block = r.index.block_size or 1
+        self._note_boundaries(ex, lane.name, keys, getattr(outcome, "kv_ends", None), block)
         r.index.attribute(keys, cid)
         r.pressure.turn(cid, len(keys) * block, now)
         kv["pressure"] = self._after_turn(r, now)
         return verdict
+
+    def _note_boundaries(self, ex: "Exchange", lane: str, keys: list[int], ends_raw: bytes | None,
+                         block: int) -> None:
+        body = ex.body or {}
+        messages = body.get("messages")
+        if not ends_raw or not isinstance(messages, list) or not messages:
+            return
+        head = prefix_index.seed(lane, ex.thinking_applied, ex.effort_applied, body.get("tools"))
+        self.boundaries.note(lane, messages, head, array("I", ends_raw).tolist(), keys, block)
+
+    # -- what routers ask (routing/conversation_affinity.py, prefix_source: kv_events) --------------
+
+    def prefix_hint(self, lane: str, messages: list[Any], head: int, urls: list[str]) -> dict[str, tuple[float, int]]:
+        """Per replica URL whose pool holds a prefix of `messages`: (share of their characters, characters),
+        as routing/prefix_index.Lookup.best answers; only replicas with a live stream are asked."""
+        indexes = {u: r.index for u in urls if (r := self.replicas.get((lane, u))) is not None
+                   and r.subscriber.healthy}
+        held = self.boundaries.held(lane, messages, head, indexes)
+        if not held:
+            return {}
+        sizes = [prefix_index.message_chars(m) for m in messages]
+        total = sum(sizes) or 1
+        return {u: (sum(sizes[: p + 1]) / total, sum(sizes[: p + 1])) for u, (p, _) in held.items()}
+
+    def room(self, lane: str, url: str) -> int | None:
+        """Pool tokens not claimed by the replica's working set (None: no stream or no pool size)."""
+        r = self.replicas.get((lane, url))
+        if r is None or not r.subscriber.healthy or r.pool_tokens is None:
+            return None
+        weighted, _, _ = r.pressure.working_set(self.clock())
+        return int(r.pool_tokens - weighted)
+
+    def tokens_of(self, lane: str, conversation: str) -> int | None:
+        for r in self.replicas.values():
+            if r.lane == lane and (c := r.pressure.live.get(conversation)) is not None:
+                return c.tokens
+        return None
 
     def _after_turn(self, r: ReplicaKV, now: float) -> dict[str, Any]:
         summary = r.pressure.summary(r.index, self._pool(r), now)
