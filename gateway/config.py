@@ -119,7 +119,11 @@ class KVEventsPublisher(_Strict):
     """One replica's KV-event publisher: vLLM `--kv-events-config` (`endpoint`, `replay_endpoint`, `topic`)
     or SGLang's equivalent, as the gateway reaches it."""
 
-    endpoint: str = Field(description="the engine's ZMQ PUB socket, e.g. tcp://10.0.0.5:5557")
+    endpoint: str = Field(description="the engine's ZMQ PUB socket, e.g. tcp://10.0.0.5:5557 (with `bind`: "
+                                      "the address the gateway binds for the engine to connect to)")
+    bind: bool = Field(False, description="the engine's publisher connects to the gateway (vLLM connects when its "
+                                          "endpoint has no `*`, e.g. tcp://gateway-host:5557); default: the engine "
+                                          "binds (tcp://*:5557) and the gateway connects")
     replay: str | None = Field(None, description="its replay (ROUTER) socket, e.g. tcp://10.0.0.5:5558; "
                                                  "without it a gap in the stream is lost for good")
     topic: str = Field("", description="the topic the engine publishes on ('' = vLLM's default)")

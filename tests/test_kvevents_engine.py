@@ -34,7 +34,7 @@ def kv_routes(engine: EngineProc) -> dict[str, Any]:
     if engine.kv_endpoint is None:
         pytest.skip("this engine does not publish KV events (ENGINE_URL without ENGINE_KV_EVENTS)")
     lane = engine_lane(engine.url, kv_events={"replicas": {engine.url: {
-        "endpoint": engine.kv_endpoint, "replay": engine.kv_replay, "topic": KV_TOPIC}}})
+        "endpoint": engine.kv_endpoint, "bind": True, "replay": engine.kv_replay, "topic": KV_TOPIC}}})
     return {"lanes": {"vllm-cpu-kv": lane}, "models": {"ds": "vllm-cpu-kv"}}
 
 

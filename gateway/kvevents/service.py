@@ -108,7 +108,7 @@ class KVEventsService:
             if key in self.replicas:
                 continue
             index = ReplicaIndex(kv.max_blocks)
-            sub = Subscriber(key[1], pub.endpoint, pub.replay, pub.topic, index, clock=self.clock)
+            sub = Subscriber(key[1], pub.endpoint, pub.replay, pub.topic, index, clock=self.clock, bind=pub.bind)
             r = ReplicaKV(key[0], key[1], pub, kv, index, sub,
                           Pressure(kv.half_life_s, kv.live_for_s, kv.rate_window_s), api_key)
             if pub.pool_tokens is not None:

@@ -12,8 +12,10 @@ Sequence numbers are vLLM's (8-byte big-endian, from 0 per engine process):
   in order, then the new one; what the replay buffer no longer has is counted as an unfilled gap;
 * a smaller one: a new engine process (its counter restarted): the index is reset, cause restarted.
 
-Connection state comes from the socket's monitor (connected / disconnected), because an idle engine
-publishes nothing: silence is not loss. While disconnected the stream is `lost` and the gateway's
+Either side may bind: vLLM binds its PUB socket when its endpoint has a `*` (the gateway connects) and
+connects it otherwise (the gateway binds, `bind: true`). Connection state comes from the socket's
+monitor (connected or accepted / disconnected), because an idle engine publishes nothing: silence is
+not loss. While disconnected the stream is `lost` and the gateway's
 verdicts fall back to today's count-based ones, saying why.
 """
 
@@ -40,9 +42,11 @@ REPLAY_TIMEOUT_S = 2.0
 
 class Subscriber:
     def __init__(self, replica: str, endpoint: str, replay: str | None, topic: str, index: ReplicaIndex,
-                 ctx: zmq.asyncio.Context | None = None, clock: Callable[[], float] = time.time) -> None:
+                 ctx: zmq.asyncio.Context | None = None, clock: Callable[[], float] = time.time,
+                 bind: bool = False) -> None:
         self.replica = replica
         self.endpoint = endpoint
+        self.bind = bind
         self.replay_endpoint = replay
         self.topic = topic
         self.index = index
@@ -105,8 +109,11 @@ class Subscriber:
         sub.setsockopt(zmq.RECONNECT_IVL, 200)
         sub.setsockopt(zmq.RECONNECT_IVL_MAX, 5_000)
         sub.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
-        monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        sub.connect(self.endpoint)
+        monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        if self.bind:
+            sub.bind(self.endpoint)
+        else:
+            sub.connect(self.endpoint)
         poller = zmq.asyncio.Poller()
         poller.register(sub, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
@@ -138,7 +145,7 @@ class Subscriber:
             event = parse_monitor_message(frames)["event"]
         except Exception:  # noqa: BLE001 - a malformed monitor frame changes nothing
             return
-        if event == zmq.EVENT_CONNECTED:
+        if event in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED):
             self.connected_once = True
             self._set("live")
         elif event == zmq.EVENT_DISCONNECTED:
@@ -224,7 +231,7 @@ class Subscriber:
             sock.close(0)
 
     def snapshot(self) -> dict[str, object]:
-        return {"endpoint": self.endpoint, "replay": self.replay_endpoint, "topic": self.topic,
+        return {"endpoint": self.endpoint, "bind": self.bind, "replay": self.replay_endpoint, "topic": self.topic,
                 "state": self.state, "since": self.since, "last_seq": self.last_seq,
                 "last_event_at": self.last_event_at, "batches": self.batches, "events": self.events,
                 "gaps": self.gaps, "replayed": self.replayed, "unfilled": self.unfilled, "restarts": self.restarts,
