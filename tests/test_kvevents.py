@@ -149,8 +149,9 @@ def test_index_memory_is_bounded_and_measured():
     used = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     per_block = used / 20_000
-    assert per_block < 800, per_block  # ~420 B measured: held block, its log entry and owner
-    assert abs(index.approx_bytes() - used) < used  # the cheap estimate is the right size
+    assert per_block < 600, per_block  # ~290 B measured: held block, its log entry and owner
+    assert used / 2 < index.approx_bytes() < used * 3  # the cheap estimate is the right size (it counts
+    # the removal records to come: ~500 B per block once the pool has turned over)
     for i in range(20_000, 40_000, 500):  # twice the bound
         index.apply(Batch(0.0, [Stored([b[0] for b in blocks[i:i + 500]], blocks[i][1],
                                        [t for b in blocks[i:i + 500] for t in b[2]], 8)]), float(i))
@@ -302,3 +303,25 @@ def test_boundaries_find_the_replica_that_holds_the_prefix():
     assert b.held("lane", follow_up, head, {"near": near, "far": far})["far"] == (1, 6 * BS)
     other_head = prefix_index.seed("lane", True, 75, None)  # another effort renders another head
     assert b.held("lane", follow_up, other_head, {"near": near, "far": far}) == {}
+
+
+async def test_subscribing_late_catches_up_from_the_replay_buffer(publisher):
+    a = list(range(1000, 1000 + 8 * BS))
+    publisher.publish([stored_event(conv_blocks(a))])  # before anyone listens: the engine ran before the gateway
+    sub = await _subscribed(publisher)
+    try:
+        await until(lambda: sub.index.held_prefix(chain.keys(a, BS)) == 8, what="caught up")
+        assert sub.gaps == 0 and sub.unfilled == 0 and sub.index.orphans == 0
+    finally:
+        await sub.stop()
+
+
+async def test_an_address_that_cannot_be_bound_is_an_error_state_not_a_dead_task(publisher):
+    # The publisher already binds its endpoint: a subscriber told to bind it too cannot.
+    sub = Subscriber("http://r", publisher.endpoint, None, "kv", ReplicaIndex(), bind=True)
+    sub.start()
+    try:
+        await until(lambda: sub.state == "error", what="error state")
+        assert "Address already in use" in (sub.snapshot()["last_error"] or "")
+    finally:
+        await sub.stop()

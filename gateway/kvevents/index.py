@@ -7,8 +7,9 @@ event arrived (the engine's `ts` may come from another host's clock).
 
 Memory is bounded by `max_blocks` held blocks (+ as many removal records, 2x as many owner entries
 and a store log of `max_blocks` entries); past that the oldest entries are forgotten and counted.
-Measured here (tests/test_kvevents_index.py): about 420 bytes per held block with its log entry,
-removal record and owner, i.e. ~6 MB for a 480K-token pool of 32-token blocks.
+Measured with tracemalloc (tests/test_kvevents.py): ~290 bytes per held block with its store-log entry
+and owner, ~205 more per removal record; ~500 bytes per block once the pool has turned over, i.e.
+~7.5 MB for a 480K-token pool of 32-token blocks (15,000 blocks). `approx_bytes` estimates that.
 """
 
 from __future__ import annotations

@@ -101,13 +101,15 @@ class Pressure:
         rate = self.rate(index, now)
         gaps = [g for c in alive for g in c.gaps]
         default_gap = statistics.median(gaps) if gaps else None
-        owned = {c.conversation for c in alive}
+        stray = self._stray_since([c.last_t for c in alive], {c.conversation for c in alive}, index)
+        newer_tokens = 0
+        ahead_of: list[int] = [0] * len(alive)
+        for i in range(len(alive) - 1, -1, -1):  # prefixes of conversations used after each one
+            ahead_of[i] = newer_tokens
+            newer_tokens += alive[i].tokens
         out = []
         for i, c in enumerate(alive):
-            newer = alive[i + 1:]
-            by, _ = index.stores_between(c.last_t, now)
-            stray = sum(n for owner, n in by.items() if owner not in owned)
-            ahead = sum(d.tokens for d in newer) + stray
+            ahead = ahead_of[i] + stray[i]
             margin = pool - c.tokens - ahead
             gap = c.expected_gap(default_gap)
             next_in = None if gap is None else max(0.0, c.last_t + gap - now)
@@ -118,6 +120,29 @@ class Pressure:
                 evicted_in = margin / rate if rate > 0 else None
             out.append(Forecast(c.conversation, c.tokens, now - c.last_t, ahead, next_in, margin, evicted_in,
                                 margin - growth < 0))
+        return out
+
+    @staticmethod
+    def _stray_since(times: list[float], live: set[str], index: ReplicaIndex) -> list[int]:
+        """For each time (ascending): tokens stored since then that no live conversation owns. One pass
+        over the store log, newest first, back to the oldest time."""
+        out = [0] * len(times)
+        if not times:
+            return out
+        owners = index.owners
+        acc = 0
+        i = len(times) - 1
+        for t, tokens, key in reversed(index.log):
+            while i >= 0 and t <= times[i]:
+                out[i] = acc
+                i -= 1
+            if i < 0:
+                break
+            if owners.get(key) not in live:
+                acc += tokens
+        while i >= 0:
+            out[i] = acc
+            i -= 1
         return out
 
     def working_set(self, now: float) -> tuple[float, int, int]:

@@ -67,6 +67,7 @@ class KVEventsService:
         self.boundaries = Boundaries()
         self._started = False
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._reconciling = asyncio.Lock()
 
     # -- keeping subscribers in step with routes.yaml ----------------------------------------------
 
@@ -86,6 +87,10 @@ class KVEventsService:
         self.replicas.clear()
 
     async def reconcile(self) -> None:
+        async with self._reconciling:  # a reload calls the lane hook once per lane
+            await self._reconcile()
+
+    async def _reconcile(self) -> None:
         wanted: dict[tuple[str, str], tuple[KVEventsPublisher, KVEvents, str | None]] = {}
         for name, lane in self.runtime.snapshot.lanes.items():
             kv = lane.config.kv_events

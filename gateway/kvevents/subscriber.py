@@ -38,6 +38,7 @@ log = logging.getLogger("gateway.kvevents")
 END_SEQ = -1
 QUEUE_BATCHES = 20_000  # frames waiting to be applied; past that they are dropped and replayed
 REPLAY_TIMEOUT_S = 2.0
+RETRY_S = 5.0
 
 
 class Subscriber:
@@ -52,7 +53,7 @@ class Subscriber:
         self.index = index
         self.ctx = ctx or zmq.asyncio.Context.instance()
         self.clock = clock
-        self.state = "connecting"  # connecting | live | lost | stopped
+        self.state = "connecting"  # connecting | live | lost | error | stopped
         self.since = clock()  # when the state last changed
         self.connected_once = False
         self.last_seq: int | None = None
@@ -68,6 +69,8 @@ class Subscriber:
         self.disconnects = 0
         self.apply_s = 0.0  # time spent decoding and applying
         self.last_gap_at: float | None = None
+        self.last_error: str | None = None
+        self.missed_before_start = 0  # batches published before we subscribed that the replay no longer had
         self._queue: asyncio.Queue[tuple[int, bytes, float]] = asyncio.Queue(QUEUE_BATCHES)
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -103,6 +106,19 @@ class Subscriber:
     # -- receiving -------------------------------------------------------------------------------
 
     async def _receive(self) -> None:
+        """Receive until stopped; a socket error (e.g. the address to bind is taken) is shown as state
+        `error` and retried every few seconds."""
+        while True:
+            try:
+                await self._receive_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - shown, counted, retried
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                self._set("error")
+                await asyncio.sleep(RETRY_S)
+
+    async def _receive_once(self) -> None:
         sub = self.ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, 100_000)
@@ -158,7 +174,11 @@ class Subscriber:
         while True:
             seq, payload, t = await self._queue.get()
             last = self.last_seq
-            if last is not None:
+            if last is None and seq > 0 and self.batches == 0:
+                # Subscribed after the engine started: catch up on what its replay buffer still holds,
+                # so blocks stored before the gateway came up are known (and chain) too.
+                await self._fill(0, seq, catch_up=True)
+            elif last is not None:
                 if seq == last:
                     continue  # a duplicate
                 if seq < last:
@@ -188,7 +208,7 @@ class Subscriber:
         self.last_event_at = t
         self.apply_s += time.perf_counter() - t0
 
-    async def _fill(self, start: int, stop: int) -> None:
+    async def _fill(self, start: int, stop: int, catch_up: bool = False) -> None:
         """Batches start..stop-1 from the replay socket, applied in order; what it lacks is counted."""
         got = start
         if self.replay_endpoint is not None:
@@ -197,13 +217,18 @@ class Subscriber:
                     if seq < got or seq >= stop:
                         continue
                     if seq > got:
-                        break  # the buffer starts later than we need: the rest is lost
+                        if not catch_up:
+                            break  # the buffer starts later than we need: the rest is lost
+                        self.missed_before_start += seq - got  # older than the buffer: never ours
+                        got = seq
                     self._apply_one(seq, payload, self.clock())
                     self.replayed += 1
                     got = seq + 1
             except (zmq.ZMQError, asyncio.TimeoutError, OSError) as exc:
                 log.warning("kv events of %s: replay from %d failed: %s", self.replica, start, exc)
-        if got < stop:
+        if got < stop and catch_up:
+            self.missed_before_start += stop - got
+        elif got < stop:
             self.unfilled += stop - got
             self.last_gap_at = self.clock()
             log.warning("kv events of %s: batches %d..%d lost (replay %s)", self.replica, got, stop - 1,
@@ -236,5 +261,6 @@ class Subscriber:
                 "last_event_at": self.last_event_at, "batches": self.batches, "events": self.events,
                 "gaps": self.gaps, "replayed": self.replayed, "unfilled": self.unfilled, "restarts": self.restarts,
                 "dropped": self.dropped, "bad_payloads": self.bad_payloads, "disconnects": self.disconnects,
-                "last_gap_at": self.last_gap_at, "queued": self._queue.qsize(),
+                "last_gap_at": self.last_gap_at, "queued": self._queue.qsize(), "last_error": self.last_error,
+                "missed_before_start": self.missed_before_start,
                 "apply_ms_per_batch": round(self.apply_s * 1000 / self.batches, 3) if self.batches else None}
