@@ -39,6 +39,7 @@ END_SEQ = -1
 QUEUE_BATCHES = 20_000  # frames waiting to be applied; past that they are dropped and replayed
 REPLAY_TIMEOUT_S = 2.0
 RETRY_S = 5.0
+CATCH_UP = -2  # a queue item asking the apply task to replay the engine's buffer from its start
 
 
 class Subscriber:
@@ -71,6 +72,9 @@ class Subscriber:
         self.last_gap_at: float | None = None
         self.last_error: str | None = None
         self.missed_before_start = 0  # batches published before we subscribed that the replay no longer had
+        self._caught_up = False
+        self.caught_up = 0  # batches learnt from the replay buffer on first contact
+        self._caught_up_at = 0.0  # receive times up to this were covered by the catch-up replay
         self._queue: asyncio.Queue[tuple[int, bytes, float]] = asyncio.Queue(QUEUE_BATCHES)
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -162,6 +166,12 @@ class Subscriber:
         except Exception:  # noqa: BLE001 - a malformed monitor frame changes nothing
             return
         if event in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED):
+            if self.last_seq is None and self.batches == 0 and self.replay_endpoint is not None \
+                    and not self._caught_up:
+                # First contact: learn what the pool already holds from the engine's replay buffer, now,
+                # before any request of ours runs (an idle engine publishes nothing to trigger it later).
+                self._caught_up = True
+                self._queue.put_nowait((CATCH_UP, b"", self.clock()))
             self.connected_once = True
             self._set("live")
         elif event == zmq.EVENT_DISCONNECTED:
@@ -173,14 +183,16 @@ class Subscriber:
     async def _apply(self) -> None:
         while True:
             seq, payload, t = await self._queue.get()
+            if seq == CATCH_UP:
+                await self._catch_up()
+                continue
             last = self.last_seq
             if last is None and seq > 0 and self.batches == 0:
-                # Subscribed after the engine started: catch up on what its replay buffer still holds,
-                # so blocks stored before the gateway came up are known (and chain) too.
+                # The first batch came before the connect event: catch up to it from the replay buffer.
                 await self._fill(0, seq, catch_up=True)
             elif last is not None:
-                if seq == last:
-                    continue  # a duplicate
+                if seq == last or (seq < last and t <= self._caught_up_at):
+                    continue  # a duplicate (also received live while the catch-up replayed it)
                 if seq < last:
                     # vLLM numbers batches from 0 in each engine process: a smaller number is a new process.
                     self.restarts += 1
@@ -234,6 +246,21 @@ class Subscriber:
             log.warning("kv events of %s: batches %d..%d lost (replay %s)", self.replica, got, stop - 1,
                         "unavailable" if self.replay_endpoint is None else "did not have them")
 
+    async def _catch_up(self) -> None:
+        """Everything the engine's replay buffer holds, applied in order (blocks stored before we came)."""
+        try:
+            async for seq, payload in self._replayed(0):
+                if self.last_seq is not None and seq <= self.last_seq:
+                    continue
+                expected = 0 if self.last_seq is None else self.last_seq + 1
+                if seq > expected:
+                    self.missed_before_start += seq - expected  # older than the buffer
+                self._apply_one(seq, payload, self.clock())
+                self.caught_up += 1
+        except (zmq.ZMQError, asyncio.TimeoutError, OSError) as exc:
+            log.info("kv events of %s: no catch-up from the replay socket: %s", self.replica, exc)
+        self._caught_up_at = self.clock()
+
     async def _replayed(self, start: int):
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -262,5 +289,5 @@ class Subscriber:
                 "gaps": self.gaps, "replayed": self.replayed, "unfilled": self.unfilled, "restarts": self.restarts,
                 "dropped": self.dropped, "bad_payloads": self.bad_payloads, "disconnects": self.disconnects,
                 "last_gap_at": self.last_gap_at, "queued": self._queue.qsize(), "last_error": self.last_error,
-                "missed_before_start": self.missed_before_start,
+                "missed_before_start": self.missed_before_start, "caught_up": self.caught_up,
                 "apply_ms_per_batch": round(self.apply_s * 1000 / self.batches, 3) if self.batches else None}
