@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import httpx
@@ -69,6 +71,10 @@ def test_stream_state_is_visible_and_loss_degrades(publisher):
 
             note = until(kv_note, what="a record with the kv note")
             assert '"stream":"lost"' in note and "counts only" in note
+            stats = subprocess.run([sys.executable, "-m", "gateway.cli", "stats", "--url", gw.url],
+                                   capture_output=True, text=True, timeout=60)
+            assert stats.returncode == 0, stats.stderr
+            assert "KV pools" in stats.stdout and "! stream lost" in stats.stdout, stats.stdout
 
             publisher.bind()  # back on the same ports
             until(lambda: replica()["stream"]["state"] == "live", what="live again")
