@@ -88,27 +88,29 @@ class ReplicaIndex:
         parent = self._key_of(ev.parent)
         if parent is None:
             self.orphans += n
-        tokens = ev.token_ids
+        raw = chain._as_bytes(ev.token_ids)  # one conversion for the event, sliced per block
+        width = size * 4
         extras = ev.extra_keys or ()
+        digest = chain.xxhash.xxh3_64_intdigest
+        blocks, by_key, log = self.blocks, self.by_key, self.log
         for i, h in enumerate(ev.block_hashes):
-            chunk = tokens[i * size:(i + 1) * size]
+            chunk = raw[i * width:(i + 1) * width]
             if parent is not None:
                 extra = extras[i] if i < len(extras) else None
-                raw = chain._as_bytes(chunk)
-                key = chain.block_key(parent, raw, extra) if extra is not None else \
-                    chain.xxhash.xxh3_64_intdigest(parent.to_bytes(8, "little") + raw)
+                key = digest(parent.to_bytes(8, "little") + chunk) if extra is None else \
+                    chain.block_key(parent, chunk, extra)
+                parent = key
             else:
                 key = hash((id(self), h)) & ((1 << 64) - 1)  # unreachable from any prediction
-            parent = key if parent is not None else None
-            if h in self.blocks:
+            if h in blocks:
                 self.reused_blocks += 1
                 continue
-            blk = Block(key, len(chunk), t)
-            self.blocks[h] = blk
-            self.by_key[key] = h
-            self.held_tokens += blk.tokens
+            n = len(chunk) // 4
+            blocks[h] = Block(key, n, t)
+            by_key[key] = h
+            self.held_tokens += n
             self.stored_blocks += 1
-            self.log.append((t, blk.tokens, key))
+            log.append((t, n, key))
         if len(self.blocks) > self.max_blocks:
             self._forget()
 
@@ -180,11 +182,16 @@ class ReplicaIndex:
 
     def held_prefix(self, keys: Sequence[int], t: float | None = None) -> int:
         """How many leading blocks of `keys` were held at `t` (now when None)."""
+        by_key, blocks, held_at = self.by_key, self.blocks, self.held_at
         n = 0
         for k in keys:
-            if not (self.held_now(k) if t is None else self.held_at(k, t)):
+            h = by_key.get(k)
+            if h is not None and (t is None or blocks[h].stored_t <= t):
+                n += 1  # the common case, inlined: held and stored before t
+            elif t is not None and held_at(k, t):
+                n += 1
+            else:
                 break
-            n += 1
         return n
 
     def stores_between(self, since: float, until: float) -> tuple[dict[str | None, int], int]:

@@ -22,10 +22,12 @@ verdicts fall back to today's count-based ones, saying why.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Callable
 
+import xxhash
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
@@ -40,6 +42,7 @@ QUEUE_BATCHES = 20_000  # frames waiting to be applied; past that they are dropp
 REPLAY_TIMEOUT_S = 2.0
 RETRY_S = 5.0
 CATCH_UP = -2  # a queue item asking the apply task to replay the engine's buffer from its start
+VERIFY = -3  # ... to check, after a reconnect, that the engine is the process we knew
 
 
 class Subscriber:
@@ -73,6 +76,7 @@ class Subscriber:
         self.last_error: str | None = None
         self.missed_before_start = 0  # batches published before we subscribed that the replay no longer had
         self._caught_up = False
+        self._last_digest = 0  # of the last applied payload (to recognise the engine after a reconnect)
         self.caught_up = 0  # batches learnt from the replay buffer on first contact
         self._caught_up_at = 0.0  # receive times up to this were covered by the catch-up replay
         self._queue: asyncio.Queue[tuple[int, bytes, float]] = asyncio.Queue(QUEUE_BATCHES)
@@ -172,6 +176,10 @@ class Subscriber:
                 # before any request of ours runs (an idle engine publishes nothing to trigger it later).
                 self._caught_up = True
                 self._queue.put_nowait((CATCH_UP, b"", self.clock()))
+            elif self.last_seq is not None and self.state == "lost" and self.replay_endpoint is not None:
+                # Back after a disconnect: the same engine process, or a new one whose sequence may already
+                # have passed ours? The replay buffer tells: it still has our last batch only if it is the same.
+                self._queue.put_nowait((VERIFY, b"", self.clock()))
             self.connected_once = True
             self._set("live")
         elif event == zmq.EVENT_DISCONNECTED:
@@ -185,6 +193,9 @@ class Subscriber:
             seq, payload, t = await self._queue.get()
             if seq == CATCH_UP:
                 await self._catch_up()
+                continue
+            if seq == VERIFY:
+                await self._verify()
                 continue
             last = self.last_seq
             if last is None and seq > 0 and self.batches == 0:
@@ -217,6 +228,7 @@ class Subscriber:
             self.batches += 1
             self.events += len(batch.events)
         self.last_seq = seq
+        self._last_digest = xxhash.xxh3_64_intdigest(payload)
         self.last_event_at = t
         self.apply_s += time.perf_counter() - t0
 
@@ -225,17 +237,18 @@ class Subscriber:
         got = start
         if self.replay_endpoint is not None:
             try:
-                async for seq, payload in self._replayed(start):
-                    if seq < got or seq >= stop:
-                        continue
-                    if seq > got:
-                        if not catch_up:
-                            break  # the buffer starts later than we need: the rest is lost
-                        self.missed_before_start += seq - got  # older than the buffer: never ours
-                        got = seq
-                    self._apply_one(seq, payload, self.clock())
-                    self.replayed += 1
-                    got = seq + 1
+                async with contextlib.aclosing(self._replayed(start)) as replayed:
+                    async for seq, payload in replayed:
+                        if seq < got or seq >= stop:
+                            continue
+                        if seq > got:
+                            if not catch_up:
+                                break  # the buffer starts later than we need: the rest is lost
+                            self.missed_before_start += seq - got  # older than the buffer: never ours
+                            got = seq
+                        self._apply_one(seq, payload, self.clock())
+                        self.replayed += 1
+                        got = seq + 1
             except (zmq.ZMQError, asyncio.TimeoutError, OSError) as exc:
                 log.warning("kv events of %s: replay from %d failed: %s", self.replica, start, exc)
         if got < stop and catch_up:
@@ -246,17 +259,46 @@ class Subscriber:
             log.warning("kv events of %s: batches %d..%d lost (replay %s)", self.replica, got, stop - 1,
                         "unavailable" if self.replay_endpoint is None else "did not have them")
 
+    async def _verify(self) -> None:
+        last, expected = self.last_seq, self._last_digest
+        if last is None:
+            return
+        try:
+            first = None
+            async with contextlib.aclosing(self._replayed(last)) as replayed:
+                async for seq, payload in replayed:
+                    if first is None:
+                        first = (seq, xxhash.xxh3_64_intdigest(payload))
+                        if first != (last, expected):
+                            break
+                    elif seq > (self.last_seq or 0):
+                        self._apply_one(seq, payload, self.clock())  # what we missed while away
+                        self.replayed += 1
+        except (zmq.ZMQError, asyncio.TimeoutError, OSError) as exc:
+            log.info("kv events of %s: cannot verify the engine after reconnecting: %s", self.replica, exc)
+            return
+        if first != (last, expected):
+            self.restarts += 1
+            log.warning("kv events of %s: the engine's replay buffer no longer has batch %d as we saw it (%s): "
+                        "a new engine process; index reset", self.replica, last,
+                        "missing" if first is None else f"seq {first[0]}")
+            self.index.reset("restarted", self.clock())
+            self.last_seq = None
+            await self._catch_up()
+        self._caught_up_at = self.clock()
+
     async def _catch_up(self) -> None:
         """Everything the engine's replay buffer holds, applied in order (blocks stored before we came)."""
         try:
-            async for seq, payload in self._replayed(0):
-                if self.last_seq is not None and seq <= self.last_seq:
-                    continue
-                expected = 0 if self.last_seq is None else self.last_seq + 1
-                if seq > expected:
-                    self.missed_before_start += seq - expected  # older than the buffer
-                self._apply_one(seq, payload, self.clock())
-                self.caught_up += 1
+            async with contextlib.aclosing(self._replayed(0)) as replayed:
+                async for seq, payload in replayed:
+                    if self.last_seq is not None and seq <= self.last_seq:
+                        continue
+                    expected = 0 if self.last_seq is None else self.last_seq + 1
+                    if seq > expected:
+                        self.missed_before_start += seq - expected  # older than the buffer
+                    self._apply_one(seq, payload, self.clock())
+                    self.caught_up += 1
         except (zmq.ZMQError, asyncio.TimeoutError, OSError) as exc:
             log.info("kv events of %s: no catch-up from the replay socket: %s", self.replica, exc)
         self._caught_up_at = self.clock()
