@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -79,3 +80,49 @@ def test_stream_state_is_visible_and_loss_degrades(publisher):
             publisher.bind()  # back on the same ports
             until(lambda: replica()["stream"]["state"] == "live", what="live again")
             assert replica()["stream"]["disconnects"] >= 1
+
+
+def test_emulated_replica_publishes_events_and_verdicts_name_the_displacer():
+    """The emulator publishes its prefix cache's events as vLLM does; two conversations that do not fit its
+    pool together take turns: the index matches its cached-token reports and evictions name the other one."""
+    from tests.support.gateway_proc import free_port
+
+    port, replay = free_port(), free_port()
+    knobs = dict(flavour="vllm", tokenizer="dsv41", block_size=16, cache_blocks=160, output_tokens=8,
+                 reasoning_tokens=0, kv_events_port=port, kv_events_replay_port=replay)
+    with run_emulator(**knobs) as emu:
+        lane = {"engine": "vllm", "replicas": [emu.url], "upstream_model": "deepseek-v4-flash",
+                "qualification": "not_required", "cache": {"block_size": 16},
+                "render": {"template": "deepseek_v4.1", "thinking": False},
+                "kv_events": {"replicas": {emu.url: {"endpoint": f"tcp://127.0.0.1:{port}",
+                                                     "replay": f"tcp://127.0.0.1:{replay}", "pool_tokens": 160 * 16}}}}
+        with run_gateway({"lanes": {"ds": lane}, "models": {"ds": "ds"}}) as gw:
+            until(lambda: httpx.get(f"{gw.url}/admin/api/kv").json()["replicas"][0]["stream"]["state"] == "live",
+                  what="live")
+            history = {name: [{"role": "system", "content": f"[{name}] " + " ".join(f"w{name}{i}" for i in range(300))}]
+                       for name in ("a", "b")}
+            rows = []
+            for rnd in range(4):
+                for name, msgs in history.items():
+                    msgs.append({"role": "user", "content": f"round {rnd}: " + " ".join(f"x{name}{rnd}{i}" for i in range(120))})
+                    r = httpx.post(f"{gw.url}/v1/chat/completions", timeout=30, headers={"X-Conversation-Id": name},
+                                   json={"model": "ds", "messages": msgs, "max_tokens": 8})
+                    assert r.status_code == 200, r.text
+                    msgs.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]})
+                    turn = int(r.headers["x-gateway-conversation"].split("turn=")[1].split(";")[0])
+                    cid = r.headers["x-gateway-conversation"].split(";")[0]
+
+                    def rec():
+                        rows_ = httpx.get(f"{gw.url}/admin/api/records", params={"conversation": cid}).json()["records"]
+                        return next((x for x in rows_ if x["turn"] == turn and x.get("kv")), None)
+
+                    row = until(rec, what=f"record of {name} turn {turn}")
+                    rows.append((name, cid, row, json.loads(row["kv"])))
+            names = {cid: name for name, cid, _, _ in rows}
+            for name, cid, row, kv in rows:
+                assert kv["held_tokens"] == row["cached_tokens"], (name, row, kv)
+            misses = [(name, row, kv) for name, _, row, kv in rows if row["verdict"] == "eviction"]
+            assert misses, [(n, r["verdict"], r["cached_tokens"], r["predicted_cached_tokens"]) for n, _, r, _ in rows]
+            for name, row, kv in misses:
+                assert kv["cause"] == "pool_pressure" and row["cause"] == "pool_pressure", kv
+                assert names[kv["displaced_by"][0]["conversation"]] != name, kv
