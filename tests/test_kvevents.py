@@ -111,6 +111,7 @@ def test_eviction_names_the_displacing_conversation():
     assert v.cause == "pool_pressure" and v.held_tokens == 3 * BS and v.agrees
     assert v.first_missing_block == 3 and v.missing_blocks == 5 and v.removed_at == 21.0
     assert [(d.conversation, d.tokens) for d in v.displaced_by] == [("conv-b", 8 * BS)]
+    assert v.removed == ((3, 7, "evicted", 21.0, 21.0),)
     # Held when asked: the same question about a moment before the removal says so.
     assert explain(index, Question("conv-a", chain.keys(a, BS), len(a) + 10, len(a), len(a), 20.5, 11.0)).cause \
         == "held"

@@ -126,3 +126,60 @@ def test_emulated_replica_publishes_events_and_verdicts_name_the_displacer():
             for name, row, kv in misses:
                 assert kv["cause"] == "pool_pressure" and row["cause"] == "pool_pressure", kv
                 assert names[kv["displaced_by"][0]["conversation"]] != name, kv
+
+
+def test_routing_follows_what_the_pools_actually_hold():
+    """prefix_source: kv_events: a new conversation sharing another's prefix goes to the replica whose pool
+    holds it; once that pool lets it go (a reset), a newcomer is placed by load, not by a stale record.
+    (The prefix is long: a replica already home to more than its share takes only a long one.)"""
+    import contextlib
+
+    from tests.support.gateway_proc import free_port
+
+    with contextlib.ExitStack() as stack:
+        emus, kv = [], {}
+        for _ in range(2):
+            port, replay = free_port(), free_port()
+            emu = stack.enter_context(run_emulator(flavour="vllm", tokenizer="dsv41", block_size=16, output_tokens=8,
+                                                   reasoning_tokens=0, kv_events_port=port,
+                                                   kv_events_replay_port=replay))
+            emus.append(emu)
+            kv[emu.url] = {"endpoint": f"tcp://127.0.0.1:{port}", "replay": f"tcp://127.0.0.1:{replay}",
+                           "pool_tokens": 1 << 20}
+        lane = {"engine": "vllm", "replicas": [e.url for e in emus], "upstream_model": "deepseek-v4-flash",
+                "qualification": "not_required", "cache": {"block_size": 16},
+                "render": {"template": "deepseek_v4.1", "thinking": False},
+                "routing": "conversation_affinity", "affinity": {"prefix_source": "kv_events"},
+                "kv_events": {"replicas": kv}}
+        with run_gateway({"lanes": {"ds": lane}, "models": {"ds": "ds"}}) as gw:
+            until(lambda: all(r["stream"]["state"] == "live"
+                              for r in httpx.get(f"{gw.url}/admin/api/kv").json()["replicas"]), what="live")
+            shared = [{"role": "system", "content": "You are a careful agent. " + " ".join(f"s{i}" for i in range(6000))},
+                      {"role": "user", "content": "Read the repository and summarise it. " + " ".join(f"u{i}" for i in range(200))}]
+
+            def ask(cid: str, messages: list) -> tuple[str, int, dict]:
+                r = httpx.post(f"{gw.url}/v1/chat/completions", timeout=30, headers={"X-Conversation-Id": cid},
+                               json={"model": "ds", "messages": messages, "max_tokens": 8})
+                assert r.status_code == 200, r.text
+                reason, replica = r.headers["x-gateway-route"].split(";")[:2]
+                ids[cid] = r.headers["x-gateway-conversation"].split(";")[0]
+                return reason, int(replica.split("=")[1]), r.json()["choices"][0]["message"]
+
+            ids: dict[str, str] = {}
+
+            def analysed(cid: str) -> bool:
+                rows = httpx.get(f"{gw.url}/admin/api/records", params={"conversation": ids[cid]}).json()["records"]
+                return any(x.get("kv") for x in rows)
+
+            _, home, answer = ask("first", shared)
+            until(lambda: analysed("first"), what="first turn analysed")
+            follow = shared + [answer, {"role": "user", "content": "Now a different question."}]
+            reason, replica, _ = ask("second", follow)
+            assert (reason, replica) == ("prefix", home)
+            until(lambda: analysed("second"), what="second analysed")
+
+            httpx.post(f"{emus[home].url}/emulator/reset", timeout=10)  # that pool lets everything go
+            until(lambda: next(r for r in httpx.get(f"{gw.url}/admin/api/kv").json()["replicas"]
+                               if r["replica"] == emus[home].url)["held_tokens"] == 0, what="cleared")
+            reason, _, _ = ask("third", shared + [answer, {"role": "user", "content": "Yet another question."}])
+            assert reason == "least_loaded"

@@ -57,6 +57,8 @@ class Verdict:
     missing_blocks: int  # predicted blocks not held
     removed_at: float | None  # when the first missing block left the pool
     removed_span: tuple[float, float] | None  # first and last removal time of the missing blocks
+    removed: tuple[tuple[int, int, str, float, float], ...] = field(default=())  # runs of missing blocks:
+    # (first block, last block, evicted | cleared | restarted | never_stored, first removal t, last removal t)
     displaced_by: tuple[Displacer, ...] = field(default=())
     displacing_tokens: int = 0  # tokens stored on the replica between the previous turn and the removal
     note: str = ""
@@ -66,6 +68,7 @@ class Verdict:
                 "first_missing_block": self.first_missing_block, "missing_blocks": self.missing_blocks,
                 "removed_at": self.removed_at,
                 "removed_span": list(self.removed_span) if self.removed_span else None,
+                "removed": [{"blocks": [a, b], "how": how, "at": [t0, t1]} for a, b, how, t0, t1 in self.removed],
                 "displaced_by": [{"conversation": d.conversation, "tokens": d.tokens} for d in self.displaced_by],
                 "displacing_tokens": self.displacing_tokens, "note": self.note}
 
@@ -96,6 +99,7 @@ def explain(index: ReplicaIndex, q: Question) -> Verdict:
     else:
         recent = first if first is not None and first.t <= q.asked_at else None
     times = [r.t for r in removals if r is not None and r.t <= q.asked_at and (q.since is None or r.t > q.since)]
+    runs = _runs(held_blocks, removals, q.asked_at)
     span = (min(times), max(times)) if times else None
     n_missing = len(missing)
 
@@ -112,7 +116,7 @@ def explain(index: ReplicaIndex, q: Question) -> Verdict:
         else:
             cause, note = "never_stored", "no event ever stored this block of the prefix"
         return Verdict(cause, held, q.predicted_tokens, q.reported_tokens, agrees, held_blocks, n_missing,
-                       None, span, note=note)
+                       None, span, runs, note=note)
 
     cause = _BY_REMOVAL.get(recent.cause, "unknown")  # type: ignore[assignment]
     displacers: tuple[Displacer, ...] = ()
@@ -134,4 +138,19 @@ def explain(index: ReplicaIndex, q: Question) -> Verdict:
     elif cause == "cache_cleared":
         note = "the engine's prefix cache was reset (AllBlocksCleared)"
     return Verdict(cause, held, q.predicted_tokens, q.reported_tokens, agrees, held_blocks, n_missing,
-                   recent.t, span, displacers, displacing, note)
+                   recent.t, span, runs, displacers, displacing, note)
+
+
+def _runs(start: int, removals: list, asked_at: float) -> tuple[tuple[int, int, str, float, float], ...]:
+    """Consecutive missing blocks grouped by how they left (at most 16 runs)."""
+    out: list[list] = []
+    for i, r in enumerate(removals):
+        how = r.cause if r is not None and r.t <= asked_at else "never_stored"
+        t = r.t if r is not None and r.t <= asked_at else 0.0
+        if out and out[-1][2] == how and len(out) <= 16:
+            out[-1][1] = start + i
+            out[-1][3] = min(out[-1][3], t) if t else out[-1][3]
+            out[-1][4] = max(out[-1][4], t)
+        else:
+            out.append([start + i, start + i, how, t, t])
+    return tuple(tuple(x) for x in out[:16])  # type: ignore[misc]
