@@ -289,7 +289,8 @@ class KVEventsService:
             "gaps": CounterMetricFamily("gateway_kv_sequence_gaps", "Jumps in the event sequence", labels=labels),
             "lost": CounterMetricFamily("gateway_kv_batches_lost", "Event batches neither received nor replayed",
                                         labels=labels),
-            "restarts": CounterMetricFamily("gateway_kv_engine_restarts", "Event sequence resets", labels=labels),
+            "restarts": CounterMetricFamily("gateway_kv_engine_restarts", "Engine restarts seen in the event stream",
+                                            labels=labels),
         }
         now = self.clock()
         for r in self.replicas.values():
@@ -312,6 +313,8 @@ class KVEventsService:
             fams["lost"].add_metric(lv, s.unfilled)
             fams["restarts"].add_metric(lv, s.restarts)
         yield from fams.values()
-
-    def describe(self) -> list[Any]:
-        return []
+        yield CounterMetricFamily("gateway_kv_turns_judged", "Turns explained from the KV-event index",
+                                  value=self.judged)
+        yield CounterMetricFamily("gateway_kv_index_disagreements",
+                                  "Turns where the index's held tokens differed from the engine's cached tokens",
+                                  value=self.disagreements)
