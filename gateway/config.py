@@ -145,8 +145,10 @@ class KVEvents(_Strict):
     """The lane's KV-event streams, one per replica (keyed by the replica URL as listed under `replicas`)."""
 
     replicas: dict[str, KVEventsPublisher] = Field(min_length=1)
-    max_blocks: int = Field(2_000_000, ge=1024, description="per replica: held blocks kept in the index "
-                                                            "(and as many removal records); bounds memory")
+    max_blocks: int = Field(500_000, ge=1024, description="per replica: blocks kept in the index (and as many "
+                                                          "removal records), ~500 bytes each: 250 MB at most by "
+                                                          "default; at least the pool's blocks (SGLang with "
+                                                          "page_size 1: one block per token)")
     half_life_s: float = Field(900.0, gt=0, description="working set: a prefix idle this long counts half")
     live_for_s: float = Field(3600.0, gt=0, description="a conversation idle longer leaves the working set")
     rate_window_s: float = Field(300.0, gt=0, description="new tokens per second are measured over this")

@@ -61,11 +61,16 @@ def test_decodes_vllms_own_encoding_byte_for_byte():
 
 
 def test_decodes_the_array_form_of_sglang_and_older_vllm():
+    # Older vLLM (array_like events, with medium) ...
     payload = msgpack.packb([2.0, [["BlockStored", [11, 12], None, [1, 2, 3, 4], 2, None, "GPU"],
                                    ["BlockRemoved", [11], "GPU"], ["AllBlocksCleared"]]])
     s, r, c = decode_batch(payload).events
     assert s.block_hashes == [11, 12] and list(s.token_ids) == [1, 2, 3, 4] and s.block_size == 2
     assert r.block_hashes == [11] and isinstance(c, Cleared)
+    # ... and SGLang (python/sglang/srt/disaggregation/kv_events.py: no medium, no dp rank, int hashes).
+    payload = msgpack.packb([3.0, [["BlockStored", [21], 20, [5, 6], 2, None], ["BlockRemoved", [21]]]])
+    s, r = decode_batch(payload).events
+    assert s.block_hashes == [21] and s.parent == 20 and r.block_hashes == [21]
 
 
 def test_other_tiers_and_bad_payloads():
@@ -237,6 +242,23 @@ async def test_gap_is_replayed(publisher):
         assert sub.index.held_prefix(chain.keys(a, BS)) == 8  # the replayed batch was applied first
     finally:
         await sub.stop()
+
+
+async def test_gap_is_replayed_from_a_publisher_of_the_older_replay_format():
+    pub = Publisher(topic="kv", legacy_replay=True)  # SGLang and vLLM before 0.11: (seq, payload) replies
+    try:
+        sub = await _subscribed(pub)
+        try:
+            a = list(range(1000, 1000 + 8 * BS))
+            blocks = conv_blocks(a)
+            pub.publish([stored_event(blocks[:4])], drop=True)
+            last = pub.publish([stored_event(blocks[4:])])
+            await until(lambda: sub.last_seq == last, what="gap filled")
+            assert sub.replayed == 1 and sub.index.held_prefix(chain.keys(a, BS)) == 8
+        finally:
+            await sub.stop()
+    finally:
+        pub.terminate()
 
 
 async def test_gap_without_replay_is_counted_and_verdicts_say_unknown():

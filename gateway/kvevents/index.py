@@ -40,7 +40,7 @@ class Removal:
 
 
 class ReplicaIndex:
-    def __init__(self, max_blocks: int = 2_000_000) -> None:
+    def __init__(self, max_blocks: int = 500_000) -> None:
         self.max_blocks = max_blocks
         self.blocks: dict[Hash, Block] = {}  # held, by engine hash (insertion order ~ store order)
         self.by_key: dict[int, Hash] = {}  # held, by content key

@@ -61,8 +61,10 @@ def encode(events: list[dict[str, Any]], ts: float | None = None, dp_rank: int =
 class Publisher:
     """PUB + ROUTER replay on loopback, served by a thread (as vLLM's publisher thread does)."""
 
-    def __init__(self, topic: str = "kv", buffer_steps: int = 10_000, replay: bool = True) -> None:
+    def __init__(self, topic: str = "kv", buffer_steps: int = 10_000, replay: bool = True,
+                 legacy_replay: bool = False) -> None:
         self.topic = topic.encode()
+        self.legacy_replay = legacy_replay  # replies (seq, payload), end (-1, ""): SGLang, vLLM before 0.11
         self.port = free_port()
         self.replay_port = free_port() if replay else None
         self.buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
@@ -134,10 +136,13 @@ class Publisher:
                     if len(frames) == 3:
                         client, _, start = frames
                         start_seq = int.from_bytes(start, "big")
+                        end = (-1).to_bytes(8, "big", signed=True)
                         for seq, buf in list(self.buffer):
                             if seq >= start_seq:
-                                router.send_multipart((client, b"", self.topic, seq.to_bytes(8, "big"), buf))
-                        router.send_multipart((client, b"", b"", (-1).to_bytes(8, "big", signed=True), b""))
+                                head = (client, b"") if self.legacy_replay else (client, b"", self.topic)
+                                router.send_multipart((*head, seq.to_bytes(8, "big"), buf))
+                        router.send_multipart((client, b"", end, b"") if self.legacy_replay
+                                              else (client, b"", b"", end, b""))
             time.sleep(0.002)
 
     def terminate(self) -> None:
