@@ -40,7 +40,8 @@ def format_kv(view: dict[str, Any]) -> str:
             lines.append(f"  ALERT {alert['message']}")
             lines.append(f"    add capacity: +{_k(opts['add_capacity_tokens'])} tokens; or cap concurrent long "
                          f"sessions at {opts['cap_concurrent_long_sessions']}; or move: "
-                         + ", ".join(opts["move_conversations"][:3]))
+                         + (", ".join(f"{m['conversation']} -> {m['to']}" for m in opts.get("move_to") or [])
+                            or ", ".join(opts["move_conversations"][:3]) + " (no replica of the lane has room)"))
         for f in r.get("forecast") or []:
             if f["will_be_evicted"]:
                 eta = f["evicted_in_s"]

@@ -65,6 +65,8 @@ class KVEventsService:
         self.judged = 0
         self.disagreements = 0
         self.boundaries = Boundaries()
+        self.judge_ms_total = 0.0  # time the analyzer's hook spent on the event loop
+        self.judge_ms_max = 0.0
         self._started = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._reconciling = asyncio.Lock()
@@ -154,6 +156,15 @@ class KVEventsService:
 
     def judge(self, ex: "Exchange", lane: "LaneRuntime", state: Any, outcome: Any) -> Verdict | None:
         """Adds `kv` to the turn's cache verdict (and refines an eviction's cause); records the turn."""
+        t0 = time.perf_counter()
+        try:
+            return self._judge(ex, lane, state, outcome)
+        finally:
+            ms = (time.perf_counter() - t0) * 1000
+            self.judge_ms_max = max(self.judge_ms_max, ms)
+            self.judge_ms_total += ms
+
+    def _judge(self, ex: "Exchange", lane: "LaneRuntime", state: Any, outcome: Any) -> Verdict | None:
         r = self.replica(lane.name, ex.replica)
         cache = outcome.cache
         if r is None or not isinstance(cache, dict):
@@ -249,12 +260,27 @@ class KVEventsService:
             log.warning("kv pool of %s: conversation %s will be evicted before its next turn (%s)", r.url, cid, f)
         r.warned = doomed
         alert = summary["alert"]
+        if alert is not None:
+            alert["options"]["move_to"] = self._moves(r, alert["largest"])  # type: ignore[index]
         if alert is not None and alert["since"] == now:  # type: ignore[index]
             self.warnings.append({"at": now, "kind": "working_set_exceeds_pool", "lane": r.lane, "replica": r.url,
                                   **alert})  # type: ignore[arg-type]
             log.warning("kv pool of %s: %s", r.url, alert["message"])  # type: ignore[index]
         return {"pool_tokens": summary["pool_tokens"], "working_set_tokens": summary["working_set_tokens"],
                 "forecast_evictions": sorted(doomed), "alert": alert is not None}
+
+    def _moves(self, r: ReplicaKV, largest: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Where the largest conversations of an over-full pool would fit: replicas of the same lane with room."""
+        room = {o.url: self.room(o.lane, o.url) for o in self.replicas.values() if o.lane == r.lane and o is not r}
+        room = {u: v for u, v in room.items() if v is not None}
+        out = []
+        for c in largest:
+            fits = [u for u, v in room.items() if v >= c["tokens"]]
+            if fits:
+                best = max(fits, key=lambda u: room[u])
+                room[best] -= c["tokens"]
+                out.append({"conversation": c["conversation"], "tokens": c["tokens"], "to": best})
+        return out
 
     # -- views -------------------------------------------------------------------------------------
 
@@ -265,9 +291,13 @@ class KVEventsService:
             if lane is not None and r.lane != lane:
                 continue
             summary = r.pressure.summary(r.index, self._pool(r), now)
+            if summary["alert"] is not None:
+                summary["alert"]["options"]["move_to"] = self._moves(r, summary["alert"]["largest"])  # type: ignore
             out.append({"lane": r.lane, "replica": r.url, "pool_source": r.pool_source,
                         "stream": r.subscriber.snapshot(), "index": r.index.counters(), **summary})
         return {"now": now, "replicas": out, "judged": self.judged, "disagreements": self.disagreements,
+                "judge_ms_mean": round(self.judge_ms_total / self.judged, 3) if self.judged else None,
+                "judge_ms_max": round(self.judge_ms_max, 3),
                 "warnings": list(self.warnings)[-50:]}
 
     def collect(self) -> Iterator[Any]:
