@@ -1,51 +1,30 @@
-"""Install the KV-event part: subscribers in step with routes.yaml, the analyzer's hook, metrics and
-GET /admin/api/kv (admin key): per replica the stream, the index, the pool pressure and forecast."""
+"""The KV-event part's admin surface: GET /admin/api/kv (admin key) and its Prometheus collector.
+
+Built and wired in compose.py: the service (service.py) goes to the analyzer (the verdict hook), to the
+routers (prefix_source: kv_events), to the runtime's lane hooks (routes.yaml reloads) and to the
+started services; this class to the route table and the metrics registry.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Iterator
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from .service import KVEventsService
 
-if TYPE_CHECKING:
-    from ..app import Gateway
 
-
-class _Collector:
+class KVEventsAdmin:
     def __init__(self, service: KVEventsService) -> None:
         self.service = service
 
-    def collect(self):
+    async def route(self, request: Request) -> Response:
+        """Per replica: the stream, the index, the pool, the working set, the forecast and the alert."""
+        body = orjson.dumps(self.service.overview(request.query_params.get("lane") or None),
+                            option=orjson.OPT_NON_STR_KEYS)
+        return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
+
+    def collect(self) -> Iterator[Any]:  # a prometheus_client collector
         return self.service.collect()
-
-
-def install(gw: "Gateway") -> None:
-    from ..app import JSONResponse
-
-    service = KVEventsService(gw.runtime)
-    gw.runtime.lane_hooks.append(service.lane_changed)
-    gw.startup.append(service.start)
-    gw.shutdown.append(service.stop)
-    analyzer = gw.services.get("analyzer")
-    if analyzer is not None:
-        analyzer.kv_events = service
-    routing = gw.services.get("routing")
-    if routing is not None:
-        routing.kv = service  # conversation_affinity with prefix_source: kv_events
-    metrics = gw.services.get("metrics")
-    registry = getattr(metrics, "registry", None)
-    if registry is not None:
-        registry.register(_Collector(service))
-    gw.kv_events = service  # type: ignore[attr-defined]  # for the composition root (issue 14) to take over
-
-    async def kv(request: Request) -> Response:
-        guard = gw.services.get("admin_guard")
-        if guard is not None:
-            await guard(request)
-        return JSONResponse(service.overview(request.query_params.get("lane") or None))
-
-    gw.routes.append(Route("/admin/api/kv", kv, methods=["GET"]))
