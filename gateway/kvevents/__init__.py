@@ -8,6 +8,8 @@ replica's pool holds, who pushed a conversation's prefix out, and pool pressure 
   verdict.py     explain(index, Question) -> Verdict: why a turn's cached prefix was short
   pressure.py    working set, forecast of evictions, the alert
   pool.py        the pool size from the engine's /metrics
+  placement.py   what routers ask: which pool holds a new conversation's prefix (prefix_source: kv_events)
   service.py     all of it per replica, in step with routes.yaml; the analyzer's hook; views, metrics
-  feature.py     install: GET /admin/api/kv, metrics, the hook
+  feature.py     GET /admin/api/kv and the metrics collector (wired in compose.py)
+  report.py      the KV section of `gateway stats --url`
 """
