@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import time
 import tracemalloc
 
@@ -367,3 +368,47 @@ async def test_an_address_that_cannot_be_bound_is_an_error_state_not_a_dead_task
         assert "Address already in use" in (sub.snapshot()["last_error"] or "")
     finally:
         await sub.stop()
+
+
+# -- the service: pools with room, for re-homing ---------------------------------------------------------
+
+
+async def test_rehoming_prefers_the_pool_with_room():
+    from gateway.config import parse_routes
+    from gateway.kvevents.service import KVEventsService
+    from gateway.routing.conversation_affinity import ConversationAffinity
+    from gateway.runtime import Runtime
+
+    pubs = [Publisher(topic="kv"), Publisher(topic="kv"), Publisher(topic="kv")]
+    urls = ["http://127.0.0.1:9001", "http://127.0.0.1:9002", "http://127.0.0.1:9003"]
+    kv = {u: {"endpoint": p.endpoint, "replay": p.replay_endpoint, "topic": "kv", "pool_tokens": 10_000}
+          for u, p in zip(urls, pubs)}
+    config = parse_routes(json.dumps({  # JSON is YAML
+        "lanes": {"l": {"replicas": urls, "upstream_model": "m", "kv_events": {"replicas": kv},
+                        "affinity": {"prefix_source": "kv_events"}}},
+        "models": {"m": "l"}}))
+    runtime = Runtime(config)
+    service = KVEventsService(runtime)
+    await service.start()
+    try:
+        await until(lambda: all(r.subscriber.healthy for r in service.replicas.values()), what="live")
+        now = time.time()
+        # Replica 2 is nearly full of live conversations, replica 3 has room; the conversation needs 3,000.
+        service.replicas[("l", urls[1])].pressure.turn("big", 9_000, now)
+        service.replicas[("l", urls[2])].pressure.turn("small", 1_000, now)
+        service.replicas[("l", urls[0])].pressure.turn("moving", 3_000, now)
+        assert service.room("l", urls[1]) < 3_000 <= service.room("l", urls[2])
+        policy = ConversationAffinity()
+        policy.shared.kv = service
+        policy.lane = "l"
+        policy.settings = config.lanes["l"].affinity
+        replicas = runtime.snapshot.lanes["l"].upstream.replicas
+        state = type("S", (), {"id": "moving", "last": None})()
+        extra: dict = {}
+        # Least loaded alone would pick replica 2 (listed first, equally idle): the pool with room wins.
+        chosen = policy._rehome(replicas[1:], lambda cands: cands[0], state, extra)
+        assert chosen.url == urls[2] and extra["room"]["needed"] == 3_000
+    finally:
+        await service.stop()
+        for p in pubs:
+            p.terminate()
