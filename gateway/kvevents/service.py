@@ -183,6 +183,11 @@ class KVEventsService:
         if not keys:
             kv["note"] = "no exact render of this turn: the index cannot be asked"
             return None
+        engine_block = r.index.block_size
+        if engine_block is not None and engine_block != lane.config.cache.block_size:
+            kv["note"] = (f"the lane's cache.block_size is {lane.config.cache.block_size}, the engine's blocks are "
+                          f"{engine_block} tokens: fix routes.yaml; verdict from counts only")
+            return None
         live = r.pressure.live.get(cid)
         since = live.last_t if live is not None else (getattr(state, "updated", None) if state.turn else None)
         prompt = cache.get("rendered_prompt_tokens") or 0
