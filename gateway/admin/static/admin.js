@@ -225,7 +225,12 @@
       let limits = [];
       try { limits = r.limits_fired ? JSON.parse(r.limits_fired) : []; } catch (e) { /* keep [] */ }
       const limitText = limits.length ? ` <span class="badge warn" title="limits that fired">${limits.map(esc).join(", ")}</span>` : "";
-      const verdict = `<span class="badge ${esc(r.verdict)}">${esc(r.verdict)}</span>${r.cause ? ` <span class="muted">${esc(r.cause.replace(/_/g, " "))}</span>` : ""}`;
+      let verdict = `<span class="badge ${esc(r.verdict)}">${esc(r.verdict)}</span>${r.cause ? ` <span class="muted">${esc(r.cause.replace(/_/g, " "))}</span>` : ""}`;
+      const kv = kvOf(r);
+      if (kv && kv.displaced_by && kv.displaced_by.length) {  // issue 20: who pushed the prefix out
+        const by = kv.displaced_by.map((d) => `${d.conversation || "unattributed"} (${fmtN(d.tokens)})`).join(", ");
+        verdict += ` <span class="muted" title="${esc(kv.note || "")}">by ${esc(by)}</span>`;
+      }
       return `<tr><td class="mono">${fmtTime(r.ts)}</td><td>${esc(r.model || "–")}</td><td>${esc(r.lane || "–")}</td>
         <td><span class="conv mono" title="${esc(r.conversation || "")} (${esc(r.conversation_source || "")})">${esc(r.conversation || "–")}</span></td>
         <td class="num">${r.turn ?? "–"}</td><td class="${statusCls}" title="${esc([r.error_code, r.upstream_error].filter(Boolean).join(": "))}">${r.cancelled ? "cancelled" : r.status}${limitText}</td>
@@ -274,6 +279,11 @@
     renderDrift(drift);
     renderKv(kv);
     renderRecords(rec.records);
+  }
+
+  function kvOf(r) {
+    if (!r.kv) return null;
+    try { return typeof r.kv === "string" ? JSON.parse(r.kv) : r.kv; } catch (e) { return null; }
   }
 
   // Issue 20: per replica, the KV-event stream, pool, working set, forecast and the pressure alert.
