@@ -84,6 +84,8 @@ class KVEventsService:
 
     async def stop(self) -> None:
         self._started = False
+        for task in list(self._tasks):
+            task.cancel()
         for r in list(self.replicas.values()):
             await r.subscriber.stop()
         self.replicas.clear()
