@@ -76,6 +76,7 @@ class Subscriber:
         self.last_error: str | None = None
         self.missed_before_start = 0  # batches published before we subscribed that the replay no longer had
         self._caught_up = False
+        self._was_lost = False  # disconnected since the last contact
         self._last_digest = 0  # of the last applied payload (to recognise the engine after a reconnect)
         self.caught_up = 0  # batches learnt from the replay buffer on first contact
         self._caught_up_at = 0.0  # receive times up to this were covered by the catch-up replay
@@ -152,8 +153,7 @@ class Subscriber:
                         self.bad_payloads += 1
                         continue
                     if self.state != "live":  # a message proves the link even before the monitor says so
-                        self.connected_once = True
-                        self._set("live")
+                        self._contact()
                     seq = int.from_bytes(frames[-2], "big", signed=True)
                     try:
                         self._queue.put_nowait((seq, frames[-1], self.clock()))
@@ -170,21 +170,33 @@ class Subscriber:
         except Exception:  # noqa: BLE001 - a malformed monitor frame changes nothing
             return
         if event in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED):
-            if self.last_seq is None and self.batches == 0 and self.replay_endpoint is not None \
-                    and not self._caught_up:
+            self._contact()
+        elif event == zmq.EVENT_DISCONNECTED:
+            self.disconnects += 1
+            self._was_lost = True
+            self._set("lost")
+
+    def _contact(self) -> None:
+        """The link is up (the monitor said so, or a message came first)."""
+        marker = None
+        if self.replay_endpoint is not None:
+            if self.last_seq is None and self.batches == 0 and not self._caught_up:
                 # First contact: learn what the pool already holds from the engine's replay buffer, now,
                 # before any request of ours runs (an idle engine publishes nothing to trigger it later).
                 self._caught_up = True
-                self._queue.put_nowait((CATCH_UP, b"", self.clock()))
-            elif self.last_seq is not None and self.state == "lost" and self.replay_endpoint is not None:
+                marker = CATCH_UP
+            elif self.last_seq is not None and self._was_lost:
                 # Back after a disconnect: the same engine process, or a new one whose sequence may already
                 # have passed ours? The replay buffer tells: it still has our last batch only if it is the same.
-                self._queue.put_nowait((VERIFY, b"", self.clock()))
-            self.connected_once = True
-            self._set("live")
-        elif event == zmq.EVENT_DISCONNECTED:
-            self.disconnects += 1
-            self._set("lost")
+                marker = VERIFY
+        self._was_lost = False
+        if marker is not None:
+            try:
+                self._queue.put_nowait((marker, b"", self.clock()))
+            except asyncio.QueueFull:
+                pass  # far behind already: the sequence checks still apply
+        self.connected_once = True
+        self._set("live")
 
     # -- applying --------------------------------------------------------------------------------
 
