@@ -52,15 +52,27 @@ def cmd_stats(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - a database or network error is a message, not a traceback
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    kv = _kv_from_url(args.url, args.lane, args.key) if args.url else None  # issue 20: the KV pools
     if args.json:
-        print(json.dumps(stats, indent=2))
+        print(json.dumps({**stats, "kv": kv} if kv else stats, indent=2))
     elif not stats["lanes"]:
         print(f"no records in the last {args.window}" + _scope(stats))
     else:
         print(format_table(stats) + _scope(stats))
         if stats.get("costs"):
             print("\n" + format_costs(stats["costs"]))
+    if kv and not args.json:
+        from ..kvevents.report import format_kv
+
+        print(format_kv(kv))
     return 0
+
+
+def _kv_from_url(url: str, lane: str | None, key: str | None) -> dict[str, Any] | None:
+    try:
+        return get_json(url, "/admin/api/kv", {"lane": lane} if lane else {}, key)
+    except (OSError, ValueError):
+        return None  # a gateway without the KV-event part
 
 
 def _scope(stats: dict[str, Any]) -> str:

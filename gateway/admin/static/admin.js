@@ -23,7 +23,7 @@
 
   async function api(path) {
     const resp = await fetch(path, { headers: key ? { Authorization: `Bearer ${key}` } : {}, cache: "no-store" });
-    if (resp.status === 404 && path.startsWith("/admin/drift")) return null;
+    if (resp.status === 404 && (path.startsWith("/admin/drift") || path.startsWith("/admin/api/kv"))) return null;
     if (!resp.ok) {
       let msg = `${resp.status}`;
       try { msg += ` ${(await resp.json()).error.message}`; } catch (e) { /* not JSON */ }
@@ -389,7 +389,12 @@
       let limits = [];
       try { limits = r.limits_fired ? JSON.parse(r.limits_fired) : []; } catch (e) { /* keep [] */ }
       const limitText = limits.length ? ` <span class="badge warn" title="limits that fired">${limits.map(esc).join(", ")}</span>` : "";
-      const verdict = `<span class="badge ${esc(r.verdict)}">${esc(r.verdict)}</span>${r.cause ? ` <span class="muted">${esc(r.cause.replace(/_/g, " "))}</span>` : ""}`;
+      let verdict = `<span class="badge ${esc(r.verdict)}">${esc(r.verdict)}</span>${r.cause ? ` <span class="muted">${esc(r.cause.replace(/_/g, " "))}</span>` : ""}`;
+      const kv = kvOf(r);
+      if (kv && kv.displaced_by && kv.displaced_by.length) {  // issue 20: who pushed the prefix out
+        const by = kv.displaced_by.map((d) => `${d.conversation || "unattributed"} (${fmtN(d.tokens)})`).join(", ");
+        verdict += ` <span class="muted" title="${esc(kv.note || "")}">by ${esc(by)}</span>`;
+      }
       return `<tr><td class="mono">${fmtTime(r.ts)}</td><td class="wrap" title="model ${esc(r.model || "–")}">${esc(r.lane || "–")}</td>
         <td class="wrap opt" title="${esc(r.user_agent || "")}">${esc(r.client || "–")}</td>
         <td>${convLink(r.conversation)}</td>
@@ -517,13 +522,14 @@
     }
     const recordNames = ["lane", "tenant", "client", "user_agent", "cause"];
     try {
-      const [ov, ch, rec, drift] = await Promise.all([
+      const [ov, ch, rec, drift, kv] = await Promise.all([
         api("/admin/api/overview"),
         api(`/admin/api/charts?${query({ window_s: w, buckets }, ["lane", "tenant", "client", "user_agent"])}`),
         api(`/admin/api/records?${query({ limit: 50 }, recordNames)}`),
         api(`/admin/api/alerts?${query({ window_s: w, since: -w, limit: 60 })}`).catch((err) => ({ error: err.message })),
+        api("/admin/api/kv").catch(() => null),
       ]);
-      last = { ov, ch, rec, drift };
+      last = { ov, ch, rec, drift, kv };
       draw();
       banner.hidden = !ch.rows_capped;
       if (ch.rows_capped) banner.textContent = "This window holds more records than one summary reads: the figures cover the newest 200,000. Narrow the window or filter.";
@@ -537,7 +543,7 @@
 
   function draw() {
     if (!last) return;
-    const { ov, ch, rec, drift } = last;
+    const { ov, ch, rec, drift, kv } = last;
     [...ov.lanes.map((l) => l.name)].sort().forEach(colorOf);
     renderHeader(ov);
     fillChoices(ov, drift);
@@ -546,7 +552,32 @@
     renderCharts(ch);
     renderDrift(drift);
     renderCosts(ch.costs);
+    renderKv(kv);
     renderRecords(rec.records);
+  }
+
+  function kvOf(r) {
+    if (!r.kv) return null;
+    try { return typeof r.kv === "string" ? JSON.parse(r.kv) : r.kv; } catch (e) { return null; }
+  }
+
+  // Issue 20: per replica, the KV-event stream, pool, working set, forecast and the pressure alert.
+  function renderKv(kv) {
+    const panel = document.getElementById("kv-panel");
+    if (!kv || !kv.replicas || !kv.replicas.length) { panel.hidden = true; return; }
+    panel.hidden = false;
+    const rows = kv.replicas.map((r) => {
+      const doomed = (r.forecast || []).filter((f) => f.will_be_evicted).map((f) => esc(f.conversation)).join(", ");
+      const stream = r.stream.state === "live" ? "live" : `<b class="bad">${esc(r.stream.state)}</b>`;
+      const alert = r.alert ? `<div class="bad">${esc(r.alert.message)}</div>` : "";
+      return `<tr><td>${esc(r.lane)}</td><td class="mono">${esc(r.replica)}</td><td>${stream}</td>
+        <td class="num">${fmtN(r.pool_tokens)}</td><td class="num">${fmtPct(r.occupancy)}</td>
+        <td class="num">${fmtN(r.working_set_tokens)}</td><td class="num">${r.live_conversations}</td>
+        <td class="num">${r.new_tokens_per_s}</td><td class="wrap">${doomed || "–"}${alert}</td></tr>`;
+    }).join("");
+    document.getElementById("kv").innerHTML = `<table><thead><tr><th>lane</th><th>replica</th><th>stream</th>
+      <th class="num">pool</th><th class="num">occupancy</th><th class="num">working set</th><th class="num">live</th>
+      <th class="num">new tok/s</th><th>evicted before next turn</th></tr></thead><tbody>${rows}</tbody></table>`;
   }
 
   function schedule() {
