@@ -210,12 +210,14 @@ async def _relay_stream(ex, lane, replica, resp, decoder, receive, on_end) -> Re
     first = b""
     try:
         async with asyncio.timeout(timeouts.first_byte):
-            while not first:
+            # Enough to tell SSE from JSON when the Content-Type does not say (see _looks_like_sse).
+            need = 1 if resp.content_type == "text/event-stream" else 8
+            while len(first.lstrip()) < need:
                 raw = await _race_disconnect(resp.content.readany(), receive, ex)
                 if not raw:
-                    first = decoder.finish()
+                    first += decoder.finish()
                     break
-                first = decoder.feed(raw)
+                first += decoder.feed(raw)
     except TimeoutError:
         resp.close()
         _done(replica, lane, ok=False, why="first-byte timeout")
@@ -249,66 +251,63 @@ async def _relay_stream(ex, lane, replica, resp, decoder, receive, on_end) -> Re
         why = ""
         data: bytes = first
         watchdog = IdleWatchdog(resp, timeouts.idle)
+        failure: tuple[int, str, str] | None = None
         try:
-            raw = first
-            while True:
-                out = []
-                for event in splitter.feed(data):
-                    piece = observer.relay(event)
-                    if piece is not None:
-                        out.append(piece)
-                    if observer.done:
-                        break
-                if out:
-                    yield b"".join(out) if len(out) > 1 else out[0]
-                if observer.done or not raw:
-                    break  # whatever an upstream sends after [DONE] is not for the client
-                # The idle timeout covers only the wait for the upstream, never a slow client.
-                watchdog.waiting()
-                raw = await resp.content.readany()
-                watchdog.got_data()
-                data = decoder.feed(raw) if raw else decoder.finish()
-            if watchdog.fired:
-                raise TimeoutError
-            tail = splitter.rest().strip()
-            if not observer.done and tail[:5] == b"data:" and tail[5:].strip() == b"[DONE]":
-                observer.done = True  # the final blank line was cut off: the answer is complete
-                yield DONE
-            if observer.done:
-                ok = True
-                clean = await _drain(resp)
-            elif observer.error is not None:
-                # The upstream's own error event came first and said it all; end the stream for it.
-                why = "the upstream reported an error mid-stream"
-                yield DONE
-            else:
-                why = "the upstream closed the stream before it ended"
-                ex.fail(502, "upstream_disconnected", why)
-                yield error_event(why, "upstream_disconnected") + DONE
-        except TimeoutError:
-            why = f"no data from the upstream for {timeouts.idle:g}s"
-            ex.fail(504, "upstream_idle_timeout", why)
-            yield error_event(why, "upstream_idle_timeout") + DONE
-        except (BadStream, DecodeError) as exc:
-            why = exc.message if isinstance(exc, BadStream) else str(exc)
-            ex.upstream_error = why
-            ex.fail(502, "upstream_bad_response", why)
-            yield error_event(why, "upstream_bad_response") + DONE
-        except (aiohttp.ClientError, OSError) as exc:
-            if watchdog.fired:  # the watchdog closed the connection: an idle timeout, not a failure
-                why = f"no data from the upstream for {timeouts.idle:g}s"
-                ex.fail(504, "upstream_idle_timeout", why)
-                yield error_event(why, "upstream_idle_timeout") + DONE
-                return
-            why = f"the upstream connection failed mid-stream: {type(exc).__name__}"
-            ex.fail(502, "upstream_disconnected", why)
-            yield error_event(why, "upstream_disconnected") + DONE
-        except Exception:
-            # A fault of the gateway's own: the client still gets a well-formed end of the stream.
-            log.exception("request %s: relaying the stream failed", ex.request_id)
-            why = "internal gateway error while relaying the stream"
-            ex.fail(500, "internal_error", why)
-            yield error_event(why, "internal_error") + DONE
+            try:
+                raw = first
+                while True:
+                    out = []
+                    for event in splitter.feed(data):
+                        piece = observer.relay(event)
+                        if piece is not None:
+                            out.append(piece)
+                        if observer.done:
+                            break
+                    if out:
+                        yield b"".join(out) if len(out) > 1 else out[0]
+                    if observer.done or not raw:
+                        break  # whatever an upstream sends after [DONE] is not for the client
+                    # The idle timeout covers only the wait for the upstream, never a slow client.
+                    watchdog.waiting()
+                    raw = await resp.content.readany()
+                    watchdog.got_data()
+                    data = decoder.feed(raw) if raw else decoder.finish()
+                if watchdog.fired:
+                    raise TimeoutError
+                tail = splitter.rest().strip()
+                if not observer.done and tail[:5] == b"data:" and tail[5:].strip() == b"[DONE]":
+                    observer.done = True  # the final blank line was cut off: the answer is complete
+                    yield DONE
+                if observer.done:
+                    ok = True
+                    clean = await _drain(resp)
+                else:
+                    failure = (502, "upstream_disconnected", "the upstream closed the stream before it ended")
+            except TimeoutError:
+                failure = (504, "upstream_idle_timeout", f"no data from the upstream for {timeouts.idle:g}s")
+            except BadStream as exc:
+                failure = (502, "upstream_bad_response", exc.message)
+            except DecodeError as exc:
+                failure = (502, "upstream_bad_response", str(exc))
+            except (aiohttp.ClientError, OSError) as exc:
+                if watchdog.fired:  # the watchdog closed the connection: an idle timeout, not a failure
+                    failure = (504, "upstream_idle_timeout", f"no data from the upstream for {timeouts.idle:g}s")
+                else:
+                    failure = (502, "upstream_disconnected",
+                               f"the upstream connection failed mid-stream: {type(exc).__name__}")
+            except Exception:
+                # A fault of the gateway's own: the client still gets a well-formed end of the stream.
+                log.exception("request %s: relaying the stream failed", ex.request_id)
+                failure = (500, "internal_error", "internal gateway error while relaying the stream")
+            if failure is not None:
+                status, code, why = failure
+                if code != "internal_error":
+                    ex.upstream_error = ex.upstream_error or why
+                if observer.error is None:
+                    ex.fail(status, code, why)
+                    yield error_event(why, code) + DONE
+                else:  # the upstream's own error event already told the client what went wrong
+                    yield DONE
         except BaseException:
             # The client went away (closing the response cancels the upstream). After [DONE] that is
             # just a client hanging up early on a finished answer, not a cancelled request.

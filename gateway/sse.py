@@ -104,6 +104,8 @@ class StreamObserver:
         if payload == b"[DONE]":
             self.done = True
             return DONE
+        if not payload:
+            return None  # an empty data field: the SSE spec dispatches nothing
         try:
             chunk = orjson.loads(payload)
         except orjson.JSONDecodeError:
