@@ -21,6 +21,7 @@ from starlette.routing import Route
 from . import gc_tuning
 from .aftermath import Aftermath
 from .config import ConfigError, load_routes
+from .cors import CorsGate
 from .errors import GatewayError, error_body
 from .features import install_all
 from .pipeline import Pipeline
@@ -137,7 +138,11 @@ async def _gateway_error(request: Request, exc: Exception) -> Response:
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    return _error_response(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code)
+    path = request.url.path
+    message = f"{request.method} {path[:200]}: {exc.detail}"
+    if exc.status_code == 404 and len(path) > 1 and path.endswith("/"):
+        message += f" (no trailing slash: {path.rstrip('/')[:200]})"  # instead of an empty 307
+    return _error_response(exc.status_code, message, code)
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
@@ -209,8 +214,9 @@ def create_app(settings: Settings | None = None) -> Starlette:
         exception_handlers={GatewayError: _gateway_error, HTTPException: _http_error, Exception: _unexpected},
     )
     app.state.gateway = gw
-    return FastPath(app, {"/v1/chat/completions": lambda r: gw.pipeline.chat(r),
-                          "/v1/completions": lambda r: gw.pipeline.completions(r)})
+    app.router.redirect_slashes = False  # a trailing slash answered an empty 307; now a JSON 404
+    return CorsGate(FastPath(app, {"/v1/chat/completions": lambda r: gw.pipeline.chat(r),
+                                   "/v1/completions": lambda r: gw.pipeline.completions(r)}), gw.runtime)
 
 
 class FastPath:
