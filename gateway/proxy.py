@@ -245,7 +245,19 @@ async def _relay_stream(ex, lane, replica, resp, decoder, receive, on_end) -> Re
         return await _relay_whole(ex, lane, replica, resp, decoder, receive, on_end, have=first)
     ex.status = 200
 
+    started = False
+
+    def abandon() -> None:
+        # The response was never sent (the client left as it started): the relay's own `finally`
+        # will never run, so release what it would have.
+        if not started:
+            resp.close()
+            _done(replica, lane, ok=False, why="the response was never sent")
+            on_end()
+
     async def relay() -> AsyncIterator[bytes]:
+        nonlocal started
+        started = True
         splitter = EventSplitter()
         ok = clean = False
         why = ""
@@ -329,8 +341,16 @@ async def _relay_stream(ex, lane, replica, resp, decoder, receive, on_end) -> Re
             _done(replica, lane, ok=ok or ex.cancelled, why=why)
             on_end()
 
-    return StreamingResponse(relay(), status_code=200, media_type="text/event-stream",
-                             headers=dict(SSE_HEADERS))
+    return RelayResponse(relay(), abandon, status_code=200, media_type="text/event-stream",
+                         headers=dict(SSE_HEADERS))
+
+
+class RelayResponse(StreamingResponse):
+    """A relayed stream that can be abandoned before it starts (see `Pipeline`: every exchange ends)."""
+
+    def __init__(self, content: AsyncIterator[bytes], abandon: Callable[[], None], **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self.abandon = abandon
 
 
 async def _drain(resp: aiohttp.ClientResponse, wait_s: float = 1.0, limit: int = 65536) -> bool:
