@@ -24,6 +24,10 @@ class CorsGate:
         self.state = getattr(app, "state", None)
         self._made: tuple[Cors, CORSMiddleware] | None = None
 
+    @property
+    def gateway(self) -> Any:
+        return self.app.gateway  # type: ignore[attr-defined]  # FastPath's
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         cors = self.runtime.snapshot.config.gateway.cors if scope["type"] == "http" else None
         if cors is None:

@@ -167,7 +167,8 @@ async def _relay_error(ex, lane, replica, resp, on_end) -> Response:
                           code="upstream_auth_failed")
     elif imposed is not None:
         ex.upstream_error = f"HTTP {upstream_status}: {body['error']['message']}"
-        body["error"]["code"] = imposed
+        body["error"]["code"] = body["error"]["code"] if imposed == "upstream_error" and body["error"]["code"] \
+            else imposed
         body["error"]["type"] = "api_error"
         if imposed == "upstream_bad_response":
             body["error"]["message"] = f"the upstream answered HTTP {upstream_status}: {body['error']['message']}"

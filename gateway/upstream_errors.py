@@ -3,8 +3,9 @@ and no secrets (see scrub.py).
 
 Statuses: the engine's 4xx are about the request (context too long, bad parameter) and pass on;
 401/403/407 mean the *gateway's* credentials for the lane are wrong, which is not the client's
-fault: 502 `upstream_auth_failed`; 408 is the upstream giving up waiting: 504; 500-504 pass on;
-anything else an engine cannot mean (1xx, 3xx, 505+) is a 502.
+fault: 502 `upstream_auth_failed`; 408 is the upstream giving up waiting: 504; an engine's 500 is
+a 502 `upstream_error` with the engine's message (a 500 from the gateway means a fault of its own);
+501-504 pass on; anything else an engine cannot mean (1xx, 3xx, 505+) is a 502.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from .scrub import Scrubber
 MAX_ERROR_BODY = 64 * 1024  # bytes of an error answer read; the rest is dropped with the connection
 
 _AUTH = frozenset((401, 403, 407))
-_PASS_5XX = frozenset((500, 501, 502, 503, 504))
+_PASS_5XX = frozenset((501, 502, 503, 504))
 
 
 def client_status(upstream_status: int) -> tuple[int, str | None]:
@@ -28,6 +29,8 @@ def client_status(upstream_status: int) -> tuple[int, str | None]:
         return 502, "upstream_auth_failed"
     if upstream_status == 408:
         return 504, "upstream_timeout"
+    if upstream_status == 500:
+        return 502, "upstream_error"
     if 400 <= upstream_status < 500 or upstream_status in _PASS_5XX:
         return upstream_status, None
     return 502, "upstream_bad_response"

@@ -138,7 +138,7 @@ def behaviours(draw):
     """(stream requested, the upstream's script, the content a valid answer carries or None)."""
     stream = draw(st.booleans())
     kind = draw(st.sampled_from(["valid", "valid", "valid", "other_mode", "wrong_shape", "error", "garbage"]))
-    status = draw(st.sampled_from([200, 200, 200]) | st.integers(100, 599))
+    status = draw(st.sampled_from([200, 200, 200, 500, 401, 429, 503]) | st.integers(100, 599))
     parts = draw(st.lists(TEXT, max_size=4))
     content = "".join(parts)
     eol = draw(st.sampled_from([b"\n", b"\r\n", b"\r"]))
