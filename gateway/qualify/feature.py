@@ -38,7 +38,7 @@ from ..runtime import LaneRuntime, Snapshot
 from ..security import Caller
 from .client import replica_revision
 from .identity import lane_identity
-from .records import InvalidRecordId, RecordIndex, RecordStore, Summary, open_store
+from .records import InvalidRecordId, RecordIndex, RecordStore, Summary, check_record_id, open_store
 from .state import evaluate
 
 if TYPE_CHECKING:
@@ -272,9 +272,10 @@ class QualificationService:
         record_id = request.query_params.get("id")
         if record_id:
             try:
-                rec = await asyncio.to_thread(self.store.load, record_id)
+                check_record_id(record_id)
             except InvalidRecordId as exc:
                 raise GatewayError(400, str(exc), param="id", code="invalid_record_id") from None
+            rec = await asyncio.to_thread(self.store.load, record_id)
             return _json(rec) if rec else _json({"error": {"message": "no such record", "code": "not_found"}}, 404)
         lane = request.query_params.get("lane")
         idx = await asyncio.to_thread(self.reload_index)

@@ -144,7 +144,11 @@ class DirStore:
         return record_id
 
     def load(self, record_id: str) -> dict[str, Any] | None:
-        path = self._path(record_id)
+        """The record, or None (also for an id that is not one: see check_record_id)."""
+        try:
+            path = self._path(record_id)
+        except InvalidRecordId:
+            return None
         try:
             return orjson.loads(path.read_bytes())
         except (OSError, orjson.JSONDecodeError):
@@ -212,7 +216,11 @@ class RedisStore:
         return record_id
 
     def load(self, record_id: str) -> dict[str, Any] | None:
-        raw = self.client.hget(REDIS_RECORDS_KEY, check_record_id(record_id))
+        try:
+            check_record_id(record_id)
+        except InvalidRecordId:
+            return None
+        raw = self.client.hget(REDIS_RECORDS_KEY, record_id)
         return orjson.loads(raw) if raw else None
 
     def summaries(self) -> list[Summary]:
