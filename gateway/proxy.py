@@ -140,6 +140,7 @@ async def _relay_whole(ex, lane, replica, resp, decoder, receive, on_end, have: 
 
 async def _relay_error(ex, lane, replica, resp, on_end) -> Response:
     data = b""
+    complete = False
     try:
         async with asyncio.timeout(lane.upstream.timeouts.first_byte):
             decoder = decoder_for(resp.headers.get("Content-Encoding"), MAX_ERROR_BODY)
@@ -147,6 +148,7 @@ async def _relay_error(ex, lane, replica, resp, on_end) -> Response:
                 raw = await resp.content.readany()
                 data += decoder.feed(raw) if raw else decoder.finish()
                 if not raw:
+                    complete = True
                     break
     except (aiohttp.ClientError, OSError, TimeoutError, DecodeError):
         pass  # what arrived is all there is to say
@@ -154,7 +156,10 @@ async def _relay_error(ex, lane, replica, resp, on_end) -> Response:
         resp.close()
         replica.inflight -= 1
         raise
-    resp.close()  # an error answer's connection is not worth keeping (the body may be unread)
+    if complete:
+        resp.release()  # read to the end: the connection can serve the next request
+    else:
+        resp.close()
     upstream_status = resp.status
     status, imposed = client_status(upstream_status)
     _done(replica, lane, ok=upstream_status < 500 and imposed is None, why=f"HTTP {upstream_status}")
