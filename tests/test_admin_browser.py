@@ -68,6 +68,9 @@ def test_admin_page_shows_lanes_charts_and_drift_alerts() -> None:
                 try:
                     page = browser.new_page(viewport={"width": 1440, "height": 900})
                     page.on("pageerror", lambda exc: errors.append(str(exc)))
+                    # The page's Content-Security-Policy must not block anything it uses.
+                    page.on("console", lambda msg: errors.append(msg.text)
+                            if "Content Security Policy" in msg.text else None)
                     page.goto(gw.url + "/admin")
                     page.wait_for_selector("body[data-loaded='1']", timeout=20_000)
                     lanes = page.locator("#lanes .lane-name").all_inner_texts()
