@@ -132,7 +132,7 @@ async def _relay_whole(ex, lane, replica, resp, decoder, receive, on_end, have: 
     ex.status = 200
     now = time.perf_counter()
     ex.t_first_token = ex.t_last_token = now
-    observe_completion(ex, data)
+    observe_completion(ex, parsed)
     response = Response(data, status_code=200, media_type="application/json")
     on_end()
     return response
@@ -218,7 +218,7 @@ async def _relay_stream(ex, lane, replica, resp, decoder, receive, on_end) -> Re
         async with asyncio.timeout(timeouts.first_byte):
             # Enough to tell SSE from JSON when the Content-Type does not say (see _looks_like_sse).
             need = 1 if resp.content_type == "text/event-stream" else 8
-            while len(first.lstrip()) < need:
+            while len(first.lstrip()) < need and len(first) < 65536:
                 raw = await _race_disconnect(resp.content.readany(), receive, ex)
                 if not raw:
                     first += decoder.finish()

@@ -156,12 +156,16 @@ class StreamObserver:
             self.ex.token_chunk_times.append(now)
 
 
-def observe_completion(ex: Exchange, body: bytes) -> None:
-    """Non-streaming response: read usage and the generated message from the JSON body."""
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return
+def observe_completion(ex: Exchange, body: bytes | dict[str, Any]) -> None:
+    """Non-streaming response: read usage and the generated message from the JSON body (or the
+    already parsed body: the proxy parses it once to check its shape)."""
+    if isinstance(body, dict):
+        data: Any = body
+    else:
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return
     if not isinstance(data, dict):
         return
     if isinstance(data.get("usage"), dict):
