@@ -88,11 +88,42 @@ async def _run_pool(url: str, seconds: float, concurrency: int) -> tuple[int, li
     return done, errors
 
 
+async def _reuse_after_idle(host: str, port: int, idle_s: float) -> list[bytes]:
+    """One kept-alive connection: a request, `idle_s` of silence, a second request on it."""
+    reader, writer = await asyncio.open_connection(host, port)
+    request = f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    lines = []
+    try:
+        for i in range(2):
+            if i:
+                await asyncio.sleep(idle_s)  # the point of the check: the connection sits idle
+            writer.write(request)
+            await writer.drain()
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(next(l.split(b":")[1] for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")))
+            await reader.readexactly(length)
+            lines.append(head.split(b"\r\n")[0])
+    except (ConnectionError, asyncio.IncompleteReadError) as exc:
+        lines.append(repr(exc).encode())
+    finally:
+        writer.close()
+    return lines
+
+
 def test_no_connection_errors_at_c64_with_idle_pauses() -> None:
+    """Also: a connection idle for longer than uvicorn's default keep-alive (5 s) and httpx's pool
+    expiry (5 s) is still open: the client's pool, not the gateway, decides when it closes."""
     with run_emulator(decode_tps=2000) as emu:
         routes = {"lanes": {"l": _lane([emu.url])}, "models": {"m": "l"}}
         with run_gateway(routes) as gw:
-            done, errors = asyncio.run(_run_pool(gw.url + "/v1/chat/completions", 20.0, 64))
+            host, port = gw.url.removeprefix("http://").split(":")
+
+            async def both():
+                return await asyncio.gather(_run_pool(gw.url + "/v1/chat/completions", 20.0, 64),
+                                            _reuse_after_idle(host, int(port), 7.0))
+
+            (done, errors), reused = asyncio.run(both())
             assert done > 200
             assert errors == [], f"{len(errors)} of {done} failed: {errors[:5]}"
+            assert reused == [b"HTTP/1.1 200 OK"] * 2, reused
             assert "Traceback" not in gw.log()
