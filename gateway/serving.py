@@ -7,7 +7,8 @@ its connection (and, for the body, a pipeline task) until it went away by itself
 connections were held for 45 s in the issue 14 probe. Here:
 
 - headers: a request's head must be complete within `header_timeout_s` of its first byte (or of
-  the connection opening): else `408` and the connection closes;
+  the connection opening): else `408` and the connection closes (a connection that sent nothing
+  at all is closed without a word, like an idle keep-alive);
 - body: the whole body must arrive within `body_timeout_s` of the head: else `408` (when no answer
   has started) and the connection closes; the application sees a disconnect and ends the exchange.
 - a request uvicorn cannot parse gets `400` in OpenAI's JSON shape instead of uvicorn's text.
@@ -65,6 +66,7 @@ class DeadlineHttpToolsProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self.header_timeout_s, self.body_timeout_s = _deadlines()
         self._deadline: asyncio.TimerHandle | None = None
+        self._in_request = False  # a byte of a request has arrived and its head is not complete
 
     # -- timers --------------------------------------------------------------------------------
 
@@ -87,10 +89,12 @@ class DeadlineHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._in_request = True
         if self._deadline is None:  # a later request on a kept-alive connection
             self._arm(self.header_timeout_s, self._headers_late)
 
     def on_headers_complete(self) -> None:
+        self._in_request = False
         self._arm(self.body_timeout_s, self._body_late)
         super().on_headers_complete()
 
@@ -104,8 +108,11 @@ class DeadlineHttpToolsProtocol(HttpToolsProtocol):
         self._deadline = None
         if self.transport.is_closing():
             return
-        if self.cycle is not None and not self.cycle.response_complete:
-            self.transport.close()  # a pipelined request is slow while an answer is being written
+        if not self._in_request or (self.cycle is not None and not self.cycle.response_complete):
+            # Not one byte of a request (a pre-opened connection): close quietly, as a keep-alive
+            # timeout does; an unsolicited 408 could be read as the answer to a request sent just
+            # now. Or a pipelined request is slow while an answer is being written.
+            self.transport.close()
             return
         self.transport.write(error_response(
             408, f"the request headers did not arrive within {self.header_timeout_s:g}s", "request_timeout"))

@@ -190,9 +190,12 @@ def test_half_sent_requests_are_answered_408_and_released(gateway, client) -> No
                                      b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\":")
     silent, t_silent = _raw(gateway, b"")
     for raw, took in ((head_cut, t_head), (body_cut, t_body), (silent, t_silent)):
+        assert DEADLINE_S * 0.8 <= took <= DEADLINE_S + max(5.0, 20 * control), (took, control)
+        if raw is silent:
+            assert raw == b""  # nothing was asked: closed without an unsolicited answer
+            continue
         status, body = _json_of(raw)
         assert status == 408 and body["error"]["code"] == "request_timeout"
-        assert DEADLINE_S * 0.8 <= took <= DEADLINE_S + max(5.0, 20 * control), (took, control)
 
 
 def test_many_half_sent_connections_do_not_stop_the_gateway(gateway, client) -> None:
