@@ -127,7 +127,8 @@ class StreamObserver:
                 return None
         else:
             self._observe_choice(choices[0])
-        return event if simple else b"data: " + payload + b"\n\n"
+        # Several data lines joined may hold newlines (pretty-printed JSON): one line again.
+        return event if simple else b"data: " + orjson.dumps(chunk) + b"\n\n"
 
     def _observe_choice(self, choice: dict[str, Any]) -> None:
         delta = choice.get("delta") or {}

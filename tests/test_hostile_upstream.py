@@ -394,3 +394,11 @@ def test_data_after_done_is_not_relayed(upstream, client):
     check_answer(resp, True, "ok")
     assert '"choices":[1]' not in resp.text
 
+
+
+def test_an_event_split_over_several_data_lines_reaches_the_client_as_one_line(upstream, client):
+    pretty = json.dumps(chunks(["multi"])[1], indent=1).encode().split(b"\n")
+    event = b"event: message\nid: 7\n" + b"\n".join(b"data: " + line for line in pretty) + b"\n\n"
+    body = event + sse([json.dumps(c).encode() for c in chunks([])[2:]] + [b"[DONE]"], b"\n", b"data: ")
+    upstream.script = Script([http_response(200, body, [("Content-Type", "text/event-stream")], "chunked")])
+    check_answer(_ask(client, True), True, "multi")
