@@ -275,7 +275,7 @@ async def _relay_stream(ex, lane, replica, resp, decoder, receive, on_end) -> Re
                 raw = first
                 while True:
                     out = []
-                    for event in splitter.feed(data):
+                    for event in splitter.feed(data, final=not raw):
                         piece = observer.relay(event)
                         if piece is not None:
                             out.append(piece)

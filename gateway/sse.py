@@ -44,11 +44,12 @@ class EventSplitter:
         self._buf = b""
         self.max_bytes = max_bytes
 
-    def feed(self, data: bytes) -> list[bytes]:
+    def feed(self, data: bytes, final: bool = False) -> list[bytes]:
+        """The events completed by `data`; `final` at the end of the stream (a last CR ends a line)."""
         buf = self._buf + data if self._buf else data
         hold = b""
         if b"\r" in buf:
-            if buf[-1:] == b"\r":  # maybe the first half of a CRLF: decide with the next read
+            if buf[-1:] == b"\r" and not final:  # maybe the first half of a CRLF: decide with the next read
                 buf, hold = buf[:-1], b"\r"
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         events = buf.split(b"\n\n")
