@@ -6,15 +6,20 @@ The gateway checks what clients and the gateway itself read, and lets unknown fi
 an engine's extras (vLLM's `prompt_logprobs`, SGLang's `matched_stop`) are not errors.
 
 Each function returns None when the value is fine, else a short reason (for the error and the
-record). Cost: ~1 µs per stream chunk (a dict and a few type checks), measured with timeit.
+record). Cost: 3-4 µs per stream chunk on this shared 2-core machine (timeit; parsing the chunk
+with orjson costs about as much), so ~1 ms over a 256-chunk stream.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-_OPT_STR_DELTA = ("content", "reasoning_content", "reasoning", "refusal", "role")
-_OPT_STR_CHOICE = ("finish_reason",)
+# Fields clients read, by the type they must have when present and not null. One pass over the
+# fields an object has (a chunk's delta usually has one) is cheaper than probing every name.
+_MESSAGE_TYPES = {"content": str, "reasoning_content": str, "reasoning": str, "refusal": str, "role": str,
+                  "tool_calls": list}
+_CHOICE_TYPES = {"finish_reason": str, "text": str, "index": int, "logprobs": dict, "delta": dict, "message": dict}
+_CALL_TYPES = {"index": int, "id": str, "function": dict}
 
 
 def chunk_problem(chunk: Any) -> str | None:
@@ -29,15 +34,6 @@ def chunk_problem(chunk: Any) -> str | None:
     if type(choices) is not list:
         return "'choices' of a stream event is not an array"
     for choice in choices:
-        if type(choice) is not dict:
-            return "a choice of a stream event is not an object"
-        delta = choice.get("delta")
-        if delta is not None:
-            if type(delta) is not dict:
-                return "'delta' of a stream event is not an object"
-            problem = _message_problem(delta, "delta")
-            if problem:
-                return problem
         problem = _choice_problem(choice)
         if problem:
             return problem
@@ -57,15 +53,6 @@ def completion_problem(body: Any) -> str | None:
     if type(choices) is not list:
         return "the answer has no 'choices' array"
     for choice in choices:
-        if type(choice) is not dict:
-            return "a choice is not an object"
-        message = choice.get("message")
-        if message is not None:
-            if type(message) is not dict:
-                return "'message' is not an object"
-            problem = _message_problem(message, "message")
-            if problem:
-                return problem
         problem = _choice_problem(choice)
         if problem:
             return problem
@@ -77,52 +64,48 @@ def completion_problem(body: Any) -> str | None:
     return None
 
 
-def _choice_problem(choice: dict) -> str | None:
-    for name in _OPT_STR_CHOICE:
-        v = choice.get(name)
-        if v is not None and type(v) is not str:
-            return f"'{name}' is not a string"
-    text = choice.get("text")  # /v1/completions
-    if text is not None and type(text) is not str:
-        return "'text' is not a string"
-    index = choice.get("index")
-    if index is not None and type(index) is not int:
-        return "'index' is not an integer"
-    logprobs = choice.get("logprobs")
-    if logprobs is not None and type(logprobs) is not dict:
-        return "'logprobs' is not an object"
+def _choice_problem(choice: Any) -> str | None:
+    if type(choice) is not dict:
+        return "a choice is not an object"
+    for name, value in choice.items():
+        if value is None:
+            continue
+        kind = _CHOICE_TYPES.get(name)
+        if kind is not None and type(value) is not kind:
+            return f"a choice's '{name}' is not {_A[kind]}"
+        if kind is dict and name in ("delta", "message"):
+            problem = _message_problem(value, name)
+            if problem:
+                return problem
     return None
 
 
 def _message_problem(message: dict, where: str) -> str | None:
-    for name in _OPT_STR_DELTA:
-        v = message.get(name)
-        if v is not None and type(v) is not str:
-            return f"'{where}.{name}' is not a string"
-    calls = message.get("tool_calls")
-    if calls is None:
-        return None
-    if type(calls) is not list:
-        return f"'{where}.tool_calls' is not an array"
-    for call in calls:
-        if type(call) is not dict:
-            return f"a tool call in '{where}' is not an object"
-        index = call.get("index")
-        if index is not None and type(index) is not int:
-            return "a tool call's 'index' is not an integer"
-        cid = call.get("id")
-        if cid is not None and type(cid) is not str:
-            return "a tool call's 'id' is not a string"
-        fn = call.get("function")
-        if fn is None:
+    for name, value in message.items():
+        if value is None:
             continue
-        if type(fn) is not dict:
-            return "a tool call's 'function' is not an object"
-        for name in ("name", "arguments"):
-            v = fn.get(name)
-            if v is not None and type(v) is not str:
-                return f"a tool call's 'function.{name}' is not a string"
+        kind = _MESSAGE_TYPES.get(name)
+        if kind is not None and type(value) is not kind:
+            return f"'{where}.{name}' is not {_A[kind]}"
+        if kind is list:
+            for call in value:
+                if type(call) is not dict:
+                    return f"a tool call in '{where}' is not an object"
+                for key, v in call.items():
+                    if v is None:
+                        continue
+                    k = _CALL_TYPES.get(key)
+                    if k is not None and type(v) is not k:
+                        return f"a tool call's '{key}' is not {_A[k]}"
+                    if k is dict:
+                        for fname in ("name", "arguments"):
+                            fv = v.get(fname)
+                            if fv is not None and type(fv) is not str:
+                                return f"a tool call's 'function.{fname}' is not a string"
     return None
+
+
+_A = {str: "a string", int: "an integer", dict: "an object", list: "an array"}
 
 
 def _usage_problem(usage: dict) -> str | None:
