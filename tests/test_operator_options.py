@@ -40,7 +40,7 @@ def test_failover_on_500_is_per_lane_and_before_the_first_byte_only() -> None:
             plain = [client.post("/v1/chat/completions", json={**BODY, "model": "plain"}).status_code
                      for _ in range(6)]
             assert fo == [200] * 6
-            assert sorted(set(plain)) == [200, 500]  # round robin: the broken replica answers half
+            assert sorted(set(plain)) == [200, 502]  # round robin: the broken replica answers half (500 -> 502)
             # After the first byte nothing fails over: a stream cut by the replica ends with an error event.
             good.script = Script([http_response(200, b'data: {"choices": []}\n\n',
                                                 [("Content-Type", "text/event-stream")], "close")])
