@@ -105,7 +105,7 @@ class Upstream:
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             # keepalive_timeout below the engines' 5 s (see Timeouts.keep_alive): at 60 s the pool
-            # handed out connections the engine had just closed, and the request died on them.
+            # could hand out a connection in the very moment the engine closes it as idle.
             connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300,
                                              keepalive_timeout=self.timeouts.keep_alive)
             self._session = aiohttp.ClientSession(
