@@ -402,3 +402,20 @@ def test_an_event_split_over_several_data_lines_reaches_the_client_as_one_line(u
     body = event + sse([json.dumps(c).encode() for c in chunks([])[2:]] + [b"[DONE]"], b"\n", b"data: ")
     upstream.script = Script([http_response(200, body, [("Content-Type", "text/event-stream")], "chunked")])
     check_answer(_ask(client, True), True, "multi")
+
+
+def test_text_completions_are_checked_too(upstream, client):
+    ok = {"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": "done", "finish_reason": "stop"}]}
+    upstream.script = Script([http_response(200, json.dumps(ok).encode(), [("Content-Type", "application/json")])])
+    resp = client.post("/v1/completions", json={"model": "m", "prompt": "a", "max_tokens": 3})
+    assert resp.status_code == 200 and resp.json()["choices"][0]["text"] == "done"
+    bad = {"choices": [{"index": 0, "text": ["not", "text"]}]}
+    upstream.script = Script([http_response(200, json.dumps(bad).encode(), [("Content-Type", "application/json")])])
+    resp = client.post("/v1/completions", json={"model": "m", "prompt": "a", "max_tokens": 3})
+    assert resp.status_code == 502 and resp.json()["error"]["code"] == "upstream_bad_response"
+    events = [json.dumps({"choices": [{"index": 0, "text": t, "finish_reason": None}]}).encode() for t in ("do", "ne")]
+    upstream.script = Script([http_response(200, sse(events + [b"[DONE]"], b"\n", b"data: "),
+                                            [("Content-Type", "text/event-stream")], "chunked")])
+    resp = client.post("/v1/completions", json={"model": "m", "prompt": "a", "max_tokens": 3, "stream": True})
+    texts = [json.loads(e[5:])["choices"][0]["text"] for e in resp.text.split("\n\n") if e and "[DONE]" not in e]
+    assert texts == ["do", "ne"] and resp.text.endswith("data: [DONE]\n\n")
