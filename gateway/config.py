@@ -119,6 +119,9 @@ class EmulatedUpstream(_Strict):
     knobs: dict[str, Any] = Field(default_factory=dict)
 
 
+HealKind = Literal["arguments", "reasoning", "content", "tool_result_order", "reasoning_field"]
+
+
 class Lane(_Strict):
     engine: Literal["sglang", "vllm", "openai"] = "vllm"
     replicas: list[str] = Field(min_length=1)
@@ -137,6 +140,16 @@ class Lane(_Strict):
     qualification: Literal["required", "not_required"] = "required"
     override: Override | None = None
     emulator: EmulatedUpstream | None = None
+    # -- drift healing (issue 18; gateway/heal/) --------------------------------------------------
+    heal: list[HealKind] = Field(default_factory=list, description="client edits the gateway repairs "
+                                 "before forwarding (same meaning, the bytes it relayed); off by default")
+
+    @field_validator("heal")
+    @classmethod
+    def _heal_kinds(cls, kinds: list[str]) -> list[str]:
+        if len(set(kinds)) != len(kinds):
+            raise ValueError("the same heal kind is listed twice")
+        return kinds
 
     @field_validator("replicas")
     @classmethod

@@ -22,6 +22,7 @@ class GeneratedOutput:
     content: list[str] = field(default_factory=list)
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     finish_reason: str | None = None
+    reasoning_field: str | None = None  # the field the reasoning came under (reasoning | reasoning_content)
 
     def add_tool_call_delta(self, delta: dict[str, Any]) -> None:
         index = delta.get("index", len(self.tool_calls))
@@ -44,6 +45,16 @@ class GeneratedOutput:
         if self.tool_calls:
             msg["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
         return msg
+
+
+@dataclass
+class Healed:
+    """One repair by drift healing: its kind, the message it repaired, and (after the analysis) the cached
+    prompt tokens it saved: the prefix it kept beyond what the client's own bytes would have kept."""
+
+    kind: str
+    index: int
+    tokens_saved: int | None = None
 
 
 @dataclass
@@ -108,6 +119,7 @@ class Exchange:
     routing_hint: Any = None  # what the affinity router read from the store before choosing
     routing_urls: list[str] = field(default_factory=list)  # replicas in the order they were tried
     cache: dict[str, Any] | None = None  # the analysis verdict: predicted/reported, verdict, cause
+    healed: "list[Healed]" = field(default_factory=list)  # drift healing's repairs (gateway/heal/)
     analysis_ms: float | None = None
     analysis_skipped: str | None = None  # why this turn got no analysis (e.g. "queue_full")
     state_bytes: int | None = None

@@ -19,6 +19,7 @@ import orjson
 import xxhash
 
 from ..exchange import Exchange
+from ..heal.saved import tokens_saved
 from ..render.renderer import Rendered, RenderError, Renderer, RenderOptions, Segment
 from ..render.tokenizer import load_tokenizer
 from ..runtime import LaneRuntime
@@ -103,6 +104,8 @@ class Analyzer:
                 ex.cache = _unknown("analysis failed")
                 return
             ex.cache = outcome.cache
+            for healed, saved in zip(ex.healed, outcome.cache.get("healed_tokens") or ()):
+                healed.tokens_saved = saved
             await self._save(ex, lane, found.state.id, outcome)
         self.analysed += 1
         self.last_ms = (time.perf_counter() - t0) * 1000
@@ -142,7 +145,7 @@ def make_job(ex: Exchange, lane: LaneRuntime, found: Found, in_process: bool = T
         rewritten=ex.limits.history_rewritten, replica=ex.replica,
         # The router says this turn runs away from the conversation's cache (see routing/base.py).
         rehomed=isinstance(routing, dict) and bool(routing.get("expected_cold")),
-        repinned=found.repinned, state=found.state,
+        repinned=found.repinned, state=found.state, healed=tuple((h.kind, h.index) for h in ex.healed),
     )
 
 
@@ -225,6 +228,9 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
         "render": "exact" if rendered.exact else "estimated",
         "repinned": job.repinned,
     }
+    if job.healed:
+        segs = [(s.message_index, len(s.token_ids)) for s in rendered.segments]
+        cache["healed_tokens"] = tokens_saved(segs, predicted, job.healed)
     if job.usage and isinstance(job.usage.get("prompt_tokens"), int) and rendered.exact:
         cache["render_matches_engine"] = job.usage["prompt_tokens"] == n
     last = turn_print(new, rendered, generated, generated_msg, request_tail(body.get("messages") or []),
