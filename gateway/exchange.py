@@ -49,11 +49,12 @@ class GeneratedOutput:
 
 @dataclass
 class Healed:
-    """One repair by drift healing: its kind, the message it repaired, and (after the analysis) the cached
-    prompt tokens it saved: the prefix it kept beyond what the client's own bytes would have kept."""
+    """Drift healing's repairs of one kind: the messages it repaired (indices, ascending) and, after the
+    analysis, the cached prompt tokens they saved (the prefix kept beyond what the client's own bytes
+    would have kept)."""
 
     kind: str
-    index: int
+    indices: list[int]
     tokens_saved: int | None = None
 
 

@@ -173,7 +173,7 @@ class Metrics:
         if ex.retries:
             self._c(self.retries, lane).inc(ex.retries)
         for healed in ex.healed:  # kinds are the config's fixed names
-            self._c(self.heals, lane, healed.kind).inc()
+            self._c(self.heals, lane, healed.kind).inc(len(healed.indices))
             if healed.tokens_saved:
                 self._c(self.healed_tokens, lane, healed.kind).inc(healed.tokens_saved)
         self._observe_timing(ex, lane, ok, completion if isinstance(completion, int) else None)

@@ -104,8 +104,9 @@ class Analyzer:
                 ex.cache = _unknown("analysis failed")
                 return
             ex.cache = outcome.cache
-            for healed, saved in zip(ex.healed, outcome.cache.get("healed_tokens") or ()):
-                healed.tokens_saved = saved
+            saved = outcome.cache.get("healed_tokens") or {}
+            for healed in ex.healed:
+                healed.tokens_saved = saved.get(healed.kind, 0)
             await self._save(ex, lane, found.state.id, outcome)
         self.analysed += 1
         self.last_ms = (time.perf_counter() - t0) * 1000
@@ -145,7 +146,7 @@ def make_job(ex: Exchange, lane: LaneRuntime, found: Found, in_process: bool = T
         rewritten=ex.limits.history_rewritten, replica=ex.replica,
         # The router says this turn runs away from the conversation's cache (see routing/base.py).
         rehomed=isinstance(routing, dict) and bool(routing.get("expected_cold")),
-        repinned=found.repinned, state=found.state, healed=tuple((h.kind, h.index) for h in ex.healed),
+        repinned=found.repinned, state=found.state, healed=tuple((h.kind, i) for h in ex.healed for i in h.indices),
     )
 
 
@@ -230,7 +231,7 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
     }
     if job.healed:
         segs = [(s.message_index, len(s.token_ids)) for s in rendered.segments]
-        cache["healed_tokens"] = tokens_saved(segs, predicted, job.healed)
+        cache["healed_tokens"] = tokens_saved(segs, predicted, job.healed)  # by kind
     if job.usage and isinstance(job.usage.get("prompt_tokens"), int) and rendered.exact:
         cache["render_matches_engine"] = job.usage["prompt_tokens"] == n
     last = turn_print(new, rendered, generated, generated_msg, request_tail(body.get("messages") or []),

@@ -1,26 +1,28 @@
 """Hot path: repair the request's drifted copies of what the gateway relayed, before routing.
 
-Runs after the conversation policy (it needs the conversation's identity: no heal without state at
-hand) and before routing and forwarding, so the bytes sent upstream, and analysed after the response,
-are the repaired ones. Per request:
+Runs after the conversation policy (it needs the conversation's identity: no repair without its state
+at hand) and before routing and forwarding, so the bytes sent upstream, and analysed after the
+response, are the repaired ones. Per request:
 
 1. the assistant messages are serialised together (orjson, C speed) and compared with the same
    serialisation of this conversation's previous request: every leading message whose bytes did not
-   change keeps the repairs worked out for it then (a common prefix of two byte strings, memcmp);
+   change keeps the repairs worked out for it then (the common prefix of two byte strings, memcmp);
 2. only the messages after that point (usually the one just relayed) are looked up among the relayed
    messages (memory first, then one store multi-get) and planned by each kind;
 3. the repairs of the lane's kinds are written into the messages in place.
 
-Measured on the 1,600-message corpus body (784 assistant messages, every one repaired; bench/heal.py):
-see the README's figures. A lane without `heal` costs one attribute read.
+Measured with bench/heal.py on the 1,600-message corpus body (784 assistant messages, all repaired
+every turn): see the README. A lane without `heal` costs one attribute read.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import orjson
@@ -43,6 +45,7 @@ MESSAGE_KINDS: tuple[MessageKind, ...] = (Arguments(), Content(), Reasoning(), R
 MISSING = "missing"  # no relayed message known for it (yet): looked up again while it is the newest
 
 Fixes = tuple[tuple[str, Updates], ...]
+Op = tuple[int, dict[str, Any], tuple[str, ...], tuple[str, ...]]  # (ordinal, sets, pops, kinds)
 
 
 @dataclass
@@ -52,10 +55,15 @@ class Memory:
     blob: bytes  # its assistant messages as the client sent them, serialised together
     ends: list[int]  # end offset of each message in `blob`
     fixes: list[Any]  # per assistant message: Fixes, None (nothing to repair) or MISSING
+    positions: list[int]  # each assistant message's index in the request
+    multi: list[int]  # ordinals of the assistant messages with two calls or more
+    enabled: frozenset[str] = frozenset()
+    ops: list[Op] = field(default_factory=list)  # the repairs applied for `enabled`, by ordinal
+    by_kind: dict[str, list[int]] = field(default_factory=dict)  # their message indices, by kind
     groups: dict[int, tuple[int, ...]] = field(default_factory=dict)  # tool_result_order's forwarded orders
 
     def size(self) -> int:
-        return len(self.blob) + 16 * len(self.ends) + 64
+        return len(self.blob) + 24 * len(self.ends) + 64
 
 
 class HealPolicy:
@@ -78,61 +86,72 @@ class HealPolicy:
             return
         headers = ex.request_headers or {}
         opted_out = str(headers.get(OPT_OUT_HEADER, "")).strip().lower() in ("off", "0", "false", "no")
-        # A new conversation (no state at hand) or an opt-out goes as sent; what it forwarded is
-        # still remembered, as the order to keep next time.
-        repair = not (found.is_new or opted_out)
+        enabled = set(kinds)
+        if found.is_new or opted_out:
+            # No state at hand, or the client said no: the request goes as sent. What it forwarded is
+            # still remembered (the tool-result orders to keep next time).
+            enabled = set()
+        elif "reasoning" in enabled and not keeps_reasoning(lane.config.render.template, ex.thinking_applied,
+                                                            lane.config.render.drop_thinking, body):
+            enabled.discard("reasoning")  # the template drops it: nothing the model reads to repair
         try:
-            await self._heal(ex, lane, body, messages, found.state.id, kinds, repair)
+            await self._heal(ex, messages, found.state.id, frozenset(enabled), "tool_result_order" in kinds)
         except Exception:  # a repair that fails must never cost the request: it goes as sent
             log.exception("healing %s failed; forwarded as sent", ex.request_id)
             return
         if ex.healed:
             ex.response_headers[HEALED_HEADER] = header_value(ex.healed)
 
-    async def _heal(self, ex: Exchange, lane: LaneRuntime, body: dict[str, Any], messages: list[Any], cid: str,
-                    kinds: list[str], repair: bool) -> None:
-        assistants = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"]
-        mine = [messages[i] for i in assistants]
+    async def _heal(self, ex: Exchange, messages: list[Any], cid: str, enabled: frozenset[str],
+                    watch_order: bool) -> None:
+        try:
+            positions = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+        except AttributeError:  # a message that is not an object: validation lets the engine say so
+            return
+        mine = [messages[i] for i in positions]
         blob = orjson.dumps(mine)
         mem = self._memory.pop(cid, None)
         if mem is not None:
             self._bytes -= mem.size()
         k = _unchanged(mem, blob)
+        if k and mem is not None and mem.fixes[k - 1] == MISSING:  # may have been written since
+            k -= 1
         fixes: list[Any] = mem.fixes[:k] if mem is not None else []
         ends: list[int] = mem.ends[:k] if mem is not None else []
-        if k and fixes[-1] == MISSING:  # the newest of last time may have been written since
-            k -= 1
-            fixes.pop()
-            ends.pop()
-        await self._plan(ex.tenant, mine, k, fixes, ends)
-        enabled = set(kinds) if repair else set()
-        if "reasoning" in enabled and not keeps_reasoning(lane.config.render.template, ex.thinking_applied,
-                                                          lane.config.render.drop_thinking, body):
-            enabled.discard("reasoning")  # the template drops it: nothing the model reads to repair
-        for j, fx in enumerate(fixes):
-            if not fx or fx == MISSING:
-                continue
+        multi: list[int] = mem.multi[:bisect_left(mem.multi, k)] if mem is not None else []
+        await self._plan(ex.tenant, mine, k, fixes, ends, multi)
+        # Repairs worked out last time for the unchanged messages stand, when they sit where they did.
+        reuse = k if mem is not None and mem.enabled == enabled and mem.positions[:k] == positions[:k] else 0
+        by_kind: dict[str, list[int]] = {}
+        ops: list[Op] = []
+        if reuse and mem is not None:
+            ops = mem.ops[:_ops_before(mem.ops, reuse)]
+            cut = positions[reuse] if reuse < len(positions) else len(messages)
+            by_kind = {kind: v[:bisect_left(v, cut)] for kind, v in mem.by_kind.items()}
+        for j in range(reuse, len(fixes)):
+            op = _op(j, fixes[j], enabled)
+            if op is not None:
+                ops.append(op)
+                for kind in op[3]:
+                    by_kind.setdefault(kind, []).append(positions[j])
+        for j, sets, pops, _ in ops:  # the repairs themselves: a dict update per message
             msg = mine[j]
-            for kind, updates in fx:
-                if kind not in enabled:
-                    continue
-                for name, value in updates.items():
-                    if value is POP:
-                        msg.pop(name, None)
-                    else:
-                        msg[name] = value
-                ex.healed.append(Healed(kind, assistants[j]))
+            msg.update(sets)
+            for name in pops:
+                msg.pop(name, None)
+        memo_by_kind = {kind: v for kind, v in by_kind.items() if v}
         groups = mem.groups if mem is not None else {}
-        if "tool_result_order" in kinds:
-            for group in id_less_groups(messages, assistants):
-                if self.tool_order.heal(messages, group, groups, repair):
-                    ex.healed.append(Healed("tool_result_order", group[1]))
-            ex.healed.sort(key=lambda h: h.index)
+        if watch_order and multi:
+            repaired = [group[1] for group in id_less_groups(messages, [positions[j] for j in multi])
+                        if self.tool_order.heal(messages, group, groups, "tool_result_order" in enabled)]
+            if repaired:
+                by_kind = {**by_kind, "tool_result_order": repaired}
+        ex.healed = [Healed(kind, indices) for kind, indices in by_kind.items() if indices]  # never mutated
         if ends and ends[-1] + 1 == len(blob):
-            self._remember(cid, Memory(blob, ends, fixes, groups))
+            self._remember(cid, Memory(blob, ends, fixes, positions, multi, enabled, ops, memo_by_kind, groups))
 
     async def _plan(self, tenant: str, mine: list[dict[str, Any]], k: int, fixes: list[Any],
-                    ends: list[int]) -> None:
+                    ends: list[int], multi: list[int]) -> None:
         """Fixes for the assistant messages from `k` on (their bytes are new to this conversation)."""
         end = ends[-1] if ends else 0
         digests = []
@@ -140,6 +159,9 @@ class HealPolicy:
             end += len(orjson.dumps(mine[j])) + 1  # "[" or "," before each
             ends.append(end)
             digests.append(heal_digest(mine[j]))
+            calls = mine[j].get("tool_calls")
+            if isinstance(calls, list) and len(calls) >= 2:
+                multi.append(j)
         known = await self.book.lookup(tenant, list(set(digests))) if digests else {}
         for j, d in zip(range(k, len(mine)), digests):
             rel = known.get(d)
@@ -157,6 +179,35 @@ def plan(msg: dict[str, Any], relayed: Relayed) -> Fixes | None:
     """Every kind's repair of `msg` (whatever the lane enables: the answer depends on the bytes only)."""
     out = tuple((kind.name, u) for kind in MESSAGE_KINDS if (u := kind.plan(msg, relayed)) is not None)
     return out or None
+
+
+def _op(j: int, fx: Any, enabled: frozenset[str]) -> Op | None:
+    if not fx or fx == MISSING:
+        return None
+    sets: dict[str, Any] = {}
+    pops: list[str] = []
+    kinds: list[str] = []
+    for kind, updates in fx:
+        if kind not in enabled:
+            continue
+        kinds.append(kind)
+        for name, value in updates.items():
+            if value is POP:
+                pops.append(name)
+            else:
+                sets[name] = value
+    return (j, sets, tuple(pops), tuple(kinds)) if kinds else None
+
+
+def _ops_before(ops: list[Op], k: int) -> int:
+    lo, hi = 0, len(ops)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ops[mid][0] < k:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 def _unchanged(mem: Memory | None, blob: bytes) -> int:
@@ -182,15 +233,18 @@ def _unchanged(mem: Memory | None, blob: bytes) -> int:
 
 
 def header_value(healed: list[Healed], limit: int = 400) -> str:
-    """`arguments@5,reasoning@7`: fixed kind names and message indices only (header-safe by
+    """`arguments@5,reasoning@7`, by message: fixed kind names and message indices only (header-safe by
     construction); past `limit` characters the rest is counted, `+N`."""
+    total = sum(len(h.indices) for h in healed)
+    merged = heapq.merge(*[[(i, h.kind) for i in h.indices[:64]] for h in healed])
     parts: list[str] = []
     size = 0
-    for n, h in enumerate(healed):
-        item = f"{h.kind}@{h.index}"
+    for index, kind in islice(merged, 64):
+        item = f"{kind}@{index}"
         if size + len(item) + 1 > limit:
-            parts.append(f"+{len(healed) - n}")
             break
         parts.append(item)
         size += len(item) + 1
+    if len(parts) < total:
+        parts.append(f"+{total - len(parts)}")
     return ",".join(parts)

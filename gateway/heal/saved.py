@@ -13,8 +13,10 @@ from __future__ import annotations
 from typing import Sequence
 
 
-def tokens_saved(segments: Sequence[tuple[int, int]], predicted: int, healed: Sequence[tuple[str, int]]) -> list[int]:
-    """`segments`: (message index, tokens) of the render, in order; `healed`: (kind, message index)."""
+def tokens_saved(segments: Sequence[tuple[int, int]], predicted: int,
+                 healed: Sequence[tuple[str, int]]) -> dict[str, int]:
+    """Tokens saved by kind. `segments`: (message index, tokens) of the render, in order; `healed`:
+    (kind, message index) of every repair."""
     starts: dict[int, int] = {}
     pos = 0
     for index, n in segments:
@@ -39,4 +41,7 @@ def tokens_saved(segments: Sequence[tuple[int, int]], predicted: int, healed: Se
         begin = min(start(index), predicted)
         end = min(start(nxt) if nxt is not None else predicted, predicted)
         out[k] = max(0, end - begin)
-    return out
+    by_kind: dict[str, int] = {}
+    for (kind, _), n in zip(healed, out):
+        by_kind[kind] = by_kind.get(kind, 0) + n
+    return by_kind

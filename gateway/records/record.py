@@ -42,7 +42,7 @@ FIELDS: dict[str, str] = {
     "tokens_lost": "INTEGER",
     "seconds_lost": "REAL",
     "rendered_prompt_tokens": "INTEGER",
-    "healed": "TEXT",  # drift healing's repairs, `kind@index` joined by commas; NULL when none
+    "healed": "TEXT",  # drift healing's repairs, JSON {kind: messages repaired}; NULL when none
     "healed_tokens": "INTEGER",  # cached prompt tokens those repairs kept (after the analysis)
     "render": "TEXT",
     "completion_tokens": "INTEGER",
@@ -113,7 +113,7 @@ def build_record(ex: Exchange, capture_max_bytes: int = 0) -> dict[str, Any]:
         "tokens_lost": _int(cache.get("tokens_lost")) or 0,
         "seconds_lost": _float(cache.get("seconds_lost")) or 0.0,
         "rendered_prompt_tokens": _int(cache.get("rendered_prompt_tokens")),
-        "healed": ",".join(f"{h.kind}@{h.index}" for h in ex.healed) or None,
+        "healed": orjson.dumps({h.kind: len(h.indices) for h in ex.healed}).decode() if ex.healed else None,
         "healed_tokens": sum(h.tokens_saved or 0 for h in ex.healed) if ex.healed else None,
         "render": _str(cache.get("render")),
         "completion_tokens": completion_tokens,
