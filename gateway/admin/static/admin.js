@@ -225,7 +225,11 @@
       let limits = [];
       try { limits = r.limits_fired ? JSON.parse(r.limits_fired) : []; } catch (e) { /* keep [] */ }
       const limitText = limits.length ? ` <span class="badge warn" title="limits that fired">${limits.map(esc).join(", ")}</span>` : "";
-      const verdict = `<span class="badge ${esc(r.verdict)}">${esc(r.verdict)}</span>${r.cause ? ` <span class="muted">${esc(r.cause.replace(/_/g, " "))}</span>` : ""}`;
+      let healed = {};
+      try { healed = r.healed ? JSON.parse(r.healed) : {}; } catch (e) { /* keep {} */ }
+      const healedN = Object.values(healed).reduce((a, b) => a + b, 0);
+      const healText = healedN ? ` <span class="badge hit" title="drift healing: ${esc(Object.entries(healed).map(([k, n]) => `${k} ×${n}`).join(", "))}; ${fmtN(r.healed_tokens || 0)} cached tokens kept">healed ${healedN}</span>` : "";
+      const verdict = `<span class="badge ${esc(r.verdict)}">${esc(r.verdict)}</span>${r.cause ? ` <span class="muted">${esc(r.cause.replace(/_/g, " "))}</span>` : ""}${healText}`;
       return `<tr><td class="mono">${fmtTime(r.ts)}</td><td>${esc(r.model || "–")}</td><td>${esc(r.lane || "–")}</td>
         <td><span class="conv mono" title="${esc(r.conversation || "")} (${esc(r.conversation_source || "")})">${esc(r.conversation || "–")}</span></td>
         <td class="num">${r.turn ?? "–"}</td><td class="${statusCls}" title="${esc([r.error_code, r.upstream_error].filter(Boolean).join(": "))}">${r.cancelled ? "cancelled" : r.status}${limitText}</td>
