@@ -12,12 +12,17 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from .config import ConfigError, Lane, RoutesConfig, load_routes
 from .exchange import Exchange
 from .routing import RoutingPolicy, make_policy
 from .upstream import Upstream
+
+if TYPE_CHECKING:
+    from .limits.policy import Plan
+    from .render.estimate import Estimator
+    from .render.renderer import Renderer
 
 log = logging.getLogger("gateway.runtime")
 
@@ -29,8 +34,12 @@ class LaneRuntime:
     upstream: Upstream
     router: RoutingPolicy
     inflight: int = 0
-    # Filled by later stages (renderer, qualification); keyed by feature name.
-    extras: dict[str, Any] = field(default_factory=dict)
+    # Set by the lane hooks at each (re)load (compose.py wires them): exactly one of renderer
+    # (the lane has a template) and estimator (it has none); the limits' plan; the qualification state.
+    renderer: "Renderer | None" = None
+    estimator: "Estimator | None" = None
+    limits_plan: "Plan | None" = None
+    qualification: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,6 @@ class Status:
                     "engine": lane.config.engine,
                     "reachable": any(r["reachable"] for r in results),
                     "replicas": results,
-                    **{k: v for k, v in lane.extras.items() if k in ("qualification",)},
+                    **({"qualification": lane.qualification} if lane.qualification is not None else {}),
                 }
         return {"lanes": lanes}

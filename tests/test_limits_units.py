@@ -295,7 +295,7 @@ class FakeRenderer:
 async def test_exact_count_from_the_renderer_runs_off_the_loop():
     lane = make_lane(max_context_tokens=2000)
     r = FakeRenderer(1800)
-    lane.extras["renderer"] = r
+    lane.renderer = r
     err, ex = await refused(lane, words_body(500, max_tokens=300))
     assert r.threads and r.threads[0] != threading.main_thread().name
     assert "you requested 2100 tokens (1800 in the messages, 300 in the completion)" in err.message
@@ -308,7 +308,7 @@ async def test_exact_count_from_the_renderer_runs_off_the_loop():
 async def test_renderer_failure_or_estimate_falls_back_to_cl100k():
     for r in (FakeRenderer(0, fail=True), FakeRenderer(10**9, exact=False)):
         lane = make_lane(max_context_tokens=2000)
-        lane.extras["renderer"] = r
+        lane.renderer = r
         ex = await run(lane, words_body(500, max_tokens=300))
         assert ex.limits.prompt_tokens_counted["how"] == "cl100k"
 
@@ -322,7 +322,7 @@ async def test_event_loop_keeps_running_during_exact_count():
             time.sleep(0.3)
             return super().render(body)
 
-    lane.extras["renderer"] = Slow(100)
+    lane.renderer = Slow(100)
     ticks = 0
 
     async def ticker():
@@ -414,7 +414,7 @@ def test_plan_is_attached_per_lane_on_reload():
     policy = LimitsPolicy()
     lane = make_lane(max_images=2, placeholder_tokens=[PH])
     policy.attach(lane)
-    plan = lane.extras["limits"]
+    plan = lane.limits_plan
     assert [l.name for l in plan.limits] == ["placeholder_tokens", "max_images"] and plan.tokens == (PH,)
 
 
@@ -446,11 +446,11 @@ async def test_real_deepseek_renderer_gives_the_exact_count():
     body = words_body(500, max_tokens=300)
     # Load the tokenizer and template first, as the gateway does at start-up: a cold load on a busy
     # machine can pass the count's 2 s deadline, and the deadline is not what this test is about.
-    lane.extras["renderer"].render(words_body(1))
+    lane.renderer.render(words_body(1))
     ex = await run(lane, body)
     counted = ex.limits.prompt_tokens_counted
     assert counted["how"] == "renderer"
-    rendered = lane.extras["renderer"].render(body)
+    rendered = lane.renderer.render(body)
     assert counted["n"] == rendered.n_tokens
 
 
@@ -470,7 +470,7 @@ async def test_slow_exact_count_times_out_and_forwards(monkeypatch):
             done.set()
             return super().render(body)
 
-    lane.extras["renderer"] = Slow(10**6)
+    lane.renderer = Slow(10**6)
     body = words_body(500, max_tokens=300)
     ex = await run(lane, body)
     assert ex.limits.prompt_tokens_counted["how"] == "timeout" and ex.limits_fired == []

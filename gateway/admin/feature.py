@@ -117,7 +117,7 @@ class AdminAPI:
                 "qualification": {
                     "required": cfg.qualification == "required",
                     "override": cfg.override.reason if cfg.override else None,
-                    "state": lane.extras.get("qualification"),
+                    "state": lane.qualification,
                 },
                 "health": _lane_health([r["health"] for r in replicas]),
                 "replicas": replicas,

@@ -95,7 +95,7 @@ class Analyzer:
                 if self.process is not None:
                     outcome = await self.process.run(job)
                 else:
-                    renderer, estimator = lane.extras.get("renderer"), lane.extras.get("estimator")
+                    renderer, estimator = lane.renderer, lane.estimator
                     outcome = await asyncio.get_running_loop().run_in_executor(
                         self.executor, analyse_job, job, renderer, estimator)
             except Exception:
@@ -138,7 +138,7 @@ def make_job(ex: Exchange, lane: LaneRuntime, found: Found, in_process: bool = T
         body = ex.forwarded
     return Job(
         request_id=ex.request_id, lane=lane.name,
-        lane_render=lane.extras["renderer"].defaults if "renderer" in lane.extras else None,
+        lane_render=lane.renderer.defaults if lane.renderer is not None else None,
         options=_options(lane, ex), block_size=cfg.cache.block_size, engine=cfg.engine,
         prefill_tokens_per_s=cfg.cache.prefill_tokens_per_s, body=body,
         generated=ex.generated.as_message(), finish_reason=ex.generated.finish_reason, usage=ex.usage,

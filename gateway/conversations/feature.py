@@ -42,7 +42,7 @@ class Conversations:
     async def start(self) -> None:
         if self.process is not None:
             lanes = self.runtime.snapshot.lanes.values()
-            self.process.start([lane.extras["renderer"].defaults for lane in lanes if "renderer" in lane.extras])
+            self.process.start([lane.renderer.defaults for lane in lanes if lane.renderer is not None])
 
     async def stop(self) -> None:
         if self.process is not None:

@@ -1,7 +1,7 @@
-"""Refuse unqualified lanes: the gate, the state in lane.extras, and the qualify routes.
+"""Refuse unqualified lanes: the gate, the state in lane.qualification, and the qualify routes.
 
 - At every (re)load a lane hook evaluates each lane against the record index and stores the state
-  in ``lane.extras["qualification"]``; the gate on the hot path reads only that dict.
+  in ``lane.qualification``; the gate on the hot path reads only that dict.
 - A background task re-reads the records when they change (a new `gateway qualify` run), checks
   the revision the replicas report on GET /v1/models, and re-evaluates.
 - ``POST /qualify/v1/chat/completions`` addresses a lane by its name (``"model": "<lane>"``), for
@@ -113,8 +113,8 @@ class QualificationService:
         """Lane hook: runs for every lane at load and reload. Memory only: the watcher keeps the index fresh."""
         state = evaluate(lane.name, lane.config, self._index, self.observed.get(self._key(lane)),
                          self._index_error)
-        previous = lane.extras.get("qualification")
-        lane.extras["qualification"] = state
+        previous = lane.qualification
+        lane.qualification = state
         if previous is None or previous.get("state") != state["state"]:
             level = logging.WARNING if state["state"] in ("unqualified", "overridden") else logging.INFO
             log.log(level, "lane %s: %s: %s", lane.name, state["state"], state["reason"])
@@ -126,7 +126,7 @@ class QualificationService:
         snap = self.runtime.snapshot
         out = {}
         for name, lane in snap.lanes.items():
-            state = dict(lane.extras.get("qualification") or {})
+            state = dict(lane.qualification or {})
             state["identity_fields"] = lane_identity(lane.config, self.observed.get(self._key(lane))).fields
             state["engine"] = lane.config.engine
             out[name] = state
@@ -177,7 +177,7 @@ class QualificationService:
     # -- the gate (hot path) ------------------------------------------------------------------------
 
     async def gate(self, ex: Exchange, lane: LaneRuntime) -> None:
-        q = lane.extras.get("qualification")
+        q = lane.qualification
         if q is None:
             return
         state = q["state"]
@@ -264,7 +264,7 @@ class QualificationService:
             await asyncio.to_thread(self.reload_index)
             self.refresh()
             lane = self.runtime.snapshot.lanes.get(record["lane"])
-            return _json({"id": record_id, "state": lane.extras.get("qualification") if lane else None})
+            return _json({"id": record_id, "state": lane.qualification if lane else None})
         record_id = request.query_params.get("id")
         if record_id:
             rec = await asyncio.to_thread(self.store.load, record_id)

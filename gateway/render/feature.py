@@ -19,11 +19,11 @@ log = logging.getLogger("gateway.render")
 def attach(lane: "LaneRuntime") -> None:
     """Lane hook: the lane's renderer, or its estimator when it has no template."""
     if lane.config.render.template:
-        lane.extras["renderer"] = Renderer(options_for_lane(lane.config), cache=default_cache())
+        lane.renderer = Renderer(options_for_lane(lane.config), cache=default_cache())
     else:
         from .estimate import Estimator
 
-        lane.extras["estimator"] = Estimator()
+        lane.estimator = Estimator()
 
 
 class RenderPreload:
