@@ -86,4 +86,7 @@ def test_sorted_arguments_and_stripped_reasoning_hit_with_healing_and_drift_with
     for row in plain.rows[1:]:
         assert row["verdict"] == "drift" and row["cause"] == "client_stripped_reasoning", row
         assert row["predicted"] == row["reported"], row
-        assert row["tokens_lost"] > 0, row
+    # The first drift re-prefills from the first relayed message on; later ones lose only what the
+    # newest stripped message shifts, often less than a block.
+    assert plain.rows[1]["tokens_lost"] > 0, plain.rows[1]
+    assert healed.rows[1]["predicted"] > plain.rows[1]["predicted"]
