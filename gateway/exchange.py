@@ -22,7 +22,6 @@ class GeneratedOutput:
     content: list[str] = field(default_factory=list)
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     finish_reason: str | None = None
-    reasoning_field: str | None = None  # the field the reasoning came under (reasoning | reasoning_content)
 
     def add_tool_call_delta(self, delta: dict[str, Any]) -> None:
         index = delta.get("index", len(self.tool_calls))

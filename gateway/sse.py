@@ -82,8 +82,6 @@ class StreamObserver:
         reasoning = delta.get("reasoning_content") or delta.get("reasoning")
         if reasoning:
             gen.reasoning.append(reasoning)
-            if gen.reasoning_field is None:  # the name the engine uses (drift healing puts it back)
-                gen.reasoning_field = "reasoning_content" if delta.get("reasoning_content") else "reasoning"
             produced = True
         content = delta.get("content")
         if content:
@@ -123,7 +121,6 @@ def observe_completion(ex: Exchange, body: bytes) -> None:
     reasoning = msg.get("reasoning_content") or msg.get("reasoning")
     if reasoning:
         gen.reasoning.append(reasoning)
-        gen.reasoning_field = "reasoning_content" if msg.get("reasoning_content") else "reasoning"
     if msg.get("content"):
         gen.content.append(msg["content"])
     for i, call in enumerate(msg.get("tool_calls") or []):

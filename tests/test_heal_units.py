@@ -19,7 +19,7 @@ from gateway.heal.saved import tokens_saved
 from gateway.heal.tool_result_order import ToolResultOrder, id_less_groups
 
 ARGS = '{"path": "a.py", "start_line": 1, "end_line": 9}'
-RELAYED = Relayed("Reading it.", "I should read a.py first.", "reasoning", (("call_1", "read_file", ARGS),))
+RELAYED = Relayed("Reading it.", "I should read a.py first.", (("call_1", "read_file", ARGS),))
 
 
 def msg(**kw) -> dict:

@@ -34,24 +34,22 @@ class Relayed:
 
     content: str
     reasoning: str
-    reasoning_field: str  # the name the engine used for it
     calls: tuple[tuple[str | None, str, str], ...]  # (id, name, arguments string as relayed)
 
     def to_bytes(self) -> bytes:
-        return orjson.dumps({"c": self.content, "r": self.reasoning, "f": self.reasoning_field,
-                             "k": [list(c) for c in self.calls]})
+        return orjson.dumps({"c": self.content, "r": self.reasoning, "k": [list(c) for c in self.calls]})
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "Relayed":
         d = orjson.loads(raw)
-        return cls(d["c"], d["r"], d["f"], tuple((c[0], c[1], c[2]) for c in d["k"]))
+        return cls(d["c"], d["r"], tuple((c[0], c[1], c[2]) for c in d["k"]))
 
     @classmethod
-    def from_message(cls, msg: dict[str, Any], reasoning_field: str | None) -> "Relayed":
+    def from_message(cls, msg: dict[str, Any]) -> "Relayed":
         calls = tuple((c.get("id"), c["function"]["name"], c["function"]["arguments"])
                       for c in msg.get("tool_calls") or ())
         reasoning = msg.get("reasoning_content") or msg.get("reasoning") or ""
-        return cls(msg.get("content") or "", reasoning, reasoning_field or "reasoning_content", calls)
+        return cls(msg.get("content") or "", reasoning, calls)
 
     def size(self) -> int:
         return len(self.content) + len(self.reasoning) + sum(len(a) + len(n) + 24 for _, n, a in self.calls) + 64

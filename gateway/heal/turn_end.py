@@ -35,7 +35,7 @@ class HealTurnEnd:
         msg = ex.generated.as_message()
         if not (msg.get("content") or msg.get("reasoning_content") or msg.get("tool_calls")):
             return
-        self.book.remember(ex.tenant, heal_digest(msg), Relayed.from_message(msg, ex.generated.reasoning_field))
+        self.book.remember(ex.tenant, heal_digest(msg), Relayed.from_message(msg))
         content = msg.get("content")
         if "content" in lane.config.heal and isinstance(content, str) and content.strip() != content:
             n = len((ex.body or {}).get("messages") or ())
