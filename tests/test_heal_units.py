@@ -170,3 +170,36 @@ def test_config_kinds_are_checked():
         parse_routes(base.format("[argument]"))
     with pytest.raises(ConfigError, match="listed twice"):
         parse_routes(base.format("[content, content]"))
+
+
+async def test_turn_end_keeps_the_relayed_message_and_anchors_its_trimmed_content():
+    import asyncio
+    from types import SimpleNamespace
+
+    from gateway.config import Lane
+    from gateway.conversations.identity import anchor_keys, message_digest
+    from gateway.conversations.state import ConversationState
+    from gateway.exchange import Exchange
+    from gateway.heal.book import RelayedBook
+    from gateway.heal.turn_end import HealTurnEnd
+    from gateway.store.memory import MemoryStore
+
+    store = MemoryStore()
+    book = RelayedBook(store, 60)
+    end = HealTurnEnd(book, store, 60)
+    lane = SimpleNamespace(name="ds", config=Lane(replicas=["http://127.0.0.1:1"], upstream_model="m",
+                                                   heal=["content"]))
+    ex = Exchange("r1", status=200, tenant="acme", body={"messages": [{"role": "user", "content": "hi"}]})
+    ex.conversation = SimpleNamespace(state=ConversationState("c1", "lineage", turn=2), is_new=False)
+    ex.generated.content.append("Done.  \n")
+    ex.generated.reasoning.append("Think.")
+    end.exchange_ended(ex, lane)
+    for _ in range(50):
+        await asyncio.sleep(0)
+    relayed = {"role": "assistant", "content": "Done.  \n"}
+    found = await book.lookup("acme", [heal_digest(relayed)])
+    assert found[heal_digest(relayed)] == Relayed("Done.  \n", "Think.", ())
+    assert await book.lookup("other-tenant", [heal_digest(relayed)]) == {}  # never across tenants
+    assert await store.get(f"rel:acme:{heal_digest(relayed):016x}") is not None
+    trimmed = anchor_keys(message_digest({"role": "assistant", "content": "Done."}), 1, "acme")
+    assert await store.mget(trimmed) == [b"c1|3", b"c1|3"]
