@@ -17,6 +17,7 @@ every turn): see the README. A lane without `heal` costs one attribute read.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import logging
 from bisect import bisect_left, bisect_right
@@ -134,11 +135,16 @@ class HealPolicy:
                 ops.append(op)
                 for kind in op[3]:
                     by_kind.setdefault(kind, []).append(positions[j])
+        # The client's replaced calls are freed once the request is on its way, not before: freeing
+        # 784 call lists here cost 0.1-0.15 ms of the step (bench/heal.py).
+        released = [mine[j].get("tool_calls") for j, sets, _, _ in ops if "tool_calls" in sets]
         for j, sets, pops, _ in ops:  # the repairs themselves: a dict update per message
             msg = mine[j]
             msg.update(sets)
             for name in pops:
                 msg.pop(name, None)
+        if released:
+            asyncio.get_running_loop().call_soon(released.clear)
         memo_by_kind = {kind: v for kind, v in by_kind.items() if v}
         groups = mem.groups if mem is not None else {}
         if watch_order and multi:
@@ -216,7 +222,7 @@ def _unchanged(mem: Memory | None, blob: bytes) -> int:
         return 0
     old = mem.blob
     n = min(len(old), len(blob))
-    if old[: n - 1] == blob[: n - 1]:  # the usual case: the client appended (slices compare in C)
+    if blob.startswith(memoryview(old)[: n - 1]):  # the usual case: the client appended (memcmp, no copy)
         lcp = n - 1
     else:
         lo, hi = 0, n - 1
