@@ -143,13 +143,17 @@ class Gateway:
             # Admins
             Endpoint("/metrics", self.metrics_export.route),
             Endpoint("/admin/drift", conv.drift),
-            Endpoint("/admin/conversations/{cid}", conv.conversation),
+            Endpoint("/admin/conversations/{cid:path}", conv.conversation),
             Endpoint("/admin/routing", self.routing.route),
             Endpoint("/admin/api/health", self.health.route),
             Endpoint("/admin/api/overview", admin.overview),
             Endpoint("/admin/api/records", admin.records),
             Endpoint("/admin/api/stats", admin.stats),
             Endpoint("/admin/api/charts", admin.charts),
+            Endpoint("/admin/api/alerts", admin.alerts),
+            Endpoint("/admin/api/triage", admin.triage, ("GET", "POST")),
+            Endpoint("/admin/api/triage/{rule_id}", admin.triage_delete, ("DELETE",)),
+            Endpoint("/admin/api/conversations/{key:path}", admin.conversation),
             Endpoint("/admin/api/kv", self.kv_admin.route),
         ]
 
@@ -188,7 +192,7 @@ def build(settings: Settings) -> Gateway:
     security.startup_report()  # raises SecurityConfigError in production without keys
     conversations = _part("conversations", lambda: Conversations(store, runtime, settings, kv_events))
     metrics, registry = _part("metrics", build_metrics)
-    records, records_service = _part("records", lambda: build_records(settings, redis_client))
+    records, records_service = _part("records", lambda: build_records(settings, redis_client, config.gateway.records))
     book = RelayedBook(store, TTL_S)
     heal = HealPolicy(book)
     aftermath = Aftermath(analyzers=[conversations.analyzer], sinks=[metrics.observe, records.sink])
@@ -204,7 +208,7 @@ def build(settings: Settings) -> Gateway:
                         policies=[limits, conversations.policy, heal, routing.step])
     status = Status(runtime, settings, security)
     health = HealthService(HealthProber(runtime))
-    admin = AdminAPI(runtime, status, aftermath, records, conversations.analyzer)
+    admin = AdminAPI(runtime, status, aftermath, records, conversations.analyzer, store)
     export = MetricsExport(metrics, registry, LiveCollector(runtime, aftermath, conversations.analyzer, records))
     kv_admin = KVEventsAdmin(kv_events)
     registry.register(kv_admin)

@@ -237,11 +237,45 @@ class ClientKeys(_Strict):
     hashed_file: str | None = Field(None, description="file of sha256 hex digests, one per line")
 
 
+class RecordsConfig(_Strict):
+    """Where request records go. Default: a SQLite file per host (`<data-dir>/records.sqlite3`).
+
+    `postgres` (or an env var holding the URL, `postgres_env`, to keep a password out of this file;
+    libpq's PGPASSWORD and ~/.pgpass work too): every gateway of a fleet writes to and reads from
+    one database, so the admin page, `gateway stats` and `gateway drift` show the whole fleet.
+    """
+
+    postgres: str | None = Field(None, description="postgresql://user@host:5432/dbname")
+    postgres_env: str | None = Field(None, description="env var holding the postgresql:// URL")
+    max_age_days: float = Field(30.0, gt=0, description="PostgreSQL retention: delete older records")
+    max_rows: int = Field(10_000_000, gt=0, description="PostgreSQL retention: keep at most this many")
+    max_queue: int = Field(100_000, gt=0, description="records held in memory while the database is away")
+
+    @field_validator("postgres")
+    @classmethod
+    def _postgres_url(cls, v: str | None) -> str | None:
+        if v is not None and urlsplit(v).scheme not in ("postgresql", "postgres"):
+            raise ValueError("not a postgresql:// URL")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "RecordsConfig":
+        if self.postgres and self.postgres_env:
+            raise ValueError("give postgres or postgres_env, not both")
+        return self
+
+    def postgres_url(self) -> str | None:
+        if self.postgres_env:
+            return os.environ.get(self.postgres_env) or None
+        return self.postgres
+
+
 class GatewaySection(_Strict):
     max_request_bytes: int = Field(32 * 1024 * 1024, gt=0)
     conversation_header: str = "X-Conversation-Id"
     client_keys: ClientKeys | None = None
     admin_key_env: str | None = None
+    records: RecordsConfig = Field(default_factory=RecordsConfig)
 
 
 class RoutesConfig(_Strict):
