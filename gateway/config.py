@@ -175,6 +175,7 @@ class EmulatedUpstream(_Strict):
 
 
 FailoverTrigger = Literal["connect", "timeout"] | int
+HealKind = Literal["arguments", "reasoning", "content", "tool_result_order", "reasoning_field"]
 
 
 class Lane(_Strict):
@@ -211,6 +212,17 @@ class Lane(_Strict):
         if len(set(triggers)) != len(triggers):
             raise ValueError("failover_on: the same trigger is listed twice")
         return triggers
+
+    # -- drift healing (issue 18; gateway/heal/) --------------------------------------------------
+    heal: list[HealKind] = Field(default_factory=list, description="client edits the gateway repairs "
+                                 "before forwarding (same meaning, the bytes it relayed); off by default")
+
+    @field_validator("heal")
+    @classmethod
+    def _heal_kinds(cls, kinds: list[str]) -> list[str]:
+        if len(set(kinds)) != len(kinds):
+            raise ValueError("the same heal kind is listed twice")
+        return kinds
 
     @field_validator("replicas")
     @classmethod
