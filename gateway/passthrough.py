@@ -143,6 +143,10 @@ class ResponsesObserver:
         self.done = False
         self.error: dict[str, Any] | None = None
 
+    def relay(self, event: bytes) -> bytes | None:
+        """The proxy's observer interface: the bytes the client gets for this event."""
+        return event if self.observe(event) else None
+
     def observe(self, event: bytes) -> bool:
         i = event.find(b"data:")
         if i < 0:
