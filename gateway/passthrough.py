@@ -189,10 +189,10 @@ class ResponsesObserver:
         return True
 
 
-def observe_response_body(ex: Exchange, body: bytes) -> None:
-    """A whole (non-streamed) Response object, or an embeddings / tokenize answer."""
+def observe_response_body(ex: Exchange, body: bytes | dict[str, Any]) -> None:
+    """A whole (non-streamed) Response object, or an embeddings / tokenize answer (bytes or parsed)."""
     try:
-        data = orjson.loads(body)
+        data = orjson.loads(body) if isinstance(body, (bytes, str)) else body
     except orjson.JSONDecodeError:
         return
     if not isinstance(data, dict):
