@@ -133,19 +133,20 @@ def test_tenants_never_share_a_conversation_pin_or_turn(keyed) -> None:
     _, cid_a3, _, via_a3, _ = _turn(gw, KEY_A, a_msgs)
     assert cid_a3 == cid_a and via_a3.startswith("lineage")
     # Records and alerts carry the tenant (an id, never the key) for the admin.
-    recs = _poll_records(gw, admin, 6)
-    by_conv = {r["conversation"]: r["tenant"] for r in recs if r["conversation"]}
+    by_conv = _poll_tenants(gw, admin, {cid_a, cid_b, cid_b2})
     assert by_conv[cid_a] == "team-a" and by_conv[cid_b] == "team-b" and by_conv[cid_b2] == "team-b"
     text = httpx.get(gw.url + "/admin/api/records?limit=50", headers=admin).text
     assert KEY_A not in text and KEY_B not in text
 
 
-def _poll_records(gw, headers: dict, n: int, timeout: float = 10.0) -> list[dict]:
+def _poll_tenants(gw, headers: dict, cids: set[str], timeout: float = 30.0) -> dict[str, str]:
+    """conversation -> tenant from the records, once every conversation in `cids` has one."""
     deadline = time.monotonic() + timeout
-    recs: list[dict] = []
+    by_conv: dict[str, str] = {}
     while time.monotonic() < deadline:
-        recs = httpx.get(gw.url + "/admin/api/records?limit=50", headers=headers).json()["records"]
-        if len(recs) >= n:
-            return recs
+        recs = httpx.get(gw.url + "/admin/api/records?limit=200", headers=headers).json()["records"]
+        by_conv = {r["conversation"]: r["tenant"] for r in recs if r["conversation"]}
+        if cids <= set(by_conv):
+            return by_conv
         time.sleep(0.05)
-    raise AssertionError(f"only {len(recs)} records after {timeout}s")
+    raise AssertionError(f"records of {cids - set(by_conv)} not written after {timeout}s")
