@@ -312,8 +312,11 @@ def _read_record_file(ref: str) -> dict[str, Any] | None:
 
 
 def lane_states(config: Any, routes_path: str | Path | None, records_dir: str | None = None,
-                redis_url: str | None = None) -> dict[str, dict[str, Any]]:
-    """Offline: each lane's state from routes.yaml and the records (the revision is not probed)."""
+                redis_url: str | None = None, observed: dict[str, str | None] | None = None) -> dict[str, dict[str, Any]]:
+    """Offline: each lane's state from routes.yaml and the records; `observed` = revisions the replicas
+    reported (`gateway check --probe`), else the revision is not probed. A refused lane also gets
+    `changed_fields`: what differs from its last passing record."""
+    from .identity import lane_identity
     from .records import RecordIndex, open_store
     from .state import evaluate
 
@@ -322,7 +325,13 @@ def lane_states(config: Any, routes_path: str | Path | None, records_dir: str | 
         index = RecordIndex(open_store(routes_path, records_dir, redis_url).summaries())
     except Exception as exc:  # noqa: BLE001
         index, error = RecordIndex(()), f"{type(exc).__name__}: {exc}"
-    return {name: evaluate(name, lane, index, None, error) for name, lane in config.lanes.items()}
+    observed = observed or {}
+    states = {name: evaluate(name, lane, index, observed.get(name), error) for name, lane in config.lanes.items()}
+    for name, s in states.items():
+        last = index.latest_passing_for_lane(name) if s["state"] == "unqualified" else None
+        if last is not None:
+            s["changed_fields"] = lane_identity(config.lanes[name], observed.get(name)).changed_fields(last.identity)
+    return states
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -343,15 +352,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 1 if any(s["state"] == "unqualified" for s in states.values()) else 0
 
 
-def check_extra(config: Any, routes_path: str | Path | None = None) -> None:
-    """`gateway check`: one line per lane with its qualification state."""
+def check_extra(config: Any, routes_path: str | Path | None = None, *, observed: dict[str, str | None] | None = None,
+                records_dir: str | None = None, redis_url: str | None = None) -> dict[str, dict[str, Any]]:
+    """`gateway check`: one line per lane with its qualification state; returns the lanes that would be refused."""
     routes_path = routes_path or os.environ.get("GATEWAY_ROUTES") or "routes.yaml"
-    states = lane_states(config, routes_path, None, os.environ.get("GATEWAY_REDIS_URL"))
+    states = lane_states(config, routes_path, records_dir, redis_url or os.environ.get("GATEWAY_REDIS_URL"), observed)
     print("qualification:")
     for name, s in states.items():
         mark = {"qualified": "ok", "not_required": "ok", "overridden": "OVERRIDDEN", "unqualified": "REFUSED"}[s["state"]]
         extra = f" (override in routes.yaml, not needed: {s['override']})" if s["override"] and s["state"] == "qualified" else ""
         print(f"  {name}: {s['state']} [{mark}] {s['reason']}{extra}")
+    return {name: s for name, s in states.items() if s["state"] == "unqualified"}
 
 
 SUBCOMMANDS.append(register)
