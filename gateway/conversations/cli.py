@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from typing import Any
 
 from ..admin_client import get_json
-from ..cli import SUBCOMMANDS
+from ..cli import EXIT_UNREACHABLE, SUBCOMMANDS, CliError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,9 +35,8 @@ def cmd_drift(args: argparse.Namespace) -> int:
         query["since"] = f"{time.time() - args.since:.0f}"
     try:
         alerts = get_json(args.url, "/admin/drift", query, args.key)["alerts"]
-    except (OSError, ValueError, KeyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # unreachable, an HTTP error, not drift JSON
+        raise CliError(f"{args.url}: {exc}", EXIT_UNREACHABLE) from None
     print(json.dumps(alerts, indent=2, ensure_ascii=False) if args.json else format_alerts(alerts))
     return 0
 

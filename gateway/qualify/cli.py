@@ -69,19 +69,23 @@ def cmd_qualify(args: argparse.Namespace) -> int:
     if args.demo:
         return cmd_demo_lanes(args)
     if not args.lane:
-        print("error: name the lane to qualify (or use --status)", file=sys.stderr)
+        print("gateway qualify: error: name the lane to qualify (or use --status)", file=sys.stderr)
         return 2
     try:
         return asyncio.run(_qualify(args))
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        print(f"gateway qualify: error: {exc}", file=sys.stderr)
+        return exc.code
     except KeyboardInterrupt:
         return 130
 
 
 class UsageError(Exception):
-    pass
+    """Printed as one line; exit 2 (usage or input) unless `code` says 3 (unreachable)."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def _perf_options(args: argparse.Namespace):
@@ -186,7 +190,7 @@ async def _qualify(args: argparse.Namespace) -> int:
             try:
                 state = await cand.get_json("/qualify/state")
             except Exception as exc:  # noqa: BLE001
-                raise UsageError(f"cannot reach the gateway at {args.gateway}: {exc}") from None
+                raise UsageError(f"cannot reach the gateway at {args.gateway}: {exc}", 3) from None
             lanes = state.get("lanes") or {}
             if args.lane not in lanes:
                 raise UsageError(f"the gateway has no lane {args.lane!r} (it has: {', '.join(lanes)})")
@@ -206,6 +210,7 @@ async def _qualify(args: argparse.Namespace) -> int:
             lane = config.lanes.get(args.lane)
             if lane is None:
                 raise UsageError(f"no lane {args.lane!r} in {args.routes} (lanes: {', '.join(config.lanes)})")
+            _require_a_replica(args.lane, lane)
             cand = InProcessLane(args.lane, lane)
             opened.append(cand)
             identity = lane_identity(lane)
@@ -264,6 +269,21 @@ async def _qualify(args: argparse.Namespace) -> int:
     return 0 if record["passed"] else 1
 
 
+def _require_a_replica(name: str, lane: Any) -> None:
+    """A lane none of whose replicas accepts a connection would fail every gate after minutes: say so at
+    once (exit 3). Any HTTP answer counts as reachable (the gates judge it)."""
+    import httpx
+
+    down = []
+    for url in lane.replicas:
+        try:
+            httpx.get(url + "/v1/models", timeout=max(lane.timeouts.connect, 2.0))
+            return
+        except httpx.TransportError as exc:
+            down.append(f"{url}: {str(exc) or type(exc).__name__}")
+    raise UsageError(f"lane {name}: no replica answers ({'; '.join(down)})", 3)
+
+
 def cmd_demo_lanes(args: argparse.Namespace) -> int:
     """Qualify the emulated demo lanes: the records `gateway demo` needs to serve without overrides."""
     from ..cli import start_emulators
@@ -271,16 +291,16 @@ def cmd_demo_lanes(args: argparse.Namespace) -> int:
     try:
         config = _load_config(args, required=True)
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"gateway qualify: error: {exc}", file=sys.stderr)
         return 2
     names = [n for n, lane in config.lanes.items() if lane.emulator is not None]
     if args.lane:
         if args.lane not in names:
-            print(f"error: {args.lane!r} is not an emulated lane of {args.routes}", file=sys.stderr)
+            print(f"gateway qualify: error: {args.lane!r} is not an emulated lane of {args.routes}", file=sys.stderr)
             return 2
         names = [args.lane]
     if args.gateway:
-        print("error: --demo runs in-process; drop --gateway", file=sys.stderr)
+        print("gateway qualify: error: --demo runs in-process; drop --gateway", file=sys.stderr)
         return 2
     import signal
 
@@ -293,7 +313,7 @@ def cmd_demo_lanes(args: argparse.Namespace) -> int:
             try:
                 worst = max(worst, asyncio.run(_qualify(sub)))
             except UsageError as exc:
-                print(f"error: {exc}", file=sys.stderr)
+                print(f"gateway qualify: error: {exc}", file=sys.stderr)
                 worst = 2
     finally:
         for child in children:
@@ -340,7 +360,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         config = _load_config(args, required=True)
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"gateway qualify: error: {exc}", file=sys.stderr)
         return 2
     states = lane_states(config, args.routes, args.records, args.redis)
     if args.lane:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from ..admin_client import get_json
-from ..cli import SUBCOMMANDS
+from ..cli import EXIT_UNREACHABLE, SUBCOMMANDS, CliError
 from .stats import compute_stats, format_table, parse_window
 from .store_sqlite import FILENAME, RecordReader
 
@@ -33,14 +32,19 @@ def cmd_stats(args: argparse.Namespace) -> int:
     try:
         window = parse_window(args.window)
     except ValueError:
-        print(f"error: --window {args.window!r} is not like 90s, 15m, 1h or 7d", file=sys.stderr)
-        return 2
-    try:
-        stats = _from_url(args.url, window, args.lane, args.key) if args.url else \
-            _from_file(Path(args.data_dir), window, args.lane)
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        raise CliError(f"--window {args.window!r} is not like 90s, 15m, 1h or 7d") from None
+    if args.url:
+        try:
+            stats = _from_url(args.url, window, args.lane, args.key)
+        except (OSError, ValueError) as exc:  # unreachable, an HTTP error, or not JSON
+            raise CliError(f"{args.url}: {exc}", EXIT_UNREACHABLE) from None
+    else:
+        try:
+            stats = _from_file(Path(args.data_dir), window, args.lane)
+        except (OSError, ValueError) as exc:  # sqlite3.Error is neither: a corrupt file is a user's input too
+            raise CliError(str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - sqlite3.DatabaseError: not a records file
+            raise CliError(f"{Path(args.data_dir) / FILENAME}: not a records file ({exc})") from None
     if args.json:
         print(json.dumps(stats, indent=2))
     elif not stats["lanes"]:
