@@ -73,12 +73,13 @@ def run(config: EmulatorConfig, host: str = "127.0.0.1", port: int = 8100) -> No
     except ImportError:  # pragma: no cover
         loop = asyncio.new_event_loop()
     app = create_app(config)
-    print(f"emulator ({config.flavour}, model {config.model}) listening on http://{host}:{port}", file=sys.stderr, flush=True)
+    ready = f"emulator ({config.flavour}, model {config.model}) listening on http://{host}:{port}"
     # handler_cancellation: a client that goes away cancels its handler at once, which is how the
     # emulator sees (and records) disconnects while it is waiting, not only when a write fails.
     # shutdown_timeout: an emulator owes nobody a graceful drain; a stalled stream must not hold SIGTERM.
     web.run_app(
-        app, host=host, port=port, access_log=None, handler_cancellation=True, print=None, loop=loop,
+        app, host=host, port=port, access_log=None, handler_cancellation=True, loop=loop,
+        print=lambda _msg: print(ready, file=sys.stderr, flush=True),  # once bound: never before a bind error
         shutdown_timeout=0.5,
     )
 
