@@ -31,6 +31,7 @@ def run_check(routes_file: str, *, probe: bool = False, records_dir: str | None 
         return f"{routes_file}:{line}: {'.'.join(path)}" if line else f"{routes_file}: {'.'.join(path)}"
 
     _load_render_files(config, where)
+    _check_key_files(config, routes_file, text)
     print(f"ok: {len(config.lanes)} lanes, {len(config.models)} models")
     for alias, lane in config.models.items():
         print(f"  {alias} -> {lane} ({config.lanes[lane].engine}, {len(config.lanes[lane].replicas)} replicas)")
@@ -69,6 +70,17 @@ def run_check(routes_file: str, *, probe: bool = False, records_dir: str | None 
         print(line, file=sys.stderr)
     print("check: " + ("ok" if not problems else f"{len(problems)} problem(s), see stderr"))
     return status
+
+
+def _check_key_files(config: Any, routes_file: str, text: str) -> None:
+    """A key file that cannot be read (or holds something else than digests) stops the gateway at start."""
+    from .security import SecurityConfigError, check_keys
+
+    try:
+        check_keys(config, routes_file, production=False)
+    except SecurityConfigError as exc:
+        line = key_line(text, ["gateway", "client_keys", "hashed_file"])
+        raise CliError(f"{routes_file}:{line}: gateway.client_keys.hashed_file: {exc}" if line else str(exc)) from None
 
 
 def _load_render_files(config: Any, where) -> None:

@@ -91,7 +91,7 @@ def _export_env(args: argparse.Namespace) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    load_config(args.routes)
+    _check_keys(load_config(args.routes), args.routes)
     if args.workers < 1:
         raise CliError("--workers must be at least 1")
     if args.workers > 1 and not args.redis:
@@ -112,6 +112,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=30,
     )
     return 0
+
+
+def _check_keys(config, routes: str) -> None:
+    from .security import SecurityConfigError, check_keys
+
+    try:
+        check_keys(config, routes, os.environ.get("GATEWAY_PRODUCTION", "0") == "1")
+    except SecurityConfigError as exc:
+        raise CliError(str(exc)) from None
 
 
 def _check_port_free(host: str, port: int) -> None:
