@@ -75,7 +75,8 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=1, help="gateway processes (share state through --redis)")
     p.add_argument("--redis", default=os.environ.get("GATEWAY_REDIS_URL"), help="redis://... for shared state")
     p.add_argument("--data-dir", default=os.environ.get("GATEWAY_DATA_DIR", "var"))
-    p.add_argument("--log-level", default=os.environ.get("GATEWAY_LOG_LEVEL", "info"))
+    p.add_argument("--log-level", default=os.environ.get("GATEWAY_LOG_LEVEL", "info"),
+                   choices=["critical", "error", "warning", "info", "debug", "trace"])
 
 
 def _export_env(args: argparse.Namespace) -> None:
@@ -95,7 +96,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise CliError("--workers must be at least 1")
     if args.workers > 1 and not args.redis:
-        raise CliError("--workers above 1 needs --redis (or GATEWAY_REDIS_URL): each process would keep its own state")
+        print(f"gateway serve: warning: --workers {args.workers} without --redis: each process keeps its own "
+              "conversation state (pins, drift, homes)", file=sys.stderr)
     _check_port_free(args.host, args.port)
     _check_data_dir(args.data_dir)
     _export_env(args)
