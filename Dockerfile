@@ -1,15 +1,17 @@
 # lane-gateway image: the wheel only (no source tree), run as an unprivileged user.
 #   docker build -t lane-gateway .
 #   docker run -p 127.0.0.1:8080:8080 -v $PWD/routes.yaml:/app/routes.yaml:ro lane-gateway
+#   docker run -p 127.0.0.1:8080:8080 lane-gateway gateway demo --host 0.0.0.0    # the shipped demo
 # Stage 1 builds the wheel and the wheels of its dependencies; stage 2 installs only those.
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py MANIFEST.in README.md routes.yaml ./
+COPY qualifications ./qualifications
 COPY gateway ./gateway
 RUN --mount=type=cache,target=/root/.cache/pip \
     pip wheel --wheel-dir /wheels . \
  && python -c "import zipfile,glob; n=zipfile.ZipFile(glob.glob('/wheels/lane_gateway-*.whl')[0]).namelist(); \
-assert 'gateway/chat_templates/deepseek_v4.1.jinja' in n, 'templates are not in the wheel'"
+assert 'gateway/chat_templates/deepseek_v4.1.jinja' in n and 'gateway/demo/routes.yaml' in n, 'data files missing'"
 
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \

@@ -146,8 +146,21 @@ def _check_data_dir(data_dir: str) -> None:
         raise CliError(f"the data directory {path} is not writable by this user")
 
 
+def demo_routes() -> str:
+    """routes.yaml of the working folder, else the demo shipped in the package (gateway/demo/)."""
+    if Path("routes.yaml").is_file():
+        return "routes.yaml"
+    from importlib import resources
+
+    packaged = resources.files("gateway").joinpath("demo", "routes.yaml")
+    if packaged.is_file():
+        return str(packaged)
+    raise CliError("no routes.yaml here and no demo in this installation; pass --routes")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Serve with the built-in emulator standing in for every lane that declares `emulator:`."""
+    args.routes = args.routes or os.environ.get("GATEWAY_ROUTES") or demo_routes()
     config = load_config(args.routes)
     _check_port_free(args.host, args.port)
     children = start_emulators(config)
@@ -262,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="run the gateway with emulated demo lanes (quick start)")
     _serve_args(p)
+    p.set_defaults(routes=None)  # ./routes.yaml, else the demo shipped in the package
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("check", help="validate a routes.yaml without serving; exit 1 if a lane would be refused")

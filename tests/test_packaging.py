@@ -116,6 +116,20 @@ def test_serve_from_an_empty_folder_chats_through_template_lanes(venv: Path, use
         assert admin.status_code == 200 and "<html" in admin.text.lower()
 
 
+def test_demo_runs_from_an_empty_folder_on_the_shipped_demo_lanes(venv: Path, user_dir: Path) -> None:
+    """`gateway demo` after `pip install`: the demo routes and their qualification records ship in the wheel."""
+    port = free_port()
+    env = clean_env(venv.parent)
+    with run_service("demo", [str(venv / "gateway"), "demo", "--port", str(port)], env=env, cwd=user_dir,
+                     log_dir=user_dir.parent) as demo:
+        wait_http(f"http://127.0.0.1:{port}/healthz", 90, demo.proc)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=30,
+                       json={"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": "Hi"}],
+                             "max_tokens": 8})
+        assert r.status_code == 200, (r.text, demo.log()[-2000:])
+        assert "x-gateway-lane-override" not in r.headers  # qualified by the shipped records, not overridden
+
+
 @pytest.mark.skipif(not GOLDEN, reason="no golden cases under shared/golden")
 @pytest.mark.parametrize("name", ["06_effort_max", "10_agent_loop_tools", "16_non_ascii"])
 def test_render_reproduces_golden_cases_exactly(venv: Path, user_dir: Path, name: str) -> None:
