@@ -152,16 +152,20 @@ def demo_routes() -> str:
         return "routes.yaml"
     from importlib import resources
 
-    packaged = resources.files("gateway").joinpath("demo", "routes.yaml")
-    if packaged.is_file():
-        return str(packaged)
+    package = Path(str(resources.files("gateway")))
+    for candidate in (package / "demo" / "routes.yaml",  # an installed wheel
+                      package.parent / "routes.yaml" if (package.parent / "pyproject.toml").is_file() else None):
+        if candidate is not None and candidate.is_file():
+            return str(candidate)  # (an editable checkout: the repository's own)
     raise CliError("no routes.yaml here and no demo in this installation; pass --routes")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Serve with the built-in emulator standing in for every lane that declares `emulator:`."""
-    args.routes = args.routes or os.environ.get("GATEWAY_ROUTES") or demo_routes()
+    env_routes = os.environ.get("GATEWAY_ROUTES")  # the image sets one; without that file, the shipped demo
+    args.routes = args.routes or (env_routes if env_routes and Path(env_routes).is_file() else demo_routes())
     config = load_config(args.routes)
+    print(f"  routes: {args.routes}", flush=True)
     _check_port_free(args.host, args.port)
     children = start_emulators(config)
     print("\n  DEMO MODE: in-memory state, emulated upstreams, no API keys required.\n"
