@@ -24,6 +24,8 @@ def run_check(routes_file: str, *, probe: bool = False, records_dir: str | None 
               redis_url: str | None = None, timeout: float = 5.0) -> int:
     config = load_config(routes_file)
     text = Path(routes_file).read_text(encoding="utf-8")
+    if redis_url:
+        _check_redis(redis_url)
 
     def where(lane: str, key: str = "") -> str:
         path = ["lanes", lane, *[p for p in key.split(".") if p]]
@@ -70,6 +72,22 @@ def run_check(routes_file: str, *, probe: bool = False, records_dir: str | None 
         print(line, file=sys.stderr)
     print("check: " + ("ok" if not problems else f"{len(problems)} problem(s), see stderr"))
     return status
+
+
+def _check_redis(url: str) -> None:
+    """Qualification records in Redis: a malformed URL is exit 2, an unreachable Redis exit 3."""
+    from urllib.parse import urlsplit
+
+    import redis
+
+    if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+        raise CliError(f"--redis {url!r} is not a redis://, rediss:// or unix:// URL")
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+        client.ping()
+        client.close()
+    except (redis.RedisError, ValueError, OSError) as exc:
+        raise CliError(f"Redis at {url} does not answer: {exc}", EXIT_UNREACHABLE) from None
 
 
 def _check_key_files(config: Any, routes_file: str, text: str) -> None:

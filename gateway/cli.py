@@ -100,6 +100,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
               "conversation state (pins, drift, homes)", file=sys.stderr)
     _check_port_free(args.host, args.port)
     _check_data_dir(args.data_dir)
+    if args.redis:
+        _check_redis(args.redis)
     _export_env(args)
     uvicorn.run(
         "gateway.app:create_app",
@@ -123,6 +125,24 @@ def _check_keys(config, routes: str) -> None:
         check_keys(config, routes, os.environ.get("GATEWAY_PRODUCTION", "0") == "1")
     except SecurityConfigError as exc:
         raise CliError(str(exc)) from None
+
+
+def _check_redis(url: str) -> None:
+    """A malformed URL refuses the start; an unreachable Redis is a warning (the gateway runs on its own
+    memory and retries, as during any Redis outage), said once here rather than only in the log."""
+    from urllib.parse import urlsplit
+
+    if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+        raise CliError(f"--redis {url!r} is not a redis://, rediss:// or unix:// URL")
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+        client.ping()
+        client.close()
+    except (redis.RedisError, ValueError, OSError) as exc:
+        print(f"gateway serve: warning: Redis at {url} does not answer ({exc}); state stays in this process's "
+              "memory until it does", file=sys.stderr)
 
 
 def _check_port_free(host: str, port: int) -> None:

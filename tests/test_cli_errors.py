@@ -68,6 +68,7 @@ CASES = [
     ("serve-bad-yaml", ["serve", "--routes", "{bad_yaml}"], 2, "not valid YAML"),
     ("serve-unknown-key", ["serve", "--routes", "{bad_key}"], 2, "unknown key"),
     ("serve-no-workers", ["serve", "--routes", "{routes}", "--workers", "0"], 2, "--workers"),
+    ("serve-bad-redis-url", ["serve", "--routes", "{routes}", "--redis", "localhost:6379"], 2, "redis://"),
     ("serve-bad-log-level", ["serve", "--log-level", "loud"], 2, "invalid choice"),
     ("serve-port-in-use", ["serve", "--routes", "{routes}", "--port", "{busy}"], 3, "cannot listen"),
     ("serve-bad-option", ["serve", "--colour"], 2, "unrecognized arguments"),
@@ -79,6 +80,9 @@ CASES = [
     ("check-unknown-lane", ["check", "{dangling}"], 2, "no-such-lane"),
     ("check-unknown-key", ["check", "{bad_key}"], 2, "lanes.dsv41-vllm.colour: unknown key"),
     ("check-missing-key-file", ["check", "{no_key_file}"], 2, "gateway.client_keys.hashed_file"),
+    ("check-bad-redis-url", ["check", "{routes}", "--redis", "localhost:6379"], 2, "redis://"),
+    ("check-redis-unreachable", ["check", "{routes}", "--redis", f"redis://127.0.0.1:{free_port()}/0"], 3,
+     "does not answer"),
     ("check-refused-lane", ["check", "{refused}", "--records", "{qualifications}"], 1, "lanes.dsv41-vllm.limits"),
     ("check-probe-unreachable", ["check", "{down}", "--probe", "--timeout", "2"], 3, "did not answer"),
     ("emulate-bad-option", ["emulate", "--flavour", "tgi"], 2, "invalid choice"),
@@ -114,7 +118,7 @@ def test_each_user_error_is_one_line_and_its_exit_code(capsys, files, argv, code
     lines = [line for line in err.splitlines() if line.strip()]
     assert got == code, (got, out, err)
     assert "Traceback" not in err
-    if argv[:1] == ["check"] and code in (1, 3):  # the report on stdout, one line per problem on stderr
+    if argv[:1] == ["check"] and (code == 1 or "--probe" in argv):  # a report; one line per problem on stderr
         assert lines and all(line.count(": ") >= 2 for line in lines) and any(needle in line for line in lines), err
         assert all(".yaml:" in line for line in lines), err  # file:line of every problem
         return
