@@ -5,7 +5,7 @@ BIN = $(VENV)/bin
 
 .PHONY: install run test test-engine test-packaging bench clean
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'

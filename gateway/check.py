@@ -67,7 +67,7 @@ def run_check(routes_file: str, *, probe: bool = False, records_dir: str | None 
         fields = why.get("changed_fields") or []
         key = _IDENTITY_KEYS.get(fields[0], "") if fields else ""
         problems.append(f"{where(name, key)}: lane would be refused: {why.get('reason')}")
-        status = max(status, EXIT_PROBLEM) if status != EXIT_UNREACHABLE else status
+        status = max(status, EXIT_PROBLEM)
     for line in problems:
         print(line, file=sys.stderr)
     print("check: " + ("ok" if not problems else f"{len(problems)} problem(s), see stderr"))
