@@ -10,6 +10,7 @@ file's mounts and volumes folders of the test, the image's `gateway`/`python` th
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shlex
@@ -37,12 +38,15 @@ GATEWAYS = [name for name, s in SERVICES.items() if s["command"][:2] == ["gatewa
 EMULATORS = [name for name, s in SERVICES.items() if s["command"][:2] == ["gateway", "emulate"]]
 
 
+def dockerfile_stages() -> list[str]:
+    text = re.sub(r"\\\n", " ", (REPO / "Dockerfile").read_text(encoding="utf-8"))
+    return re.split(r"(?m)^FROM ", text)[1:]
+
+
 def image_env() -> dict[str, str]:
     """ENV of the Dockerfile's last stage (what every container of the image starts with)."""
-    text = re.sub(r"\\\n", " ", (REPO / "Dockerfile").read_text(encoding="utf-8"))
-    stages = re.split(r"(?m)^FROM ", text)
     env: dict[str, str] = {}
-    for line in stages[-1].splitlines():
+    for line in dockerfile_stages()[-1].splitlines():
         if line.startswith("ENV "):
             for pair in shlex.split(line[4:]):
                 key, _, value = pair.partition("=")
@@ -50,7 +54,24 @@ def image_env() -> dict[str, str]:
     return env
 
 
-# -- the file's shape ---------------------------------------------------------------------------------------
+def image_healthcheck() -> list[str]:
+    (line,) = [x for x in dockerfile_stages()[-1].splitlines() if x.startswith("HEALTHCHECK ")]
+    return json.loads(line.split(" CMD ", 1)[1])
+
+
+# -- the image and the file's shape ----------------------------------------------------------------------
+
+
+def test_the_image_is_multi_stage_non_root_and_installs_the_wheel_only() -> None:
+    build, final = dockerfile_stages()[0], dockerfile_stages()[-1]
+    assert len(dockerfile_stages()) >= 2 and " AS build" in build.splitlines()[0]
+    assert "pip wheel" in build
+    assert "COPY gateway" not in final and "COPY . " not in final  # no source tree in the image
+    assert re.search(r"pip install [^\n]*--no-index --find-links /wheels lane-gateway", final)
+    (user,) = re.findall(r"(?m)^USER (\S+)", final)
+    assert user not in ("root", "0")
+    assert image_healthcheck() and image_env()["GATEWAY_DATA_DIR"] == "/data"
+
 
 
 def test_only_the_gateways_are_published_and_only_on_loopback() -> None:
@@ -208,6 +229,10 @@ def test_the_compose_services_serve_one_conversation_across_both_gateways(tmp_pa
             running[name] = svc
         for name in _start_order():  # as compose does: a service starts once its dependencies are healthy
             _wait_healthy(net, running[name])
+
+        for name in GATEWAYS:  # the image's own HEALTHCHECK answers for each gateway too
+            argv = net.argv(image_healthcheck(), name)
+            assert subprocess.run(argv, env=net.env(name), capture_output=True, timeout=10).returncode == 0
 
         chat = Conversation("deepseek-v4-flash")
         verdicts = [chat.turn(running[GATEWAYS[i % 2]]) for i in range(4)]
