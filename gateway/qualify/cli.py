@@ -6,7 +6,7 @@
     gateway qualify dsv41-vllm --gateway http://127.0.0.1:8080   # through a running gateway
     gateway qualify --status                         # every lane's state, exit 1 if one is refused
 
-Exit status: 0 passed, 1 failed, 2 usage or configuration error.
+Exit status: 0 passed, 1 failed, 2 usage or configuration error, 3 no replica (or --gateway) answers.
 """
 
 from __future__ import annotations
