@@ -28,11 +28,9 @@ def run_check(routes_file: str, *, probe: bool = False, records_dir: str | None 
         _check_redis(redis_url)
 
     def where(lane: str, key: str = "") -> str:
-        path = ["lanes", lane, *[p for p in key.split(".") if p]]
-        line = key_line(text, path)
-        return f"{routes_file}:{line}: {'.'.join(path)}" if line else f"{routes_file}: {'.'.join(path)}"
+        return _where(routes_file, text, lane, key)
 
-    _load_render_files(config, where)
+    compile_templates(config, routes_file)
     _check_key_files(config, routes_file, text)
     print(f"ok: {len(config.lanes)} lanes, {len(config.models)} models")
     for alias, lane in config.models.items():
@@ -101,9 +99,22 @@ def _check_key_files(config: Any, routes_file: str, text: str) -> None:
         raise CliError(f"{routes_file}:{line}: gateway.client_keys.hashed_file: {exc}" if line else str(exc)) from None
 
 
-def _load_render_files(config: Any, where) -> None:
-    """Compile every lane's template now, as the gateway will at start (existence is checked on load)."""
+def _where(routes_file: str, text: str, lane: str, key: str = "") -> str:
+    """`routes.yaml:21: lanes.a.render.template` (the line when the key is written in the file)."""
+    path = ["lanes", lane, *[p for p in key.split(".") if p]]
+    line = key_line(text, path)
+    return f"{routes_file}:{line}: {'.'.join(path)}" if line else f"{routes_file}: {'.'.join(path)}"
+
+
+def compile_templates(config: Any, routes_file: str) -> None:
+    """Compile every lane's template now, as the gateway will at start (existence is checked on load):
+    `gateway check` and `gateway serve` refuse a template that does not compile, in one line."""
     import jinja2
+
+    text = Path(routes_file).read_text(encoding="utf-8")
+
+    def where(lane: str, key: str = "") -> str:
+        return _where(routes_file, text, lane, key)
 
     from .render.template import TemplateNotFound, load_template
 

@@ -92,7 +92,11 @@ def _export_env(args: argparse.Namespace) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    _check_keys(load_config(args.routes), args.routes)
+    from .check import compile_templates
+
+    config = load_config(args.routes)
+    compile_templates(config, args.routes)
+    _check_keys(config, args.routes)
     if args.workers < 1:
         raise CliError("--workers must be at least 1")
     if args.workers > 1 and not args.redis:

@@ -78,3 +78,16 @@ def test_an_own_template_counts_in_the_identity_by_content_not_place(tmp_path: P
         (tmp_path / folder / "mine.jinja").write_text(text, encoding="utf-8")
         ids.append(lane_identity(load_routes(write_routes(tmp_path / folder, "mine.jinja")).lanes["a"]).config_hash)
     assert ids[0] == ids[1] != ids[2]
+
+
+@pytest.mark.parametrize("command", ["check", "serve"])
+def test_a_template_that_does_not_compile_is_one_line_from_check_and_serve(tmp_path: Path, capsys, command) -> None:
+    from gateway.cli import main
+
+    (tmp_path / "bad.jinja").write_text("{% for m in messages %}{{ m.content }", encoding="utf-8")
+    routes = write_routes(tmp_path, "bad.jinja")
+    argv = ["check", str(routes)] if command == "check" else ["serve", "--routes", str(routes), "--port", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "lanes.a.render.template: the template does not compile" in err, err
+    assert f"{routes}:" in err and "bad.jinja line 1" in err
