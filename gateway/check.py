@@ -32,7 +32,7 @@ def run_check(routes_file: str, *, probe: bool = False, records_dir: str | None 
 
     compile_templates(config, routes_file)
     _check_key_files(config, routes_file, text)
-    print(f"ok: {len(config.lanes)} lanes, {len(config.models)} models")
+    print(f"{routes_file}: valid, {len(config.lanes)} lanes, {len(config.models)} models")
     for alias, lane in config.models.items():
         print(f"  {alias} -> {lane} ({config.lanes[lane].engine}, {len(config.lanes[lane].replicas)} replicas)")
 
