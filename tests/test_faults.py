@@ -243,7 +243,9 @@ def test_stall_before_first_byte_is_504_within_the_timeout(stream: bool) -> None
                 took = time.monotonic() - t0
                 assert r.status_code == 504, r.text
                 assert r.json()["error"]["code"] == "upstream_timeout"
-                assert first_byte <= took < first_byte + 0.5, took
+                # At the timeout, not at the end of the 8 s stall (a tighter upper bound would
+                # measure the machine's load, not the gateway).
+                assert first_byte <= took < 4, took
 
 
 def test_one_of_two_replicas_down_zero_failures_and_rejoin() -> None:
@@ -292,20 +294,22 @@ def test_all_replicas_open_answers_503_at_once() -> None:
 
 def test_half_open_lets_exactly_one_probe_through() -> None:
     with run_emulator(flavour="vllm") as emu:
-        cfg = routes({"l": lane(emu.url, breaker={"failures": 1, "cool_down_s": 0.4})}, {"m": "l"})
+        cfg = routes({"l": lane(emu.url, breaker={"failures": 1, "cool_down_s": 2.0})}, {"m": "l"})
         with run_gateway(cfg, env=ENV) as gw:
             url = gw.url + "/v1/chat/completions"
             emu.configure(fail_rate=1.0)
             assert httpx.post(url, json=body("m", False)).status_code == 500  # opens the breaker
-            emu.configure(fail_rate=0.0, stall_before_first_byte_s=1.0)
+            emu.configure(fail_rate=0.0, stall_before_first_byte_s=3.0)
             r = httpx.post(url, json=body("m", False))
             assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_replica"
-            time.sleep(0.5)  # cool-down over: half-open
+            time.sleep(2.1)  # cool-down over: half-open
             before = emu.stats()["requests"]
             probe: dict = {}
-            t = threading.Thread(target=lambda: probe.update(r=httpx.post(url, json=body("m", False), timeout=10)))
+            t = threading.Thread(target=lambda: probe.update(r=httpx.post(url, json=body("m", False), timeout=20)))
             t.start()
-            time.sleep(0.3)  # the probe is in flight (the engine stalls 1 s)
+            deadline = time.monotonic() + 5  # until the probe reached the engine (which stalls 3 s)
+            while emu.stats()["requests"] == before and time.monotonic() < deadline:
+                time.sleep(0.02)
             for _ in range(3):
                 r = httpx.post(url, json=body("m", False))
                 assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_replica"
