@@ -4,7 +4,7 @@ the analyzer (after the response, in a worker process by default) and the drift 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.requests import Request
@@ -29,13 +29,14 @@ def _json(data: object, status: int = 200) -> Response:
 
 
 class Conversations:
-    def __init__(self, store: StateStore, runtime: "Runtime", settings: "Settings") -> None:
+    def __init__(self, store: StateStore, runtime: "Runtime", settings: "Settings", kv_events: Any = None) -> None:
         self.store = store
         self.runtime = runtime
         header = runtime.snapshot.config.gateway.conversation_header
         self.alerts = AlertBook(store)
         self.process = AnalysisProcess() if settings.analysis != "thread" else None
-        self.analyzer = Analyzer(store, self.alerts, TTL_S, threads=settings.analysis_threads, process=self.process)
+        self.analyzer = Analyzer(store, self.alerts, TTL_S, threads=settings.analysis_threads, process=self.process,
+                                 kv_events=kv_events)  # issue 20: the KV-event verdicts (gateway/kvevents)
         self.policy = ConversationPolicy(store, header, TTL_S)
         self.turn_end = TurnEnd(store, TTL_S)
 

@@ -35,6 +35,7 @@ class Job:
     repinned: bool
     state: ConversationState  # as the hot path found it
     stored: bytes | None = None  # the freshest stored state (another worker or process may have moved on)
+    kv_block_size: int | None = None  # issue 20: the lane has KV events; key the render's blocks this size
 
 
 @dataclass
@@ -44,3 +45,5 @@ class Outcome:
     data: bytes  # the new state, encoded
     divergence: Divergence | None
     snippets: tuple[str, str] | None
+    kv_keys: bytes | None = None  # issue 20: block keys of the render + output (array('Q'), gateway/kvevents)
+    kv_ends: bytes | None = None  # issue 20: render tokens through each request message (array('I'))

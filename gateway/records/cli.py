@@ -45,13 +45,25 @@ def cmd_stats(args: argparse.Namespace) -> int:
             raise CliError(str(exc)) from None
         except Exception as exc:  # noqa: BLE001 - sqlite3.DatabaseError: not a records file
             raise CliError(f"{Path(args.data_dir) / FILENAME}: not a records file ({exc})") from None
+    kv = _kv_from_url(args.url, args.lane, args.key) if args.url else None  # issue 20: the KV pools
     if args.json:
-        print(json.dumps(stats, indent=2))
+        print(json.dumps({**stats, "kv": kv} if kv else stats, indent=2))
     elif not stats["lanes"]:
         print(f"no records in the last {args.window}")
     else:
         print(format_table(stats))
+    if kv and not args.json:
+        from ..kvevents.report import format_kv
+
+        print(format_kv(kv))
     return 0
+
+
+def _kv_from_url(url: str, lane: str | None, key: str | None) -> dict[str, Any] | None:
+    try:
+        return get_json(url, "/admin/api/kv", {"lane": lane} if lane else {}, key)
+    except (OSError, ValueError):
+        return None  # a gateway without the KV-event part
 
 
 def _from_file(data_dir: Path, window: float, lane: str | None) -> dict[str, Any]:

@@ -67,6 +67,7 @@ FIELDS: dict[str, str] = {
     "finish_reason": "TEXT",
     "analysis": "TEXT",  # why analysis did not run, when it did not (e.g. queue_full)
     "capture": "TEXT",  # opt-in debugging capture (JSON, size-capped); NULL by default
+    "kv": "TEXT",  # issue 20: the KV-event verdict (JSON: cause, held tokens, displacing conversations...)
 }
 
 VERDICTS = ("hit", "drift", "eviction", "cold", "unknown")
@@ -136,6 +137,7 @@ def build_record(ex: Exchange, capture_max_bytes: int = 0) -> dict[str, Any]:
         "finish_reason": gen.finish_reason,
         "analysis": _str(ex.analysis_skipped),
         "capture": _capture(ex, capture_max_bytes) if capture_max_bytes > 0 else None,
+        "kv": orjson.dumps(cache["kv"]).decode() if isinstance(cache.get("kv"), dict) else None,
     }
     return rec
 

@@ -21,7 +21,7 @@
 
   async function api(path) {
     const resp = await fetch(path, { headers: key ? { Authorization: `Bearer ${key}` } : {}, cache: "no-store" });
-    if (resp.status === 404 && path.startsWith("/admin/drift")) return null;
+    if (resp.status === 404 && (path.startsWith("/admin/drift") || path.startsWith("/admin/api/kv"))) return null;
     if (!resp.ok) {
       let msg = `${resp.status}`;
       try { msg += ` ${(await resp.json()).error.message}`; } catch (e) { /* not JSON */ }
@@ -225,7 +225,12 @@
       let limits = [];
       try { limits = r.limits_fired ? JSON.parse(r.limits_fired) : []; } catch (e) { /* keep [] */ }
       const limitText = limits.length ? ` <span class="badge warn" title="limits that fired">${limits.map(esc).join(", ")}</span>` : "";
-      const verdict = `<span class="badge ${esc(r.verdict)}">${esc(r.verdict)}</span>${r.cause ? ` <span class="muted">${esc(r.cause.replace(/_/g, " "))}</span>` : ""}`;
+      let verdict = `<span class="badge ${esc(r.verdict)}">${esc(r.verdict)}</span>${r.cause ? ` <span class="muted">${esc(r.cause.replace(/_/g, " "))}</span>` : ""}`;
+      const kv = kvOf(r);
+      if (kv && kv.displaced_by && kv.displaced_by.length) {  // issue 20: who pushed the prefix out
+        const by = kv.displaced_by.map((d) => `${d.conversation || "unattributed"} (${fmtN(d.tokens)})`).join(", ");
+        verdict += ` <span class="muted" title="${esc(kv.note || "")}">by ${esc(by)}</span>`;
+      }
       return `<tr><td class="mono">${fmtTime(r.ts)}</td><td>${esc(r.model || "–")}</td><td>${esc(r.lane || "–")}</td>
         <td><span class="conv mono" title="${esc(r.conversation || "")} (${esc(r.conversation_source || "")})">${esc(r.conversation || "–")}</span></td>
         <td class="num">${r.turn ?? "–"}</td><td class="${statusCls}" title="${esc([r.error_code, r.upstream_error].filter(Boolean).join(": "))}">${r.cancelled ? "cancelled" : r.status}${limitText}</td>
@@ -245,13 +250,14 @@
     const buckets = w <= 900 ? 30 : 60;
     const banner = document.getElementById("error-banner");
     try {
-      const [ov, ch, rec, drift] = await Promise.all([
+      const [ov, ch, rec, drift, kv] = await Promise.all([
         api("/admin/api/overview"),
         api(`/admin/api/charts?window_s=${w}&buckets=${buckets}`),
         api("/admin/api/records?limit=50"),
         api("/admin/drift?limit=50").catch(() => null),
+        api("/admin/api/kv").catch(() => null),
       ]);
-      last = { ov, ch, rec, drift };
+      last = { ov, ch, rec, drift, kv };
       draw();
       banner.hidden = true;
       document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
@@ -264,14 +270,39 @@
 
   function draw() {
     if (!last) return;
-    const { ov, ch, rec, drift } = last;
+    const { ov, ch, rec, drift, kv } = last;
     [...ov.lanes.map((l) => l.name)].sort().forEach(colorOf);
     renderHeader(ov);
     renderKpis(ch.stats, drift);
     renderLanes(ov, ch.stats);
     renderCharts(ch);
     renderDrift(drift);
+    renderKv(kv);
     renderRecords(rec.records);
+  }
+
+  function kvOf(r) {
+    if (!r.kv) return null;
+    try { return typeof r.kv === "string" ? JSON.parse(r.kv) : r.kv; } catch (e) { return null; }
+  }
+
+  // Issue 20: per replica, the KV-event stream, pool, working set, forecast and the pressure alert.
+  function renderKv(kv) {
+    const panel = document.getElementById("kv-panel");
+    if (!kv || !kv.replicas || !kv.replicas.length) { panel.hidden = true; return; }
+    panel.hidden = false;
+    const rows = kv.replicas.map((r) => {
+      const doomed = (r.forecast || []).filter((f) => f.will_be_evicted).map((f) => esc(f.conversation)).join(", ");
+      const stream = r.stream.state === "live" ? "live" : `<b class="bad">${esc(r.stream.state)}</b>`;
+      const alert = r.alert ? `<div class="bad">${esc(r.alert.message)}</div>` : "";
+      return `<tr><td>${esc(r.lane)}</td><td class="mono">${esc(r.replica)}</td><td>${stream}</td>
+        <td class="num">${fmtN(r.pool_tokens)}</td><td class="num">${fmtPct(r.occupancy)}</td>
+        <td class="num">${fmtN(r.working_set_tokens)}</td><td class="num">${r.live_conversations}</td>
+        <td class="num">${r.new_tokens_per_s}</td><td class="wrap">${doomed || "–"}${alert}</td></tr>`;
+    }).join("");
+    document.getElementById("kv").innerHTML = `<table><thead><tr><th>lane</th><th>replica</th><th>stream</th>
+      <th class="num">pool</th><th class="num">occupancy</th><th class="num">working set</th><th class="num">live</th>
+      <th class="num">new tok/s</th><th>evicted before next turn</th></tr></thead><tbody>${rows}</tbody></table>`;
   }
 
   function schedule() {
