@@ -93,6 +93,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .check import compile_templates
+    from .serving import BODY_TIMEOUT_ENV, HEADER_TIMEOUT_ENV
 
     config = load_config(args.routes)
     compile_templates(config, args.routes)
@@ -107,6 +108,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.redis:
         _check_redis(args.redis)
     _export_env(args)
+    http = config.gateway.http
+    # Read by gateway.serving when it is imported (here and in every worker process).
+    os.environ[HEADER_TIMEOUT_ENV] = repr(http.header_timeout_s)
+    os.environ[BODY_TIMEOUT_ENV] = repr(http.body_timeout_s)
     uvicorn.run(
         "gateway.app:create_app",
         factory=True,
@@ -114,10 +119,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=args.port,
         workers=args.workers,
         loop="uvloop",
-        http="httptools",
+        http="gateway.serving:DeadlineHttpToolsProtocol",
         log_level=args.log_level,
         access_log=False,
         timeout_graceful_shutdown=30,
+        timeout_keep_alive=http.keep_alive_s,
     )
     return 0
 

@@ -14,6 +14,8 @@ from ..errors import GatewayError, invalid_request
 from ..store import StateStore
 from .alerts import AlertBook
 from .analyzer import Analyzer, TurnEnd
+from .identity import DEFAULT_TENANT
+from .lookup import candidate_ids
 from .policy import ConversationPolicy
 from .worker import AnalysisProcess
 
@@ -68,11 +70,18 @@ class Conversations:
     async def conversation(self, request: Request) -> Response:
         from .state import ConversationState
 
-        raw = await self.store.get("conv:" + request.path_params["cid"])
+        asked = request.path_params["cid"]
+        raw = cid = None
+        # The gateway's id, or the client's own key hashed within the tenant (?tenant=, default "default").
+        for cid in candidate_ids(asked, request.query_params.get("tenant") or DEFAULT_TENANT):
+            raw = await self.store.get("conv:" + cid)
+            if raw is not None:
+                break
         if raw is None:
             raise GatewayError(404, "no such conversation", param="cid", code="not_found")
         st = ConversationState.from_bytes(raw)
-        return _json({"id": st.id, "source": st.source, "lane": st.lane, "turn": st.turn,
+        return _json({"id": st.id, "looked_up_as": asked if cid != asked else None, "source": st.source,
+                      "lane": st.lane, "turn": st.turn,
                       "pinned_effort": st.pinned_effort, "pinned_thinking": st.pinned_thinking,
                       "parent": st.parent, "replica": st.replica, "created": st.created,
                       "updated": st.updated, "state_bytes": len(raw),

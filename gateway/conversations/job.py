@@ -34,6 +34,7 @@ class Job:
     rehomed: bool  # the router moved the conversation away from its cache for this turn
     repinned: bool
     state: ConversationState  # as the hot path found it
+    healed: tuple[tuple[str, int], ...] = ()  # drift healing's repairs (kind, message index)
     stored: bytes | None = None  # the freshest stored state (another worker or process may have moved on)
     kv_block_size: int | None = None  # issue 20: the lane has KV events; key the render's blocks this size
 
