@@ -3,9 +3,9 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN = $(VENV)/bin
 
-.PHONY: install run test test-engine bench clean
+.PHONY: install run test test-engine test-packaging bench clean
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
@@ -21,6 +21,10 @@ test: install
 
 test-engine: install
 	$(BIN)/pytest -q -m engine
+
+# The wheel installed alone into a fresh venv, and docker-compose.yml's services run on loopback (~2 min).
+test-packaging: install
+	$(BIN)/pytest -q -m packaging
 
 bench: install
 	$(BIN)/python bench/overhead.py

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -62,7 +62,8 @@ def complete_effort_map(given: dict[str, int] | None) -> dict[str, int]:
 class RenderConfig(_Strict):
     """How the lane's engine renders a request (issue: renderer)."""
 
-    template: str | None = Field("deepseek_v4.1", description="chat_templates/<name>.jinja; null = no known template")
+    template: str | None = Field("deepseek_v4.1", description="a packaged template's name (gateway/chat_templates/"
+                                 "<name>.jinja), or a .jinja file relative to routes.yaml; null = no known template")
     tokenizer_path: str | None = None
     effort_map: dict[str, int] = Field(
         default_factory=lambda: dict(DEFAULT_EFFORT_MAP), validate_default=True,
@@ -98,6 +99,28 @@ class RenderConfig(_Strict):
         if d is None or (type(d) is int and 1 <= d <= 100) or (isinstance(d, str) and d in self.effort_map):
             return self
         raise ValueError(f"default_effort {d!r} must be an integer 1-100 or one of {', '.join(self.effort_map)}")
+
+    @field_validator("template")
+    @classmethod
+    def _template_exists(cls, name: str | None, info: ValidationInfo) -> str | None:
+        # A missing template refuses the file (at start, reload and `gateway check`): never a generic render.
+        # A file is kept as its absolute path, so every process and the analysis worker read the same one.
+        if name is None:
+            return None
+        from .render.template import resolve_template
+
+        return resolve_template(name, (info.context or {}).get("routes_dir"))
+
+    @field_validator("tokenizer_path")
+    @classmethod
+    def _tokenizer_exists(cls, path: str | None, info: ValidationInfo) -> str | None:
+        if path is None:
+            return None
+        p = Path(path).expanduser()
+        p = (p if p.is_absolute() else Path((info.context or {}).get("routes_dir") or Path.cwd()) / p).resolve()
+        if not p.is_file():
+            raise ValueError(f"no tokenizer file at {p}")
+        return str(p)
 
 
 LimitPolicy = Literal["reject", "drop_oldest", "clamp", "escape"]
@@ -461,19 +484,20 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def parse_routes(text: str, source: str = "routes.yaml") -> RoutesConfig:
+def parse_routes(text: str, source: str = "routes.yaml", routes_dir: str | Path | None = None) -> RoutesConfig:
+    """Validate routes.yaml text; files it names (templates) are relative to `routes_dir` (default: cwd)."""
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+        raise ConfigError(_yaml_error(exc, source)) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping with 'lanes' and 'models'")
     try:
-        return RoutesConfig.model_validate(data)
+        return RoutesConfig.model_validate(data, context={"routes_dir": routes_dir})
     except ValidationError as exc:
-        raise ConfigError(f"{source}: " + "; ".join(_describe(err) for err in exc.errors())) from None
+        raise ConfigError("; ".join(_describe(err, text, source) for err in exc.errors())) from None
 
 
 def load_routes(path: str | Path) -> RoutesConfig:
@@ -482,13 +506,29 @@ def load_routes(path: str | Path) -> RoutesConfig:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    return parse_routes(text, str(path))
+    return parse_routes(text, str(path), path.resolve().parent)
 
 
-def _describe(err: Any) -> str:
+def _yaml_error(exc: yaml.YAMLError, source: str) -> str:
+    """One line: `routes.yaml:12: not valid YAML: <problem> (column 3)`."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if mark is None:
+        return f"{source}: not valid YAML: {problem}"
+    context = getattr(exc, "context", None)
+    return (f"{source}:{mark.line + 1}: not valid YAML: {problem}"
+            + (f" ({context})" if context else "") + f" at column {mark.column + 1}")
+
+
+def _describe(err: Any, text: str, source: str) -> str:
+    """`routes.yaml:21: lanes.a.render.template: <why>`: file, line and key path."""
+    from .yaml_lines import key_line
+
     where = ".".join(str(p) for p in err["loc"])
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
     msg = msg.removeprefix("Value error, ")
-    return f"{where}: {msg}" if where else msg
+    line = key_line(text, err["loc"])
+    at = f"{source}:{line}" if line else source
+    return f"{at}: {where}: {msg}" if where else f"{at}: {msg}"

@@ -168,6 +168,29 @@ def load_admin_key(source: KeySource) -> bytes | None:
     return digest(value) if value else None
 
 
+def production_problems(client_keys: KeyRing | None, admin_digest: bytes | None, admin_key_env: str | None) -> list[str]:
+    """Why GATEWAY_PRODUCTION=1 would refuse to start with these keys (empty: it starts)."""
+    problems = []
+    if not client_keys:
+        problems.append("no client keys (set gateway.client_keys.env or .hashed_file in routes.yaml, "
+                        "and provide the keys)")
+    if admin_digest is None:
+        problems.append("no admin key (set gateway.admin_key_env in routes.yaml and that variable)")
+    elif admin_key_env and len(os.environ.get(admin_key_env, "").strip()) < MIN_PRODUCTION_ADMIN_KEY:
+        problems.append(f"the admin key is shorter than {MIN_PRODUCTION_ADMIN_KEY} characters")
+    return problems
+
+
+def check_keys(config: RoutesConfig, routes_path: str | Path, production: bool) -> None:
+    """What start-up would refuse, before anything starts: an unreadable key file, production without keys.
+    Raises SecurityConfigError."""
+    source = KeySource(config.gateway.client_keys, config.gateway.admin_key_env, Path(routes_path).resolve().parent)
+    clients = load_client_keys(source)
+    problems = production_problems(clients, load_admin_key(source), source.admin_key_env)
+    if production and problems:
+        raise SecurityConfigError("GATEWAY_PRODUCTION=1 refuses to start: " + "; ".join(problems))
+
+
 def presented_key(request: Request) -> str | None:
     """The key a client sent: ``Authorization: Bearer``, else ``X-Api-Key`` / ``Api-Key``."""
     headers = request.headers
@@ -324,15 +347,7 @@ class Security:
     def startup_report(self) -> None:
         """Say at start what protects this gateway; refuse to start in production without keys."""
         settings = self.settings
-        problems = []
-        if not self.client_keys:
-            problems.append("no client keys (set gateway.client_keys.env or .hashed_file in routes.yaml, "
-                            "and provide the keys)")
-        if self.admin_digest is None:
-            problems.append("no admin key (set gateway.admin_key_env in routes.yaml and that variable)")
-        elif self._source.admin_key_env and \
-                len(os.environ.get(self._source.admin_key_env, "").strip()) < MIN_PRODUCTION_ADMIN_KEY:
-            problems.append(f"the admin key is shorter than {MIN_PRODUCTION_ADMIN_KEY} characters")
+        problems = production_problems(self.client_keys, self.admin_digest, self._source.admin_key_env)
         if settings.production and problems:
             raise SecurityConfigError("GATEWAY_PRODUCTION=1 refuses to start: " + "; ".join(problems))
         for name, lane in self.runtime.snapshot.config.lanes.items():

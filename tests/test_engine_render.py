@@ -1,5 +1,5 @@
 """The gateway renders exactly what a real vLLM engine renders (vLLM CPU, shared/engine, started with
-the gateway's own chat_templates/deepseek_v4.1.jinja): token ids, for every golden case.
+the gateway's own gateway/chat_templates/deepseek_v4.1.jinja): token ids, for every golden case.
 
 Each golden request is turned into the body the gateway forwards on the engine lane of
 tests/support/engine_proc.py (effort and thinking carried by `effort.apply_to_body`, as the hot path

@@ -222,9 +222,10 @@ def test_status_and_check_report_the_state(tmp_path: Path, capsys) -> None:
     assert main(["qualify", "--status", "--routes", str(routes)]) == 1
     out = capsys.readouterr().out
     assert "unqualified" in out and "gateway qualify a" in out
-    assert main(["check", str(routes)]) == 0
-    out = capsys.readouterr().out
-    assert "qualification:" in out and "a: unqualified [REFUSED]" in out
+    assert main(["check", str(routes)]) == 1  # a lane that would be refused fails the check (a deploy gate)
+    captured = capsys.readouterr()
+    assert "qualification:" in captured.out and "a: unqualified [REFUSED]" in captured.out
+    assert "routes.yaml:" in captured.err and "lanes.a" in captured.err and "would be refused" in captured.err
 
     DirStore(tmp_path / "qualifications").save(record_for(lane()))
     assert main(["qualify", "--status", "--routes", str(routes), "--json"]) == 0

@@ -13,7 +13,7 @@ import jinja2
 import pytest
 
 from gateway.render import Renderer, RenderOptions, SegmentCache
-from gateway.render.template import TEMPLATE_DIR
+from gateway.render.template import template_source
 from gateway.render.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -105,5 +105,5 @@ def _content_format(source: str) -> str:
 
 
 def test_vllm_sees_openai_content_format():
-    source = (TEMPLATE_DIR / "deepseek_v4.1.jinja").read_text()
+    source = template_source("deepseek_v4.1")
     assert _content_format(source) == "openai"

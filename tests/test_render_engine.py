@@ -1,5 +1,5 @@
 """The template on a real engine: vLLM's CPU build (shared/engine) started with
-`--chat-template chat_templates/deepseek_v4.1.jinja`, compared through its /tokenize endpoint.
+`--chat-template gateway/chat_templates/deepseek_v4.1.jinja`, compared through its /tokenize endpoint.
 
 Run alone: `pytest -m engine tests/test_render_engine.py` (starts the engine, 60-120 s), or point
 RENDER_ENGINE_URL at an engine already serving this template. The unit tests of the vLLM request
@@ -50,7 +50,7 @@ def engine_url():
         pytest.skip("vLLM CPU engine not installed (shared/engine/install.sh)")
     port = _free_port()
     log = open(f"/tmp/render-engine-{port}.log", "w")
-    proc = subprocess.Popen([str(serve), str(port), "--chat-template", str(REPO / "chat_templates" / "deepseek_v4.1.jinja")],
+    proc = subprocess.Popen([str(serve), str(port), "--chat-template", str(REPO / "gateway" / "chat_templates" / "deepseek_v4.1.jinja")],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:

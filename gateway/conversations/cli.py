@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from typing import Any
 
 from ..admin_client import get_json, send_json
-from ..cli import SUBCOMMANDS
+from ..cli import EXIT_UNREACHABLE, SUBCOMMANDS, CliError
 
 ACTIONS = ("list", "conversation", "ack", "mute", "rules", "unmute")
 
@@ -84,9 +83,10 @@ def cmd_drift(args: argparse.Namespace) -> int:
         send_json(args.url, "DELETE", "/admin/api/triage/" + _quote(args.target), None, args.admin_key)
         print(f"removed {args.target}")
         return 0
-    except (OSError, ValueError, KeyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except OSError as exc:  # unreachable, or an HTTP error
+        raise CliError(f"{args.url}: {exc}", EXIT_UNREACHABLE) from None
+    except (ValueError, KeyError) as exc:  # a missing argument, or an answer that is not the expected JSON
+        raise CliError(str(exc)) from None
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -1,4 +1,5 @@
-"""`python -m gateway.emulator`: every knob is a flag (`--ttft-ms 50`), or give `--config-json '{...}'`."""
+"""`gateway emulate` (or `python -m gateway.emulator`): every knob is a flag (`--ttft-ms 50`), or give
+`--config-json '{...}'`. Exit status as the gateway's: 2 for a bad option, 3 when the port cannot be opened."""
 
 from __future__ import annotations
 
@@ -21,8 +22,11 @@ _CHOICES = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gateway.emulator", description="SGLang/vLLM-like upstream emulator")
+def build_parser(prog: str = "gateway.emulator") -> argparse.ArgumentParser:
+    from ..cli import Parser  # one-line usage errors, as every gateway command
+
+    p = Parser(prog=prog, description="SGLang/vLLM-like upstream emulator: OpenAI-compatible, with a real "
+                                      "prefix cache; every knob below is also a key of --config-json")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8100)
     p.add_argument("--config-json", default=None, help="JSON object of knobs, applied before the flags")
@@ -42,13 +46,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(argv: Sequence[str] | None = None) -> tuple[EmulatorConfig, str, int]:
+def config_from_args(argv: Sequence[str] | None = None, prog: str = "gateway.emulator") -> tuple[EmulatorConfig, str, int]:
     if argv and argv[0] == "--":
-        argv = argv[1:]  # `gateway emulate -- --port ...` forwards the separator
-    args = build_parser().parse_args(argv)
+        argv = argv[1:]  # `gateway emulate -- --port ...` (the old spelling) still works
+    args = build_parser(prog).parse_args(argv)
     config = EmulatorConfig()
     if args.config_json:
-        config = config.merged(orjson.loads(args.config_json))
+        try:
+            knobs = orjson.loads(args.config_json)
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"--config-json is not valid JSON: {exc}") from None
+        if not isinstance(knobs, dict):
+            raise ValueError("--config-json must be a JSON object of knobs")
+        config = config.merged(knobs)
     flags = {name: getattr(args, name) for name in knob_names() if getattr(args, name, None) is not None}
     config = config.merged(flags)
     return config, args.host, args.port
@@ -63,21 +73,28 @@ def run(config: EmulatorConfig, host: str = "127.0.0.1", port: int = 8100) -> No
     except ImportError:  # pragma: no cover
         loop = asyncio.new_event_loop()
     app = create_app(config)
-    print(f"emulator ({config.flavour}, model {config.model}) listening on http://{host}:{port}", file=sys.stderr, flush=True)
+    ready = f"emulator ({config.flavour}, model {config.model}) listening on http://{host}:{port}"
     # handler_cancellation: a client that goes away cancels its handler at once, which is how the
     # emulator sees (and records) disconnects while it is waiting, not only when a write fails.
     # shutdown_timeout: an emulator owes nobody a graceful drain; a stalled stream must not hold SIGTERM.
     web.run_app(
-        app, host=host, port=port, access_log=None, handler_cancellation=True, print=None, loop=loop,
+        app, host=host, port=port, access_log=None, handler_cancellation=True, loop=loop,
+        print=lambda _msg: print(ready, file=sys.stderr, flush=True),  # once bound: never before a bind error
         shutdown_timeout=0.5,
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "gateway.emulator") -> int:
     try:
-        config, host, port = config_from_args(argv)
+        config, host, port = config_from_args(argv, prog)
     except ValueError as exc:
-        print(f"emulator: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    run(config, host, port)
+    try:
+        run(config, host, port)
+    except OSError as exc:  # the port is taken, or the host is not an address of this machine
+        print(f"{prog}: error: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        return 130
     return 0

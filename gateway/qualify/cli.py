@@ -6,7 +6,7 @@
     gateway qualify dsv41-vllm --gateway http://127.0.0.1:8080   # through a running gateway
     gateway qualify --status                         # every lane's state, exit 1 if one is refused
 
-Exit status: 0 passed, 1 failed, 2 usage or configuration error.
+Exit status: 0 passed, 1 failed, 2 usage or configuration error, 3 no replica (or --gateway) answers.
 """
 
 from __future__ import annotations
@@ -69,19 +69,23 @@ def cmd_qualify(args: argparse.Namespace) -> int:
     if args.demo:
         return cmd_demo_lanes(args)
     if not args.lane:
-        print("error: name the lane to qualify (or use --status)", file=sys.stderr)
+        print("gateway qualify: error: name the lane to qualify (or use --status)", file=sys.stderr)
         return 2
     try:
         return asyncio.run(_qualify(args))
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        print(f"gateway qualify: error: {exc}", file=sys.stderr)
+        return exc.code
     except KeyboardInterrupt:
         return 130
 
 
 class UsageError(Exception):
-    pass
+    """Printed as one line; exit 2 (usage or input) unless `code` says 3 (unreachable)."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def _perf_options(args: argparse.Namespace):
@@ -186,7 +190,7 @@ async def _qualify(args: argparse.Namespace) -> int:
             try:
                 state = await cand.get_json("/qualify/state")
             except Exception as exc:  # noqa: BLE001
-                raise UsageError(f"cannot reach the gateway at {args.gateway}: {exc}") from None
+                raise UsageError(f"cannot reach the gateway at {args.gateway}: {exc}", 3) from None
             lanes = state.get("lanes") or {}
             if args.lane not in lanes:
                 raise UsageError(f"the gateway has no lane {args.lane!r} (it has: {', '.join(lanes)})")
@@ -206,6 +210,7 @@ async def _qualify(args: argparse.Namespace) -> int:
             lane = config.lanes.get(args.lane)
             if lane is None:
                 raise UsageError(f"no lane {args.lane!r} in {args.routes} (lanes: {', '.join(config.lanes)})")
+            _require_a_replica(args.lane, lane)
             cand = InProcessLane(args.lane, lane)
             opened.append(cand)
             identity = lane_identity(lane)
@@ -264,6 +269,21 @@ async def _qualify(args: argparse.Namespace) -> int:
     return 0 if record["passed"] else 1
 
 
+def _require_a_replica(name: str, lane: Any) -> None:
+    """A lane none of whose replicas accepts a connection would fail every gate after minutes: say so at
+    once (exit 3). Any HTTP answer counts as reachable (the gates judge it)."""
+    import httpx
+
+    down = []
+    for url in lane.replicas:
+        try:
+            httpx.get(url + "/v1/models", timeout=max(lane.timeouts.connect, 2.0))
+            return
+        except httpx.TransportError as exc:
+            down.append(f"{url}: {str(exc) or type(exc).__name__}")
+    raise UsageError(f"lane {name}: no replica answers ({'; '.join(down)})", 3)
+
+
 def cmd_demo_lanes(args: argparse.Namespace) -> int:
     """Qualify the emulated demo lanes: the records `gateway demo` needs to serve without overrides."""
     from ..cli import start_emulators
@@ -271,16 +291,16 @@ def cmd_demo_lanes(args: argparse.Namespace) -> int:
     try:
         config = _load_config(args, required=True)
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"gateway qualify: error: {exc}", file=sys.stderr)
         return 2
     names = [n for n, lane in config.lanes.items() if lane.emulator is not None]
     if args.lane:
         if args.lane not in names:
-            print(f"error: {args.lane!r} is not an emulated lane of {args.routes}", file=sys.stderr)
+            print(f"gateway qualify: error: {args.lane!r} is not an emulated lane of {args.routes}", file=sys.stderr)
             return 2
         names = [args.lane]
     if args.gateway:
-        print("error: --demo runs in-process; drop --gateway", file=sys.stderr)
+        print("gateway qualify: error: --demo runs in-process; drop --gateway", file=sys.stderr)
         return 2
     import signal
 
@@ -293,7 +313,7 @@ def cmd_demo_lanes(args: argparse.Namespace) -> int:
             try:
                 worst = max(worst, asyncio.run(_qualify(sub)))
             except UsageError as exc:
-                print(f"error: {exc}", file=sys.stderr)
+                print(f"gateway qualify: error: {exc}", file=sys.stderr)
                 worst = 2
     finally:
         for child in children:
@@ -312,8 +332,11 @@ def _read_record_file(ref: str) -> dict[str, Any] | None:
 
 
 def lane_states(config: Any, routes_path: str | Path | None, records_dir: str | None = None,
-                redis_url: str | None = None) -> dict[str, dict[str, Any]]:
-    """Offline: each lane's state from routes.yaml and the records (the revision is not probed)."""
+                redis_url: str | None = None, observed: dict[str, str | None] | None = None) -> dict[str, dict[str, Any]]:
+    """Offline: each lane's state from routes.yaml and the records; `observed` = revisions the replicas
+    reported (`gateway check --probe`), else the revision is not probed. A refused lane also gets
+    `changed_fields`: what differs from its last passing record."""
+    from .identity import lane_identity
     from .records import RecordIndex, open_store
     from .state import evaluate
 
@@ -322,7 +345,13 @@ def lane_states(config: Any, routes_path: str | Path | None, records_dir: str | 
         index = RecordIndex(open_store(routes_path, records_dir, redis_url).summaries())
     except Exception as exc:  # noqa: BLE001
         index, error = RecordIndex(()), f"{type(exc).__name__}: {exc}"
-    return {name: evaluate(name, lane, index, None, error) for name, lane in config.lanes.items()}
+    observed = observed or {}
+    states = {name: evaluate(name, lane, index, observed.get(name), error) for name, lane in config.lanes.items()}
+    for name, s in states.items():
+        last = index.latest_passing_for_lane(name) if s["state"] == "unqualified" else None
+        if last is not None:
+            s["changed_fields"] = lane_identity(config.lanes[name], observed.get(name)).changed_fields(last.identity)
+    return states
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -331,7 +360,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         config = _load_config(args, required=True)
     except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"gateway qualify: error: {exc}", file=sys.stderr)
         return 2
     states = lane_states(config, args.routes, args.records, args.redis)
     if args.lane:
@@ -343,15 +372,17 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 1 if any(s["state"] == "unqualified" for s in states.values()) else 0
 
 
-def check_extra(config: Any, routes_path: str | Path | None = None) -> None:
-    """`gateway check`: one line per lane with its qualification state."""
+def check_extra(config: Any, routes_path: str | Path | None = None, *, observed: dict[str, str | None] | None = None,
+                records_dir: str | None = None, redis_url: str | None = None) -> dict[str, dict[str, Any]]:
+    """`gateway check`: one line per lane with its qualification state; returns the lanes that would be refused."""
     routes_path = routes_path or os.environ.get("GATEWAY_ROUTES") or "routes.yaml"
-    states = lane_states(config, routes_path, None, os.environ.get("GATEWAY_REDIS_URL"))
+    states = lane_states(config, routes_path, records_dir, redis_url or os.environ.get("GATEWAY_REDIS_URL"), observed)
     print("qualification:")
     for name, s in states.items():
         mark = {"qualified": "ok", "not_required": "ok", "overridden": "OVERRIDDEN", "unqualified": "REFUSED"}[s["state"]]
         extra = f" (override in routes.yaml, not needed: {s['override']})" if s["override"] and s["state"] == "qualified" else ""
         print(f"  {name}: {s['state']} [{mark}] {s['reason']}{extra}")
+    return {name: s for name, s in states.items() if s["state"] == "unqualified"}
 
 
 SUBCOMMANDS.append(register)

@@ -12,7 +12,9 @@ setting added to the code does not silently invalidate every record.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -77,11 +79,28 @@ def lane_identity(lane: Lane, revision: str | None = None) -> LaneIdentity:
         "upstream_model": lane.upstream_model,
         "revision": configured or revision,
         "replicas": sorted(lane.replicas),
-        "template": lane.render.model_dump(mode="json", exclude_defaults=True),
+        "template": _render_identity(lane),
         "limits": lane.limits.model_dump(mode="json", exclude_defaults=True),
         "emulator": lane.emulator.model_dump(mode="json", exclude_defaults=True) if lane.emulator else None,
     }
     return LaneIdentity(fields)
+
+
+def _render_identity(lane: Lane) -> dict[str, Any]:
+    """The render section; a lane's own template file counts by its name and content, not where it lies
+    (the same file moved keeps its records; an edited one needs a new run)."""
+    out = lane.render.model_dump(mode="json", exclude_defaults=True)
+    from ..render.template import is_file_reference
+
+    for key in ("template", "tokenizer_path"):
+        path = out.get(key)
+        if isinstance(path, str) and (key == "tokenizer_path" or is_file_reference(path)):
+            try:
+                digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+            except OSError:
+                digest = "missing"
+            out[key] = f"{Path(path).name}@sha256:{digest}"
+    return out
 
 
 def revision_is_configured(lane: Lane) -> bool:

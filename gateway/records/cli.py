@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from ..admin_client import get_json
-from ..cli import SUBCOMMANDS
+from ..cli import EXIT_UNREACHABLE, SUBCOMMANDS, CliError
 from .query import Filters
 from .stats import compute_stats, costs, format_costs, format_table, parse_window
 from .store_sqlite import FILENAME, RecordReader
@@ -41,17 +40,18 @@ def cmd_stats(args: argparse.Namespace) -> int:
     try:
         window = parse_window(args.window)
     except ValueError:
-        print(f"error: --window {args.window!r} is not like 90s, 15m, 1h or 7d", file=sys.stderr)
-        return 2
+        raise CliError(f"--window {args.window!r} is not like 90s, 15m, 1h or 7d") from None
     f = Filters(lane=args.lane or None, tenant=args.tenant or None, client=args.client or None)
-    try:
-        if args.url:
+    if args.url:
+        try:
             stats = _from_url(args.url, window, f, args.key)
-        else:
+        except Exception as exc:  # noqa: BLE001 - unreachable, an HTTP error, not JSON: a message, not a traceback
+            raise CliError(f"{args.url}: {exc}", EXIT_UNREACHABLE) from None
+    else:
+        try:
             stats = _from_reader(_reader(args), window, f)
-    except Exception as exc:  # noqa: BLE001 - a database or network error is a message, not a traceback
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        except Exception as exc:  # noqa: BLE001 - a missing or foreign records file, a database error
+            raise CliError(str(exc)) from None
     kv = _kv_from_url(args.url, args.lane, args.key) if args.url else None  # issue 20: the KV pools
     if args.json:
         print(json.dumps({**stats, "kv": kv} if kv else stats, indent=2))

@@ -4,28 +4,31 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from .estimate import Estimator
 from .renderer import Rendered, Renderer, RenderOptions, effective_effort, options_for_request
-from .template import template_path
 
 
 def render_request(body: dict, options: RenderOptions | None, *, apply_request_overrides: bool = True) -> Rendered:
-    """Render `body` for a lane: exactly when the lane has a template, else as an estimate."""
-    if options is None or not options.template or not template_path(options.template).exists():
+    """Render `body` for a lane: exactly when the lane has a template, else as an estimate.
+
+    A lane whose template cannot be loaded raises TemplateNotFound: never a silent estimate in its place.
+    """
+    if options is None or not options.template:
         return Estimator().render(body)
     if apply_request_overrides:
         options = options_for_request(body, options)
     return Renderer(options).render(body, options)
 
 
-def render_command(request_path: str, options: RenderOptions | None, summary: bool = False) -> str:
+def render_command(request: str | dict[str, Any], options: RenderOptions | None, summary: bool = False) -> str:
     """The prompt (or with `summary` the token count and per-message token spans) for a request file.
 
     The file holds an OpenAI chat request body; the request's own reasoning_effort / thinking /
     chat_template_kwargs apply on top of the lane's options. Raises RenderError for bad input.
     """
-    body = json.loads(Path(request_path).read_text(encoding="utf-8"))
+    body = request if isinstance(request, dict) else json.loads(Path(request).read_text(encoding="utf-8"))
     r = render_request(body, options)
     if not summary:
         return r.prompt

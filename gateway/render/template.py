@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,14 @@ import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "chat_templates"
+# Templates ship inside the package (gateway/chat_templates/*.jinja, package data of the wheel) and are
+# read through importlib.resources, never from a path beside the source tree.
+PACKAGE = "gateway"
+PACKAGED_DIR = "chat_templates"
+
+
+class TemplateNotFound(ValueError):
+    """A lane names a template that is neither packaged nor a readable file."""
 
 
 class TemplateRaised(Exception):
@@ -58,19 +66,71 @@ _lock = threading.Lock()
 _templates: dict[str, ChatTemplate] = {}
 
 
+def packaged_templates() -> list[str]:
+    """Names of the templates that ship with the gateway (`deepseek_v4.1`, ...)."""
+    folder = resources.files(PACKAGE).joinpath(PACKAGED_DIR)
+    return sorted(e.name.removesuffix(".jinja") for e in folder.iterdir() if e.name.endswith(".jinja"))
+
+
+def is_file_reference(name: str) -> bool:
+    """`deepseek_v4.1` names a packaged template; `./mine.jinja`, `t/x.jinja`, `/abs/x.jinja` name files."""
+    return "/" in name or name.endswith(".jinja") or Path(name).is_absolute()
+
+
+def resolve_template(name: str, base_dir: str | Path | None = None) -> str:
+    """What a lane's `render.template` refers to: a packaged name as is, a file as an absolute path.
+
+    A relative file is relative to `base_dir` (the folder of routes.yaml). Raises TemplateNotFound with a
+    message fit for an operator (what was looked for, where, and what exists).
+    """
+    if not is_file_reference(name):
+        if not resources.files(PACKAGE).joinpath(PACKAGED_DIR, f"{name}.jinja").is_file():
+            raise TemplateNotFound(
+                f"no packaged chat template {name!r} (packaged: {', '.join(packaged_templates()) or 'none'}); "
+                "a template file of your own is a path ending in .jinja, relative to routes.yaml")
+        return name
+    path = Path(name).expanduser()
+    if not path.is_absolute():
+        path = Path(base_dir or Path.cwd()) / path
+    path = path.resolve()
+    if not path.is_file():
+        raise TemplateNotFound(f"chat template file {name!r} not found (looked for {path})")
+    return str(path)
+
+
 def template_path(name: str) -> Path:
-    p = Path(name)
-    if p.suffix == ".jinja" or p.is_absolute():
-        return p if p.is_absolute() else TEMPLATE_DIR / p
-    return TEMPLATE_DIR / f"{name}.jinja"
+    """A filesystem path of a template (for `vllm --chat-template` and messages); packaged or a file."""
+    if is_file_reference(name):
+        return Path(name)
+    with resources.as_file(resources.files(PACKAGE).joinpath(PACKAGED_DIR, f"{name}.jinja")) as p:
+        return Path(p)  # a real file in any installed wheel or checkout (no zip import here)
+
+
+def template_source(name: str) -> str:
+    """The text of a packaged template (by name) or of a template file (by path). Raises TemplateNotFound."""
+    try:
+        if is_file_reference(name):
+            return Path(name).read_text(encoding="utf-8")
+        return resources.files(PACKAGE).joinpath(PACKAGED_DIR, f"{name}.jinja").read_text(encoding="utf-8")
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        raise TemplateNotFound(f"chat template {name!r} not found") from None
 
 
 def load_template(name: str) -> ChatTemplate:
-    """Load a template by name (file under chat_templates/ without .jinja) or path; cached."""
+    """Load a template by packaged name (`deepseek_v4.1`) or file path (resolved: see resolve_template); cached.
+
+    Raises TemplateNotFound, or jinja2.TemplateSyntaxError for a template that does not compile.
+    """
+    key = name
+    if is_file_reference(name):
+        try:  # an edited file (then a routes reload) must not keep serving the old compiled text
+            st = Path(name).stat()
+            key = f"{name}\0{st.st_mtime_ns}\0{st.st_size}"
+        except OSError:
+            raise TemplateNotFound(f"chat template file {name!r} not found") from None
     with _lock:
-        t = _templates.get(name)
+        t = _templates.get(key)
         if t is None:
-            path = template_path(name)
-            t = ChatTemplate(name, path.read_text(encoding="utf-8"))
-            _templates[name] = t
+            t = ChatTemplate(name, template_source(name))
+            _templates[key] = t
         return t

@@ -7,7 +7,7 @@ same flags (see `engine_command`). When the engine is not installed the tests ar
 reason; when it is installed but does not come up, they fail with the tail of its log.
 
 The engine is started the way a production vLLM lane for DeepSeek-V4.1 would be: the lane's template
-(`--chat-template chat_templates/deepseek_v4.1.jinja`), DeepSeek-V4.1 tool and reasoning parsers,
+(`--chat-template gateway/chat_templates/deepseek_v4.1.jinja`), DeepSeek-V4.1 tool and reasoning parsers,
 prefix caching with 32-token blocks and cached-token reporting. Its KV pool is deliberately small
 (POOL_BLOCKS blocks of 32 tokens) so that interleaved long conversations evict each other:
 `VLLM_CPU_KVCACHE_SPACE` is a whole number of GiB (1 GiB is ~524K tokens for this model, ~30 s of
@@ -38,7 +38,7 @@ SHARED = Path(os.environ.get("GATEWAY_SHARED", REPO.parent / "shared"))
 ENGINE_DIR = SHARED / "engine"
 ENGINE_HOME = Path(os.environ.get("ENGINE_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
                    / "gateway-engine")
-TEMPLATE = REPO / "chat_templates" / "deepseek_v4.1.jinja"
+TEMPLATE = REPO / "gateway" / "chat_templates" / "deepseek_v4.1.jinja"  # package data; the same file vLLM gets
 
 MODEL = "deepseek-v4-tiny"  # --served-model-name in serve.sh
 BLOCK_SIZE = 32  # the smallest vLLM block on CPU
