@@ -48,11 +48,11 @@ class TurnEnd:
         found: Found | None = ex.annotations.get("conversation")
         if found is None or lane is None or ex.status != 200 or ex.cancelled or ex.error_code:
             return
-        task = asyncio.get_running_loop().create_task(self._write(ex, found, lane.name))
+        task = asyncio.get_running_loop().create_task(self._write(ex, found, lane.name, lane.config.engine))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _write(self, ex: Exchange, found: Found, lane: str) -> None:
+    async def _write(self, ex: Exchange, found: Found, lane: str, lane_engine: str) -> None:
         state = found.state
         n = len((ex.body or {}).get("messages") or ())
         head = Head(state.turn + 1, ex.effort_applied, ex.thinking_applied, ex.replica, n, state.source, lane,
@@ -60,7 +60,7 @@ class TurnEnd:
         value = f"{state.id}|{state.turn + 1}".encode()
         try:
             await self.store.set("head:" + state.id, head.to_bytes(), self.ttl_s)
-            for key in _anchors(found, ex.generated.as_message(), n):
+            for key in _anchors(found, ex.generated.as_message(), n, lane_engine):
                 await self.store.set(key, value, self.ttl_s)
         except Exception:  # never let bookkeeping hurt anyone; the analyzer writes state later
             log.exception("writing the head of %s failed", state.id)
@@ -179,7 +179,7 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
         nxt = estimator.render({**body, "messages": [*(body.get("messages") or []), generated_msg]})
         generated = nxt.segments[-1] if nxt.segments else None
 
-    new = new_turn(body, job.thinking, job.effort, job.rewritten, rendered.message_digests)
+    new = new_turn(body, job.thinking, job.effort, job.rewritten, rendered.message_digests, job.engine)
     old = state.last
     block = job.block_size
     n = rendered.n_tokens
@@ -227,8 +227,8 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
     }
     if job.usage and isinstance(job.usage.get("prompt_tokens"), int) and rendered.exact:
         cache["render_matches_engine"] = job.usage["prompt_tokens"] == n
-    last = turn_print(new, rendered, generated, generated_msg, request_tail(body.get("messages") or []),
-                      _kv_tokens(job, rendered))
+    last = turn_print(new, rendered, generated, generated_msg, request_tail(body.get("messages") or [], job.engine),
+                      _kv_tokens(job, rendered), job.engine)
     new_state = _next_state(job, state, last)
     new_state.last_cache = cache
     return new_state, cache, divergence, snippets
@@ -240,9 +240,9 @@ def _next_state(job: Job, state: ConversationState, last: TurnPrint | None) -> C
 
 
 def new_turn(body: dict[str, Any], thinking: bool | None, effort: int | str | None,
-             rewritten: dict | None = None, digests: list[int] | None = None) -> NewTurn:
+             rewritten: dict | None = None, digests: list[int] | None = None, engine: str = "sglang") -> NewTurn:
     return NewTurn(
-        messages=message_prints(body.get("messages") or [], digests),
+        messages=message_prints(body.get("messages") or [], digests, engine),
         thinking=thinking,
         effort=effort,
         tools_digest=_digest(body.get("tools")),
@@ -252,12 +252,12 @@ def new_turn(body: dict[str, Any], thinking: bool | None, effort: int | str | No
 
 
 def turn_print(new: NewTurn, rendered: Rendered, generated: Segment | None, generated_msg: dict[str, Any],
-               request_chain: int, kv_tokens: int | None = None) -> TurnPrint:
+               request_chain: int, kv_tokens: int | None = None, engine: str = "sglang") -> TurnPrint:
     return TurnPrint(
         segments=segment_prints(rendered.segments),
         generated=segment_prints([generated] if generated is not None else []),
         messages=new.messages,
-        generated_message=message_prints([{**generated_msg, "role": "assistant"}]),
+        generated_message=message_prints([{**generated_msg, "role": "assistant"}], engine=engine),
         thinking=new.thinking,
         effort=new.effort,
         tools_digest=new.tools_digest,
@@ -281,9 +281,9 @@ def char_offset(rendered: Rendered, cmp: Comparison, options: RenderOptions) -> 
     return _char_offset(rendered, cmp, options)
 
 
-def _anchors(found: Found, generated_msg: dict[str, Any], n_messages: int) -> list[str]:
+def _anchors(found: Found, generated_msg: dict[str, Any], n_messages: int, engine: str) -> list[str]:
     """What the client's next turn will carry as its latest assistant message, at its position."""
-    gen = message_digest(generated_msg)
+    gen = message_digest(generated_msg, engine)
     return [f"anc:{anchor(gen, n_messages):016x}", f"gen:{gen:016x}"]
 
 

@@ -45,7 +45,7 @@ class ConversationPolicy:
         if not isinstance(messages, list):  # /v1/completions: nothing to pin or compare
             return
         requested = effort_mod.resolve(body, lane.config)
-        lin = lineage(messages)
+        lin = lineage(messages, lane.config.engine)
         state, is_new, anchor_turn, source = await self._identify(ex, body, lin, lane)
         found = Found(state, lin, is_new, anchor_turn, requested)
         ex.annotations["conversation"] = found
@@ -73,7 +73,7 @@ class ConversationPolicy:
                 if state is None:
                     continue
                 anchor_turn = int(turn or 0)
-                if anchor_turn < state.turn and not self._is_retry(state, lin, body["messages"]):
+                if anchor_turn < state.turn and not self._is_retry(state, lin, body["messages"], lane.config.engine):
                     # A second continuation of an earlier turn: a fork with a common ancestor.
                     fork = ConversationState("c" + uuid.uuid4().hex[:16], "lineage", lane=lane.name,
                                              turn=anchor_turn, pinned_effort=state.pinned_effort,
@@ -101,11 +101,11 @@ class ConversationPolicy:
         return state
 
     @staticmethod
-    def _is_retry(state: ConversationState, lin: Lineage, messages: list) -> bool:
+    def _is_retry(state: ConversationState, lin: Lineage, messages: list, engine: str = "sglang") -> bool:
         """The same request as the conversation's latest turn, sent again."""
         if state.last is None or len(messages) != len(state.last.messages):
             return state.last is None and state.n_messages == len(messages)
-        return request_tail(messages) == state.last.request_chain
+        return request_tail(messages, engine) == state.last.request_chain
 
     def _pin(self, ex: Exchange, lane: LaneRuntime, body: dict[str, Any], found: Found) -> None:
         req = found.requested

@@ -27,7 +27,7 @@ import jinja2
 import orjson
 import xxhash
 
-from .engines import ENGINES, normalize_messages, normalize_tools, template_response_format
+from .normalize import ENGINES, parse_arguments, reasoning_field, template_messages, template_response_format, template_tools
 from .cache import ItemEntry, RenderedItem, SegmentCache, default_cache
 from .template import ChatTemplate, load_template
 from .tokenizer import TextTokenizer, load_tokenizer
@@ -514,8 +514,8 @@ class Renderer:
             rf = template_response_format(opts.engine, body)
             if opts.engine not in ENGINES:
                 raise RenderError(f"unknown engine {opts.engine!r} (expected one of {', '.join(ENGINES)})", None)
-            messages = normalize_messages(opts.engine, messages)
-            tools = normalize_tools(opts.engine, tools)
+            messages = template_messages(opts.engine, messages)
+            tools = template_tools(opts.engine, tools)
         roles = []
         for i, m in enumerate(messages):
             if not isinstance(m, dict):
