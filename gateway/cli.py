@@ -137,6 +137,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(f"ok: {len(config.lanes)} lanes, {len(config.models)} models")
     for alias, lane in config.models.items():
         print(f"  {alias} -> {lane} ({config.lanes[lane].engine}, {len(config.lanes[lane].replicas)} replicas)")
+    from .render.told import untold
+
+    for name, lane_cfg in config.lanes.items():
+        for problem in untold(lane_cfg):
+            print(f"  warning: lanes.{name}.{problem}")
     for extra in CHECK_EXTRAS:
         extra(config, Path(args.routes_file))
     return 0
@@ -161,7 +166,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     if lane is None:
         print(f"error: no lane {args.lane!r} in {args.routes}", file=sys.stderr)
         return 2
-    print(render_command(args.request, options_for_lane(lane), args.summary))
+    print(render_command(args.request, options_for_lane(lane), args.summary, lane=lane))
     return 0
 
 

@@ -19,7 +19,9 @@ import orjson
 import xxhash
 
 from ..exchange import Exchange
-from ..render.renderer import Rendered, RenderError, Renderer, RenderOptions, Segment
+from ..render.options import options_for_lane
+from ..render.renderer import Rendered, RenderError, Renderer, RenderOptions, Segment, effective_effort
+from ..render.told import read as read_options
 from ..render.tokenizer import load_tokenizer
 from ..runtime import LaneRuntime
 from ..store import StateStore
@@ -179,7 +181,8 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
         nxt = estimator.render({**body, "messages": [*(body.get("messages") or []), generated_msg]})
         generated = nxt.segments[-1] if nxt.segments else None
 
-    new = new_turn(body, job.thinking, job.effort, job.rewritten, rendered.message_digests, job.engine)
+    thinking, effort = _rendered_mode(options, job) if rendered.exact else (job.thinking, job.effort)
+    new = new_turn(body, thinking, effort, job.rewritten, rendered.message_digests, job.engine)
     old = state.last
     block = job.block_size
     n = rendered.n_tokens
@@ -232,6 +235,15 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
     new_state = _next_state(job, state, last)
     new_state.last_cache = cache
     return new_state, cache, divergence, snippets
+
+
+def _rendered_mode(options: RenderOptions, job: Job) -> tuple[bool | None, int | str | None]:
+    """(thinking, effort number) the engine renders this turn with, as the analysis reads the body."""
+    try:
+        return options.thinking, effective_effort(RenderOptions(thinking=True, reasoning_effort=options.reasoning_effort,
+                                                                effort_map=options.effort_map))
+    except RenderError:
+        return job.thinking, job.effort
 
 
 def _next_state(job: Job, state: ConversationState, last: TurnPrint | None) -> ConversationState:
@@ -288,17 +300,10 @@ def _anchors(found: Found, generated_msg: dict[str, Any], n_messages: int, engin
 
 
 def _options(lane: LaneRuntime, ex: Exchange) -> RenderOptions:
-    r = lane.config.render
-    effort = ex.effort_applied if isinstance(ex.effort_applied, int) else None
-    return RenderOptions(
-        template=r.template or "deepseek_v4.1",
-        thinking=bool(ex.thinking_applied) if ex.thinking_applied is not None else r.thinking,
-        reasoning_effort=effort,
-        effort_map=r.effort_map,
-        drop_thinking=r.drop_thinking,
-        tokenizer_path=r.tokenizer_path,
-        engine="vllm" if lane.config.engine == "vllm" else "sglang",  # the lane's request normalisation
-    )
+    """This turn's render options: the body as forwarded, read the way the lane's engine reads it
+    (render/told.py; `gateway render` goes through the same function)."""
+    base = lane.extras["renderer"].defaults if "renderer" in lane.extras else options_for_lane(lane.config)
+    return read_options(ex.body or {}, base)
 
 
 def _tokens_of(renderer: Renderer | None, options: RenderOptions):

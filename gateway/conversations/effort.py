@@ -12,8 +12,8 @@ from typing import Any
 
 from ..config import Lane
 from ..errors import invalid_request
+from ..render.effort import DEFAULT_EFFORT_MAP, effort_number, effort_word  # noqa: F401 (re-exported)
 
-DEFAULT_EFFORT_MAP = {"low": 25, "high": 50, "xhigh": 75, "max": 100}
 
 
 @dataclass(frozen=True)
@@ -56,43 +56,23 @@ def resolve(body: dict[str, Any], lane: Lane) -> EffortChoice:
     value = raw if raw is not None else lane.render.default_effort
     if lane.render.template is None:
         return EffortChoice(thinking, value, raw)
-    emap = effort_map(lane)
-    if value is None:
-        value = "high"
-    if type(value) is int and 1 <= value <= 100:
-        number = value
-    elif type(value) is str and value in emap:
-        number = emap[value]
-    else:
-        raise invalid_request(
-            f"invalid reasoning_effort {value!r}: expected an integer 1-100 or one of {', '.join(emap)}",
-            param="reasoning_effort", code="invalid_value",
-        )
+    try:
+        number = effort_number(value, lane.render.effort_map)
+    except ValueError as e:
+        raise invalid_request(str(e).replace("invalid reasoning effort", "invalid reasoning_effort"),
+                              param="reasoning_effort", code="invalid_value") from None
     return EffortChoice(thinking, number, raw)
 
 
 def apply_to_body(body: dict[str, Any], lane: Lane, thinking: bool, effort: int | str | None) -> None:
-    """Rewrite the request so the engine renders exactly (thinking, effort), however it reads them."""
-    word = _word_for(lane, effort)
-    carry = set(lane.render.carry)
-    if "reasoning_effort" in carry:
-        if word is not None:
-            body["reasoning_effort"] = word
-        else:
-            body.pop("reasoning_effort", None)
-    if "chat_template_kwargs" in carry:
-        kwargs = dict(body.get("chat_template_kwargs") or {})
-        kwargs["thinking"] = thinking
-        kwargs["enable_thinking"] = thinking
-        if effort is not None:
-            kwargs["reasoning_effort"] = word if word is not None else effort
-        body["chat_template_kwargs"] = kwargs
-    if "thinking" in carry:
-        body["thinking"] = {"type": "enabled" if thinking else "disabled"}
+    """Rewrite the request so the engine renders exactly (thinking, effort), however it reads them
+    (render/told.py, which also states the lane's drop_thinking)."""
+    from ..render.told import tell
+
+    tell(body, lane, thinking, effort if isinstance(effort, int) else None)
 
 
 def _word_for(lane: Lane, effort: int | str | None) -> str | None:
     if effort is None or isinstance(effort, str):
         return effort if isinstance(effort, str) else None
-    words = [w for w, n in effort_map(lane).items() if n == effort]
-    return words[0] if len(words) == 1 else None
+    return effort_word(effort, lane.render.effort_map)

@@ -27,6 +27,7 @@ import jinja2
 import orjson
 import xxhash
 
+from .effort import DEFAULT_EFFORT, DEFAULT_EFFORT_MAP, effort_number
 from .normalize import ENGINES, parse_arguments, reasoning_field, template_messages, template_response_format, template_tools
 from .cache import ItemEntry, RenderedItem, SegmentCache, default_cache
 from .template import ChatTemplate, load_template
@@ -34,8 +35,6 @@ from .tokenizer import TextTokenizer, load_tokenizer
 
 IMAGE_PLACEHOLDER = "<｜deepseek_image｜>"
 ROLES = ("system", "user", "assistant", "tool", "developer")
-DEFAULT_EFFORT_MAP: Mapping[str, int] = {"low": 25, "high": 50, "xhigh": 75, "max": 100}
-DEFAULT_EFFORT = "high"
 SPECIAL_BOUNDARY_TOKENS = (
     "<｜begin▁of▁sentence｜>",
     "<｜end▁of▁sentence｜>",
@@ -66,7 +65,7 @@ def xxh64(text: str) -> int:
 
 @dataclass(frozen=True)
 class RenderOptions:
-    template: str = "deepseek_v4.1"  # file name under chat_templates/ without .jinja
+    template: str | None = "deepseek_v4.1"  # file name under chat_templates/ without .jinja; None: no template
     thinking: bool = True
     reasoning_effort: str | int | None = None  # raw request value
     effort_map: Mapping[str, int] | None = None  # None = template default
@@ -159,19 +158,10 @@ def _effort_map(options: RenderOptions) -> Mapping[str, int]:
 
 def effective_effort(options: RenderOptions) -> int | None:
     """The number the prompt carries in thinking mode (None in chat mode); validates in both modes."""
-    emap = _effort_map(options)
-    e = options.reasoning_effort
-    if e is None:
-        e = DEFAULT_EFFORT
-    if type(e) is int and 1 <= e <= 100:
-        value = e
-    elif type(e) is str and e in emap:
-        value = int(emap[e])
-    else:
-        raise RenderError(
-            f"invalid reasoning effort {e!r}; expected an integer 1-100 or one of {', '.join(map(str, emap))}",
-            "reasoning_effort",
-        )
+    try:
+        value = effort_number(options.reasoning_effort, options.effort_map)
+    except ValueError as e:
+        raise RenderError(str(e), "reasoning_effort") from None
     return value if options.thinking else None
 
 
@@ -545,6 +535,8 @@ class Renderer:
             if k >= offset:
                 _normalize_message(msgs[k], k - offset)
         ctx_digest = _digest_obj([tools, rf]) if (tools or rf) else 0
+        if not opts.template:
+            raise RenderError("this lane has no chat template: only a message-level estimate is possible", None)
         template = load_template(opts.template)
         return _Prepared(opts, template, effort, tools, rf, offset, msgs, digests, items, ctx_digest)
 
@@ -689,27 +681,8 @@ def _template_error(e: jinja2.TemplateError) -> RenderError:
 
 
 def options_for_request(body: Mapping[str, Any], defaults: RenderOptions) -> RenderOptions:
-    """Apply a request's own thinking / effort settings on top of a lane's defaults.
+    """The render options the lane's engine uses for `body`: render/told.py `read` (the engine's own
+    precedence of `reasoning_effort`, `chat_template_kwargs.{thinking, reasoning_effort, drop_thinking}`)."""
+    from .told import read
 
-    Reads `reasoning_effort`, `thinking` (bool or {"type": "enabled"|"disabled"}) and
-    `chat_template_kwargs.{thinking, reasoning_effort, drop_thinking}`; later sources win.
-    """
-    import dataclasses
-
-    upd: dict[str, Any] = {}
-    if "reasoning_effort" in body and body["reasoning_effort"] is not None:
-        upd["reasoning_effort"] = body["reasoning_effort"]
-    th = body.get("thinking")
-    if isinstance(th, bool):
-        upd["thinking"] = th
-    elif isinstance(th, dict) and th.get("type") in ("enabled", "disabled"):
-        upd["thinking"] = th["type"] == "enabled"
-    kw = body.get("chat_template_kwargs")
-    if isinstance(kw, dict):
-        if isinstance(kw.get("thinking"), bool):
-            upd["thinking"] = kw["thinking"]
-        if kw.get("reasoning_effort") is not None:
-            upd["reasoning_effort"] = kw["reasoning_effort"]
-        if isinstance(kw.get("drop_thinking"), bool):
-            upd["drop_thinking"] = kw["drop_thinking"]
-    return dataclasses.replace(defaults, **upd) if upd else defaults
+    return read(dict(body), defaults)
