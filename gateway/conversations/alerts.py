@@ -9,6 +9,7 @@ import orjson
 
 from ..exchange import Exchange
 from ..store import StateStore
+from .causes import fixer
 from .drift import Divergence
 
 INDEX = "alerts"
@@ -49,6 +50,7 @@ class AlertBook:
             "turn": ex.turn,
             "request_id": ex.request_id,
             "cause": div.cause,
+            "fixable_by": fixer(div.cause),
             "message_index": div.message_index,
             "field": div.field,
             "tokens_lost": tokens_lost,

@@ -19,6 +19,7 @@ import orjson
 import xxhash
 
 from ..exchange import Exchange
+from ..render.normalize import template_response_format, template_tools
 from ..render.options import options_for_lane
 from ..render.renderer import Rendered, RenderError, Renderer, RenderOptions, Segment, effective_effort
 from ..render.told import read as read_options
@@ -257,8 +258,10 @@ def new_turn(body: dict[str, Any], thinking: bool | None, effort: int | str | No
         messages=message_prints(body.get("messages") or [], digests, engine),
         thinking=thinking,
         effort=effort,
-        tools_digest=_digest(body.get("tools")),
-        response_format_digest=_digest(body.get("response_format")),
+        # What the engine's template sees (vLLM re-serialises tools and ignores a top-level
+        # response_format), in the given key order (the template renders it in that order).
+        tools_digest=_digest(template_tools(engine, body.get("tools") or None)),
+        response_format_digest=_digest(template_response_format(engine, body)),
         rewritten=rewritten,
     )
 
@@ -278,6 +281,7 @@ def turn_print(new: NewTurn, rendered: Rendered, generated: Segment | None, gene
         exact=rendered.exact,
         request_chain=request_chain,
         kv_tokens=kv_tokens,
+        dropped=rendered.dropped,
     )
 
 
@@ -361,7 +365,11 @@ def _reported_cached(usage: dict[str, Any] | None, engine: str = "vllm") -> int 
 def _digest(value: Any) -> int:
     if not value:
         return 0
-    return xxhash.xxh32_intdigest(orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
+    try:
+        data = orjson.dumps(value)
+    except TypeError:
+        data = repr(value).encode("utf-8", "surrogatepass")
+    return xxhash.xxh32_intdigest(data)
 
 
 def _unknown(why: str) -> dict[str, Any]:
