@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN = $(VENV)/bin
 
-.PHONY: install run test test-engine bench clean
+.PHONY: install run test test-engine fuzz-drift bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ test: install
 
 test-engine: install
 	$(BIN)/pytest -q -m engine
+
+# The drift classifier's labelled-mutation fuzzer at length (make test runs 2,000 examples).
+fuzz-drift: install
+	FUZZ_DRIFT_EXAMPLES=$${FUZZ_DRIFT_EXAMPLES:-50000} $(BIN)/pytest -q tests/test_drift_fuzz.py
 
 bench: install
 	$(BIN)/python bench/overhead.py

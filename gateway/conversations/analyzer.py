@@ -27,7 +27,7 @@ from ..render.tokenizer import load_tokenizer
 from ..runtime import LaneRuntime
 from ..store import StateStore
 from .alerts import AlertBook
-from .drift import Comparison, Divergence, NewTurn, classify, compare
+from .drift import Comparison, Divergence, NewTurn, classify, compare, old_tokens_at
 from .identity import anchor, message_digest, request_tail
 from .job import Job, Outcome
 from .policy import Found
@@ -202,7 +202,7 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
         predicted = max(0, usable) // block * block
         potential = max(0, min(held, n - 1)) // block * block
         if not cmp.stable:
-            offset_chars = _char_offset(rendered, cmp, options)
+            offset_chars = _char_offset(rendered, cmp, options, old, tokens_of)
             divergence = classify(old, new, rendered, cmp, offset_chars)
             snippets = _snippets(rendered, cmp, old, tokens_of, options)
             verdict, tokens_lost = "drift", max(0, potential - predicted)
@@ -293,8 +293,9 @@ def _kv_tokens(job: Job, rendered: Rendered) -> int | None:
     return rendered.n_tokens + completion - 1
 
 
-def char_offset(rendered: Rendered, cmp: Comparison, options: RenderOptions) -> int:
-    return _char_offset(rendered, cmp, options)
+def char_offset(rendered: Rendered, cmp: Comparison, options: RenderOptions, old: TurnPrint | None = None,
+                tokens_of=None) -> int:
+    return _char_offset(rendered, cmp, options, old, tokens_of)
 
 
 def _anchors(found: Found, generated_msg: dict[str, Any], n_messages: int, engine: str) -> list[str]:
@@ -321,12 +322,29 @@ def _tokens_of(renderer: Renderer | None, options: RenderOptions):
     return tokens_of
 
 
-def _char_offset(rendered: Rendered, cmp: Comparison, options: RenderOptions) -> int:
+def _char_offset(rendered: Rendered, cmp: Comparison, options: RenderOptions, old: TurnPrint | None = None,
+                 tokens_of=None) -> int:
+    """The first differing *character* in the break segment: where the first differing token starts,
+    plus the characters the two differing tokens still share (a token can straddle the change, e.g.
+    "\n" + "\n\n## Response" tokenizing as "\n\n\n": the change is after the tools block, not in it)."""
     seg = rendered.segments[cmp.segment] if cmp.segment is not None and cmp.segment < len(rendered.segments) else None
     if seg is None or not rendered.exact:
         return 0
     tok = load_tokenizer(options.tokenizer_path)
-    return len(tok.decode(list(seg.token_ids[: cmp.token_offset])))
+    base = len(tok.decode(list(seg.token_ids[: cmp.token_offset])))
+    if old is None or tokens_of is None:
+        return base
+    old_ids = old_tokens_at(old, tokens_of, cmp.lcp_tokens, 8)
+    if not old_ids:
+        return base
+    new_ids = list(seg.token_ids[cmp.token_offset: cmp.token_offset + 8])
+    a, b = tok.decode(old_ids), tok.decode(new_ids)
+    shared = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        shared += 1
+    return min(base + shared, max(0, len(seg.text) - 1))
 
 
 def _snippets(rendered: Rendered, cmp: Comparison, old: TurnPrint, tokens_of, options: RenderOptions,

@@ -81,6 +81,25 @@ def compare(old: TurnPrint, new: Rendered, tokens_of: TokensOf) -> Comparison:
                       0, True)
 
 
+def old_tokens_at(old: TurnPrint, tokens_of: TokensOf, position: int, n: int) -> list[int]:
+    """Up to `n` token ids of the previous render + output from absolute `position` (if still cached)."""
+    prints = _concat(old.segments, old.generated)
+    out: list[int] = []
+    pos = 0
+    for j in range(len(prints.digests)):
+        t = prints.tokens[j]
+        if pos + t > position:
+            ids = tokens_of(prints.digests[j], prints.lengths[j])
+            if ids is None:
+                break
+            out.extend(list(ids)[max(0, position - pos):])
+            if len(out) >= n:
+                break
+            position = pos + t
+        pos += t
+    return out[:n]
+
+
 def _concat(a: SegmentPrints, b: SegmentPrints) -> SegmentPrints:
     return SegmentPrints(a.digests + b.digests, a.tokens + b.tokens, a.lengths + b.lengths,
                          a.messages + b.messages, a.roles + b.roles)
@@ -166,10 +185,10 @@ def classify(old: TurnPrint, new: NewTurn, rendered: Rendered, cmp: Comparison, 
     # response-format blocks of the (possibly inserted) system message.
     if first and new.thinking != old.thinking and fld in (None, "bos", "header", "effort", "content",
                                                           "generation_header"):
-        return Divergence("thinking_toggled", 0, "thinking")
+        return Divergence("thinking_toggled", mi, "thinking")
     if fld == "effort":
-        return Divergence("effort_changed", 0, "reasoning_effort") if new.effort != old.effort \
-            else Divergence("unknown", 0, "reasoning_effort")
+        return Divergence("effort_changed", mi, "reasoning_effort") if new.effort != old.effort \
+            else Divergence("unknown", mi, "reasoning_effort")
     boundary = (cmp.first_segment is not None and cmp.first_segment < cmp.segment and cmp.token_offset == 0)
     if boundary:
         # The old render of an earlier segment was longer: what it had at its end is what changed
@@ -179,11 +198,11 @@ def classify(old: TurnPrint, new: NewTurn, rendered: Rendered, cmp: Comparison, 
         first = first or cmp.first_segment == 0 or prev.message_index <= 0
         fld = None if fld in ("content", "tool_result") else fld
     if fld == "tools" or (first and member <= 0 and fld != "content" and new.tools_digest != old.tools_digest):
-        return Divergence("tools_changed" if new.tools_digest != old.tools_digest else "unknown", 0, "tools")
+        return Divergence("tools_changed" if new.tools_digest != old.tools_digest else "unknown", mi, "tools")
     if fld == "response_format" or (first and member <= 0 and fld != "content"
                                     and new.response_format_digest != old.response_format_digest):
         cause = "response_format_changed" if new.response_format_digest != old.response_format_digest else "unknown"
-        return Divergence(cause, 0, "response_format")
+        return Divergence(cause, mi, "response_format")
     old_msgs = _concat_messages(old.messages, old.generated_message)
     m = max(member, 0)
     if fld == "generation_header" or fld is None:
