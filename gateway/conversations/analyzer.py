@@ -195,7 +195,8 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
         predicted = 0
         verdict, tokens_lost = "cold", 0
     else:
-        tokens_of = _tokens_of(renderer, options)
+        tokens_of = _tokens_of(renderer, options) if renderer is not None and rendered.exact else (
+            estimator.tokens_of if estimator is not None else _tokens_of(None, options))
         cmp = compare(old, rendered, tokens_of)
         held = cmp.old_tokens - 1 if old.kv_tokens is None else min(cmp.old_tokens - 1, old.kv_tokens)
         usable = min(cmp.lcp_tokens, held, n - 1)
@@ -204,7 +205,8 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
         if not cmp.stable:
             offset_chars = _char_offset(rendered, cmp, options, old, tokens_of)
             divergence = classify(old, new, rendered, cmp, offset_chars)
-            snippets = _snippets(rendered, cmp, old, tokens_of, options)
+            snippets = _snippets(rendered, cmp, old, tokens_of, options) if rendered.exact else \
+                _message_snippets(rendered, cmp, old, tokens_of)
             verdict, tokens_lost = "drift", max(0, potential - predicted)
         elif reported is None:
             verdict, tokens_lost = "unknown", 0
@@ -364,6 +366,27 @@ def _snippets(rendered: Rendered, cmp: Comparison, old: TurnPrint, tokens_of, op
         ids = tokens_of(olds[cmp.segment], lens[cmp.segment])
         if ids is not None:
             before = tok.decode(list(ids)[max(0, k - width): k + width])
+    return before[:200], after[:200]
+
+
+def _message_snippets(rendered: Rendered, cmp: Comparison, old: TurnPrint, tokens_of,
+                      width: int = 100) -> tuple[str, str] | None:
+    """Template-less lanes: both snippets from the messages' canonical text (estimate.py) around the break."""
+    if cmp.segment is None or cmp.segment >= len(rendered.segments):
+        return None
+    from ..render.estimate import encoding
+
+    seg = rendered.segments[cmp.segment]
+    enc = encoding()
+    k = cmp.token_offset
+    after = enc.decode(list(seg.token_ids)[max(0, k - 16): k + 16]) if cmp.exact else seg.text[:width]
+    olds = old.segments.digests + old.generated.digests
+    lens = old.segments.lengths + old.generated.lengths
+    before = ""
+    if cmp.segment < len(olds):
+        ids = tokens_of(olds[cmp.segment], lens[cmp.segment])
+        if ids is not None:
+            before = enc.decode(list(ids)[max(0, k - 16): k + 16]) if cmp.exact else enc.decode(list(ids)[:32])
     return before[:200], after[:200]
 
 

@@ -183,7 +183,7 @@ def classify(old: TurnPrint, new: NewTurn, rendered: Rendered, cmp: Comparison, 
         return Divergence(new.rewritten.get("cause", "history_edited"), new.rewritten.get("message_index", mi), fld)
     # Request-level parts: the effort line and the header at the very start, the tools and
     # response-format blocks of the (possibly inserted) system message.
-    if first and new.thinking != old.thinking and fld in (None, "bos", "header", "effort", "content",
+    if rendered.exact and first and new.thinking != old.thinking and fld in (None, "bos", "header", "effort", "content",
                                                           "generation_header"):
         return Divergence("thinking_toggled", mi, "thinking")
     if fld == "effort":
@@ -197,12 +197,14 @@ def classify(old: TurnPrint, new: NewTurn, rendered: Rendered, cmp: Comparison, 
         fld, member = rendered.source_at(cmp.first_segment, max(0, len(prev.text) - 1))  # type: ignore[arg-type]
         first = first or cmp.first_segment == 0 or prev.message_index <= 0
         fld = None if fld in ("content", "tool_result") else fld
-    if fld == "tools" or (first and member <= 0 and fld != "content" and new.tools_digest != old.tools_digest):
-        return Divergence("tools_changed" if new.tools_digest != old.tools_digest else "unknown", mi, "tools")
-    if fld == "response_format" or (first and member <= 0 and fld != "content"
-                                    and new.response_format_digest != old.response_format_digest):
-        cause = "response_format_changed" if new.response_format_digest != old.response_format_digest else "unknown"
-        return Divergence(cause, mi, "response_format")
+    tools_moved = new.tools_digest != old.tools_digest
+    rf_moved = new.response_format_digest != old.response_format_digest
+    if fld in ("tools", "response_format") or (first and member <= 0 and fld != "content" and (tools_moved or rf_moved)):
+        if tools_moved and (fld != "response_format" or not rf_moved):
+            return Divergence("tools_changed", mi, "tools")
+        if rf_moved:
+            return Divergence("response_format_changed", mi, "response_format")
+        return Divergence("unknown", mi, fld)
     old_msgs = _concat_messages(old.messages, old.generated_message)
     m = max(member, 0)
     if fld == "generation_header" or fld is None:

@@ -135,7 +135,9 @@ class ConversationPolicy:
         if lane.config.render.template is not None and policy != "off":
             # Say it explicitly, so the engine renders what the gateway predicts whatever its defaults.
             effort_mod.apply_to_body(body, lane.config, bool(ex.thinking_applied), ex.effort_applied)
-        ex.response_headers["X-Gateway-Effort"] = _header(ex, state)
+        if lane.config.render.template is not None:
+            # Template-less lanes: the gateway does not know how the engine renders effort, so it says nothing.
+            ex.response_headers["X-Gateway-Effort"] = _header(ex, state)
         ex.response_headers["X-Gateway-Conversation"] = f"{state.id}; turn={ex.turn}; via={ex.conversation_source}"
 
 

@@ -24,7 +24,7 @@ def attach(lane: "LaneRuntime") -> None:
             from .estimate import Estimator
         except ImportError:  # estimator not available: message-level analysis is skipped
             return
-        lane.extras["estimator"] = Estimator()
+        lane.extras["estimator"] = Estimator(engine=lane.config.engine)
 
 
 def install(gw: "Gateway") -> None:
