@@ -27,7 +27,7 @@ from ..render.tokenizer import load_tokenizer
 from ..runtime import LaneRuntime
 from ..store import StateStore
 from .alerts import AlertBook
-from .drift import Comparison, Divergence, NewTurn, classify, compare, old_tokens_at
+from .drift import Comparison, Divergence, NewTurn, classify, common_prefix, compare, old_tokens_at
 from .identity import anchor, message_digest, request_tail
 from .job import Job, Outcome
 from .policy import Found
@@ -146,6 +146,7 @@ def make_job(ex: Exchange, lane: LaneRuntime, found: Found, in_process: bool = T
         # The router says this turn runs away from the conversation's cache (see routing/base.py).
         rehomed=isinstance(routing, dict) and bool(routing.get("expected_cold")),
         repinned=found.repinned, state=found.state,
+        prompt_token_ids=ex.generated.prompt_token_ids, generated_token_ids=ex.generated.token_ids or None,
     )
 
 
@@ -210,6 +211,11 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
             verdict, tokens_lost = "drift", max(0, potential - predicted)
         elif reported is None:
             verdict, tokens_lost = "unknown", 0
+        elif reported < predicted and old.retokenized_at is not None and reported <= old.retokenized_at:
+            # The engine cached the ids it generated; the output, sent back as text, renders to other ids
+            # from this position on: not an eviction, and nobody's fault.
+            verdict, tokens_lost = "drift", predicted - reported
+            divergence = Divergence("output_retokenized", len(old.messages), None)
         elif reported < predicted and job.rehomed:
             # The router moved the conversation (re-homed): its cache stayed where it was.
             verdict, tokens_lost, predicted = "cold", predicted - reported, 0
@@ -231,10 +237,19 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
         "render": "exact" if rendered.exact else "estimated",
         "repinned": job.repinned,
     }
-    if job.usage and isinstance(job.usage.get("prompt_tokens"), int) and rendered.exact:
+    if job.prompt_token_ids is not None and rendered.exact:
+        # The engine said which ids it prefilled: compare content, not counts.
+        ours = rendered.token_ids
+        cache["render_check"] = "token_ids"
+        cache["render_matches_engine"] = job.prompt_token_ids == ours
+        if not cache["render_matches_engine"]:
+            cache["render_first_difference"] = common_prefix(job.prompt_token_ids, ours)
+    elif job.usage and isinstance(job.usage.get("prompt_tokens"), int) and rendered.exact:
+        cache["render_check"] = "count"  # the engine gave no ids: a same-length difference would pass unseen
         cache["render_matches_engine"] = job.usage["prompt_tokens"] == n
     last = turn_print(new, rendered, generated, generated_msg, request_tail(body.get("messages") or [], job.engine),
                       _kv_tokens(job, rendered), job.engine)
+    last.retokenized_at = _retokenized_at(job, rendered, generated)
     new_state = _next_state(job, state, last)
     new_state.last_cache = cache
     return new_state, cache, divergence, snippets
@@ -285,6 +300,16 @@ def turn_print(new: NewTurn, rendered: Rendered, generated: Segment | None, gene
         kv_tokens=kv_tokens,
         dropped=rendered.dropped,
     )
+
+
+def _retokenized_at(job: Job, rendered: Rendered, generated: Segment | None) -> int | None:
+    """Where the engine's generated ids (when it said them) part from the render of the output as the
+    next turn sends it back: absolute token position, or None when they agree (or nobody knows)."""
+    ids = job.generated_token_ids
+    if not ids or generated is None or not rendered.exact:
+        return None
+    k = common_prefix(ids, list(generated.token_ids))
+    return None if k >= min(len(ids), len(generated.token_ids)) else rendered.n_tokens + k
 
 
 def _kv_tokens(job: Job, rendered: Rendered) -> int | None:

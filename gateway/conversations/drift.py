@@ -199,7 +199,10 @@ def classify(old: TurnPrint, new: NewTurn, rendered: Rendered, cmp: Comparison, 
         fld = None if fld in ("content", "tool_result") else fld
     tools_moved = new.tools_digest != old.tools_digest
     rf_moved = new.response_format_digest != old.response_format_digest
-    if fld in ("tools", "response_format") or (first and member <= 0 and fld != "content" and (tools_moved or rf_moved)):
+    # The tools and response-format blocks close the first rendered item (an inserted system message, or
+    # whatever renders first): a break there, outside any message's own text, is theirs when they changed.
+    request_part = first and (member <= 0 or fld in (None, "bos", "header", "effort"))
+    if fld in ("tools", "response_format") or (request_part and fld != "content" and (tools_moved or rf_moved)):
         if tools_moved and (fld != "response_format" or not rf_moved):
             return Divergence("tools_changed", mi, "tools")
         if rf_moved:

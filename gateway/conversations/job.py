@@ -35,6 +35,8 @@ class Job:
     repinned: bool
     state: ConversationState  # as the hot path found it
     stored: bytes | None = None  # the freshest stored state (another worker or process may have moved on)
+    prompt_token_ids: list[int] | None = None  # what the engine prefilled (vLLM return_token_ids), if it said
+    generated_token_ids: list[int] | None = None  # what the engine generated, if it said
 
 
 @dataclass
