@@ -14,7 +14,7 @@ import asyncio
 import inspect
 import logging
 import os
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 from .exchange import Exchange
 from .runtime import LaneRuntime
@@ -32,9 +32,10 @@ DEFAULT_MAX_QUEUE_BYTES = 64 * 1024 * 1024
 class Aftermath:
     """A Finisher (see runtime.py): analyzers run in order, then sinks, per exchange."""
 
-    def __init__(self, workers: int = 2, max_queue: int = 10_000, max_queue_bytes: int | None = None) -> None:
-        self.analyzers: list[Step] = []  # e.g. render + drift verdict (writes ex.annotations)
-        self.sinks: list[Step] = []  # e.g. request record, metrics, alerts (read ex.annotations)
+    def __init__(self, analyzers: Sequence[Step] = (), sinks: Sequence[Step] = (), workers: int = 2,
+                 max_queue: int = 10_000, max_queue_bytes: int | None = None) -> None:
+        self.analyzers = tuple(analyzers)  # e.g. render + drift verdict (writes ex.cache)
+        self.sinks = tuple(sinks)  # e.g. request record, metrics (read the exchange)
         self.skipped_analysis = 0
         self.processed = 0
         self._queue: asyncio.Queue[tuple[Exchange, LaneRuntime | None]] | None = None
@@ -68,7 +69,7 @@ class Aftermath:
             self.queued_bytes += cost
         except asyncio.QueueFull:
             self.skipped_analysis += 1
-            ex.annotations["analysis_skipped"] = "queue_full"
+            ex.analysis_skipped = "queue_full"
             asyncio.get_event_loop().create_task(self._run_sinks(ex, lane))
 
     async def drain(self, timeout: float = 10.0) -> bool:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .conversations.policy import Found
 
 
 @dataclass
@@ -47,6 +50,21 @@ class GeneratedOutput:
 
 
 @dataclass
+class LimitNotes:
+    """What the lane limits did to this request (rewrites, refusals, the exact count near the window)."""
+
+    rejected: str | None = None  # the limit that refused the request
+    error: str | None = None  # a limit that failed inside the gateway (it then lets the request pass)
+    images_dropped: list[str] = field(default_factory=list)  # params of images replaced by a marker
+    top_logprobs_clamped: dict[str, int] | None = None  # {"requested": n, "forwarded": cap}
+    placeholders_escaped: list[str] = field(default_factory=list)
+    prompt_tokens_counted: dict[str, Any] | None = None  # {"n", "how", "bound"}
+    # A rewrite of history the analysis must explain as a cause of its own, e.g.
+    # {"cause": "image_removed", "message_index": 3}.
+    history_rewritten: dict[str, Any] | None = None
+
+
+@dataclass
 class Exchange:
     request_id: str
     path: str = "/v1/chat/completions"
@@ -80,8 +98,24 @@ class Exchange:
     thinking_requested: bool | None = None
     thinking_applied: bool | None = None
     limits_fired: list[str] = field(default_factory=list)
+    limits: LimitNotes = field(default_factory=LimitNotes)
     response_headers: dict[str, str] = field(default_factory=dict)
-    annotations: dict[str, Any] = field(default_factory=dict)
+
+    # Who asked: the tenant of the client key (its id, never the key); "default" without keys.
+    tenant: str = "default"
+
+    # What the parts tell each other, typed (written on the hot path, read after the response).
+    conversation: "Found | None" = None  # the conversation policy's finding, for routing and analysis
+    routing: dict[str, Any] | None = None  # the replica decision: policy, replica, reason, expected_cold
+    routing_single: bool = False  # the lane has one replica: no routing lookups were made
+    routing_hint: Any = None  # what the affinity router read from the store before choosing
+    routing_urls: list[str] = field(default_factory=list)  # replicas in the order they were tried
+    cache: dict[str, Any] | None = None  # the analysis verdict: predicted/reported, verdict, cause
+    analysis_ms: float | None = None
+    analysis_skipped: str | None = None  # why this turn got no analysis (e.g. "queue_full")
+    state_bytes: int | None = None
+    qualification: str | None = None  # "overridden" when an unqualified lane served under override
+    qualification_run: bool = False  # sent by `gateway qualify` through the qualify route
 
     # Timings, perf_counter seconds.
     t_forwarded: float | None = None

@@ -10,7 +10,7 @@ replica's breaker opens before real requests pay for finding out. A passed probe
 replica ends its cool-down at once: the next real request is its half-open probe. A probe never
 closes a breaker by itself: a replica that answers /health but fails every generation stays out.
 
-Results are kept per replica URL in ``gw.services["health"].results``; ``GET /admin/api/health``
+Results are kept per replica URL in ``HealthProber.results``; ``GET /admin/api/health``
 (admin key) shows every replica's breaker state (closed, open, half_open) and its last probe.
 """
 
@@ -26,11 +26,9 @@ import aiohttp
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 if TYPE_CHECKING:
-    from .app import Gateway
-    from .runtime import LaneRuntime
+    from .runtime import LaneRuntime, Runtime
     from .upstream import Replica
 
 log = logging.getLogger("gateway.health")
@@ -40,8 +38,8 @@ MAX_PROBE_TIMEOUT_S = 5.0
 
 
 class HealthProber:
-    def __init__(self, gw: "Gateway") -> None:
-        self.gw = gw
+    def __init__(self, runtime: "Runtime") -> None:
+        self.runtime = runtime
         self.results: dict[str, dict[str, Any]] = {}
         self.probes = 0
         self._due: dict[int, float] = {}
@@ -49,7 +47,7 @@ class HealthProber:
 
     def _targets(self) -> list[tuple["LaneRuntime", "Replica", float]]:
         out = []
-        for lane in self.gw.runtime.snapshot.lanes.values():
+        for lane in self.runtime.snapshot.lanes.values():
             interval = lane.config.breaker.probe_interval_s
             if interval:
                 out.extend((lane, rep, interval) for rep in lane.upstream.replicas)
@@ -112,7 +110,7 @@ class HealthProber:
     def snapshot(self) -> dict[str, Any]:
         now = time.monotonic()
         lanes: dict[str, Any] = {}
-        for name, lane in self.gw.runtime.snapshot.lanes.items():
+        for name, lane in self.runtime.snapshot.lanes.items():
             lanes[name] = [{
                 "url": r.url, "state": r.state(now), "inflight": r.inflight,
                 "consecutive_failures": r.consecutive_failures, "opened": r.opened,
@@ -121,30 +119,26 @@ class HealthProber:
         return {"probes": self.probes, "lanes": lanes}
 
 
-def install(gw: "Gateway") -> None:
-    prober = HealthProber(gw)
-    gw.services["health"] = prober
-    stop = asyncio.Event()
-    tasks: list[asyncio.Task[None]] = []
+class HealthService:
+    """The prober's loop as a part of the gateway: started and stopped with it."""
 
-    def start() -> None:
-        tasks.append(asyncio.get_running_loop().create_task(prober.run(stop)))
+    def __init__(self, prober: HealthProber) -> None:
+        self.prober = prober
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
 
-    async def shutdown() -> None:
-        stop.set()
-        for t in list(prober._pending.values()) + tasks:
+    async def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.prober.run(self._stop))
+
+    async def stop(self) -> None:
+        self._stop.set()
+        tasks = list(self.prober._pending.values()) + ([self._task] if self._task else [])
+        for t in tasks:
             t.cancel()
-        for t in list(prober._pending.values()) + tasks:
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
 
-    async def route(request: Request) -> Response:
-        guard = gw.services.get("admin_guard")
-        if guard is not None:
-            await guard(request)
-        return Response(orjson.dumps(prober.snapshot()), media_type="application/json",
+    async def route(self, request: Request) -> Response:
+        return Response(orjson.dumps(self.prober.snapshot()), media_type="application/json",
                         headers={"Cache-Control": "no-store"})
-
-    gw.startup.append(start)
-    gw.shutdown.append(shutdown)
-    gw.routes.append(Route("/admin/api/health", route, methods=["GET"]))

@@ -22,14 +22,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from .exchange import Exchange
 from .records.record import decode_speed, reasoning_tokens, reported_cached_tokens
 
 if TYPE_CHECKING:
-    from .app import Gateway
-    from .runtime import LaneRuntime
+    from .aftermath import Aftermath
+    from .conversations.analyzer import Analyzer
+    from .records.feature import Records
+    from .runtime import LaneRuntime, Runtime
 
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 DECODE_BUCKETS = (1, 2, 5, 10, 15, 20, 25, 30, 40, 50, 60, 80, 100, 150, 200, 300, 500)
@@ -152,7 +153,7 @@ class Metrics:
         reasoning = reasoning_tokens(usage)
         if reasoning:
             self._c(self.reasoning_tokens, lane).inc(reasoning)
-        self._observe_cache(lane, ex.annotations.get("cache"))
+        self._observe_cache(lane, ex.cache)
         if ex.effort_action:
             self._c(self.effort_actions, lane, self._action(ex.effort_action)).inc()
             if ex.effort_action == REWRITE_ACTION:
@@ -214,12 +215,15 @@ class Metrics:
 class LiveCollector(Collector):
     """Gauges read from the running gateway at scrape time: in-flight, replica health, store health."""
 
-    def __init__(self, gw: "Gateway") -> None:
-        self.gw = gw
+    def __init__(self, runtime: "Runtime", aftermath: "Aftermath", analyzer: "Analyzer",
+                 records: "Records") -> None:
+        self.runtime = runtime
+        self.aftermath = aftermath
+        self.analyzer = analyzer
+        self.records = records
 
     def collect(self) -> Iterator[Any]:
-        gw = self.gw
-        snap = gw.runtime.snapshot
+        snap = self.runtime.snapshot
         now = time.monotonic()
         inflight = GaugeMetricFamily("gateway_inflight_requests", "Requests in flight per lane", labels=["lane"])
         rep_inflight = GaugeMetricFamily("gateway_replica_inflight", "Upstream requests in flight per replica",
@@ -236,46 +240,46 @@ class LiveCollector(Collector):
                 fails.add_metric([name, rep.url], rep.consecutive_failures)
         yield from (inflight, rep_inflight, up, fails)
         yield GaugeMetricFamily("gateway_config_version", "routes.yaml version loaded", value=snap.version)
-        am = gw.aftermath
+        am = self.aftermath
         yield CounterMetricFamily("gateway_aftermath_processed", "Exchanges analysed and recorded",
                                   value=am.processed)
         yield CounterMetricFamily("gateway_aftermath_skipped_analysis", "Exchanges that skipped analysis (queue full)",
                                   value=am.skipped_analysis)
-        analyzer = gw.services.get("analyzer")
-        if analyzer is not None:
-            yield CounterMetricFamily("gateway_analysis_failures", "Turns whose analysis failed (verdict unknown)",
-                                      value=analyzer.failures)
-            if analyzer.process is not None:
-                yield CounterMetricFamily("gateway_analysis_worker_deaths", "Analysis worker processes that died",
-                                          value=analyzer.process.deaths)
-        records = gw.services.get("records")
-        if records is not None and hasattr(records, "counters"):
-            fam = CounterMetricFamily("gateway_records", "Request records by store and outcome",
-                                      labels=["store", "outcome"])
-            for key, value in records.counters().items():
-                store, _, outcome = key.partition("_")
-                fam.add_metric([store, outcome], value)
-            yield fam
+        analyzer = self.analyzer
+        yield CounterMetricFamily("gateway_analysis_failures", "Turns whose analysis failed (verdict unknown)",
+                                  value=analyzer.failures)
+        if analyzer.process is not None:
+            yield CounterMetricFamily("gateway_analysis_worker_deaths", "Analysis worker processes that died",
+                                      value=analyzer.process.deaths)
+        records = self.records
+        fam = CounterMetricFamily("gateway_records", "Request records by store and outcome",
+                                  labels=["store", "outcome"])
+        for key, value in records.counters().items():
+            store, _, outcome = key.partition("_")
+            fam.add_metric([store, outcome], value)
+        yield fam
 
 
-def install(gw: "Gateway") -> None:
+class MetricsExport:
+    """GET /metrics: the request metrics (fed by the aftermath) and the live gauges, one registry."""
+
+    def __init__(self, metrics: Metrics, registry: CollectorRegistry, live: LiveCollector) -> None:
+        self.metrics = metrics
+        self.registry = registry
+        registry.register(live)
+
+    async def route(self, request: Request) -> Response:
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def build_metrics() -> tuple[Metrics, CollectorRegistry]:
+    """The request metrics and their registry (multi-process when PROMETHEUS_MULTIPROC_DIR is set)."""
     disable_created_metrics()  # the *_created series double the output and no dashboard reads them
     multiproc = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
     registry = CollectorRegistry(auto_describe=False)
     metrics = Metrics(None if multiproc else registry)
-    live = LiveCollector(gw)
     if multiproc:
         from prometheus_client import multiprocess
 
         multiprocess.MultiProcessCollector(registry)
-    registry.register(live)
-    gw.services["metrics"] = metrics
-    gw.aftermath.sinks.append(metrics.observe)
-
-    async def scrape(request: Request) -> Response:
-        guard = gw.services.get("admin_guard")
-        if guard is not None:
-            await guard(request)
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
-    gw.routes.append(Route("/metrics", scrape, methods=["GET"]))
+    return metrics, registry

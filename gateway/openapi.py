@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 if TYPE_CHECKING:
-    from .app import Gateway
+    from .runtime import Runtime
+    from .security import Security
 
 ROLES = ["system", "user", "assistant", "developer"]
 
@@ -64,10 +64,9 @@ def _sampling() -> dict[str, Any]:
     }
 
 
-def build(gw: "Gateway", request: Request | None = None) -> dict[str, Any]:
+def build(runtime: "Runtime", security: "Security | None", request: Request | None = None) -> dict[str, Any]:
     """The description; it names the public models to whoever may list them (GET /v1/models)."""
-    config = gw.runtime.snapshot.config
-    security = gw.services.get("security")
+    config = runtime.snapshot.config
     keyed = security is not None and security.client_keys is not None
     sampling = _sampling()
     if _may_list_models(security, request):
@@ -155,8 +154,12 @@ def _may_list_models(security: Any, request: Request | None) -> bool:
     return request is not None and security.client_verdict(request) is None
 
 
-def install(gw: "Gateway") -> None:
-    async def openapi(request: Request) -> Response:
-        return Response(orjson.dumps(build(gw, request)), media_type="application/json")
+class OpenAPI:
+    """GET /openapi.json: public (it describes the API; model names only to a valid client key)."""
 
-    gw.routes.append(Route("/openapi.json", openapi, methods=["GET"]))
+    def __init__(self, runtime: "Runtime", security: "Security") -> None:
+        self.runtime = runtime
+        self.security = security
+
+    async def route(self, request: Request) -> Response:
+        return Response(orjson.dumps(build(self.runtime, self.security, request)), media_type="application/json")

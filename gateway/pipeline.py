@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
@@ -15,32 +15,47 @@ from starlette.responses import Response
 
 from .errors import GatewayError, invalid_request
 from .exchange import Exchange
+from .headers import safe_value
 from .proxy import ClientGone, forward
-from .runtime import LaneRuntime, Runtime
+from .runtime import LaneRuntime, Policy, Snapshot
+from .security import Caller
 from .validate import check_chat, check_completion
 
 log = logging.getLogger("gateway.pipeline")
 
 Gate = Callable[[Exchange, LaneRuntime], Awaitable[None]]
 
+
+class Lanes(Protocol):
+    """Where the pipeline finds this request's config and tells that an exchange ended (the Runtime)."""
+
+    @property
+    def snapshot(self) -> Snapshot: ...
+
+    def finish(self, ex: Exchange, lane: LaneRuntime | None) -> None: ...
+
 # Fields only the gateway understands; engines would ignore or reject them.
 _GATEWAY_ONLY_FIELDS = ("prompt_cache_key",)
 
 
 class Pipeline:
-    def __init__(self, runtime: Runtime, max_request_bytes: int) -> None:
+    """The steps of a proxied request, in the order given: gates (may refuse the lane), then
+    policies (may rewrite the body or refuse it), then forwarding. Built once by the composition root."""
+
+    def __init__(self, runtime: Lanes, *, gates: Sequence[Gate] = (), policies: Sequence[Policy] = ()) -> None:
         self.runtime = runtime
-        self.max_request_bytes = max_request_bytes
-        self.gates: list[Gate] = []  # e.g. qualification; run after routing, before policies
+        self.gates = tuple(gates)  # e.g. qualification: after the route is resolved, before policies
+        self.policies = tuple(policies)  # e.g. limits, conversation and effort pin, routing lookups
 
-    async def chat(self, request: Request) -> Response:
-        return await self._handle(request, "/v1/chat/completions", check_chat)
+    async def chat(self, request: Request, caller: Caller) -> Response:
+        return await self._handle(request, caller, "/v1/chat/completions", check_chat)
 
-    async def completions(self, request: Request) -> Response:
-        return await self._handle(request, "/v1/completions", check_completion)
+    async def completions(self, request: Request, caller: Caller) -> Response:
+        return await self._handle(request, caller, "/v1/completions", check_completion)
 
-    async def _handle(self, request: Request, path: str, check: Callable[[dict], None]) -> Response:
-        ex = Exchange(request_id=_request_id(request), path=path, request_headers=request.headers)
+    async def _handle(self, request: Request, caller: Caller, path: str, check: Callable[[dict], None]) -> Response:
+        ex = Exchange(request_id=_request_id(request), path=path, request_headers=request.headers,
+                      tenant=caller.tenant)
         snapshot = self.runtime.snapshot  # this request's config, whatever reloads happen meanwhile
         lane: LaneRuntime | None = None
         ended = False
@@ -73,7 +88,7 @@ class Pipeline:
             ex.lane = lane.name
             for gate in self.gates:
                 await gate(ex, lane)
-            for policy in self.runtime.policies:
+            for policy in self.policies:
                 await policy.apply(ex, lane, data)
             upstream_body = ex.forwarded = self._upstream_body(ex, lane, data)
             response = await forward(ex, lane, path, upstream_body, request.receive, end)
@@ -97,8 +112,10 @@ class Pipeline:
         headers = response.headers
         headers["X-Request-Id"] = ex.request_id
         for k, v in ex.response_headers.items():
-            headers[k] = v
-        return response
+            value = safe_value(k, v)
+            if value is not None:
+                headers[k] = value
+        return EndsExchange(response, end)
 
     async def _read_body(self, request: Request, limit: int) -> bytes:
         declared = request.headers.get("content-length")
@@ -132,6 +149,39 @@ class Pipeline:
             return orjson.dumps(out)
         except TypeError:  # orjson.JSONEncodeError: it reads deeper nesting than it writes
             raise invalid_request("the request body is nested too deeply to forward", code="invalid_json") from None
+
+
+class EndsExchange:
+    """The answer, sent; then, whatever happened while sending it (the client leaving as the stream
+    starts, a send that raised), the exchange ends: in-flight counts go back, the upstream
+    connection is released, the record is written. `end` is idempotent: the normal paths have
+    usually called it already."""
+
+    def __init__(self, response: Response, end: Callable[[], None]) -> None:
+        self.response = response
+        self.end = end
+
+    @property
+    def status_code(self) -> int:
+        return self.response.status_code
+
+    @property
+    def headers(self) -> Any:
+        return self.response.headers
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await self.response(scope, receive, send)
+        finally:
+            body = getattr(self.response, "body_iterator", None)
+            if body is not None and hasattr(body, "aclose"):
+                # A relay interrupted at a chunk (its task cancelled) runs its own `finally` now,
+                # not whenever the garbage collector finds it; a finished one ignores this.
+                await body.aclose()
+            abandon = getattr(self.response, "abandon", None)
+            if abandon is not None:
+                abandon()  # a relayed stream that never started: release its upstream connection
+            self.end()
 
 
 def _parse_object(body: bytes) -> dict[str, Any]:

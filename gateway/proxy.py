@@ -124,7 +124,19 @@ async def _relay_stream(ex, lane, replica, resp, receive, on_end) -> Response:
         raise GatewayError(502, "the upstream closed the stream without sending anything", code="upstream_error")
     ex.status = resp.status
 
+    started = False
+
+    def abandon() -> None:
+        # The response was never sent (the client left as it started): the relay's own `finally`
+        # will never run, so release what it would have.
+        if not started:
+            resp.close()
+            _done(replica, lane, ok=False, why="the response was never sent")
+            on_end()
+
     async def relay() -> AsyncIterator[bytes]:
+        nonlocal started
+        started = True
         splitter = EventSplitter()
         ok = False
         why = ""
@@ -180,8 +192,16 @@ async def _relay_stream(ex, lane, replica, resp, receive, on_end) -> Response:
             _done(replica, lane, ok=ok or ex.cancelled, why=why)
             on_end()
 
-    return StreamingResponse(relay(), status_code=resp.status, media_type="text/event-stream",
-                             headers=dict(SSE_HEADERS))
+    return RelayResponse(relay(), abandon, status_code=resp.status, media_type="text/event-stream",
+                         headers=dict(SSE_HEADERS))
+
+
+class RelayResponse(StreamingResponse):
+    """A relayed stream that can be abandoned before it starts (see `Pipeline`: every exchange ends)."""
+
+    def __init__(self, content: AsyncIterator[bytes], abandon: Callable[[], None], **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self.abandon = abandon
 
 
 class IdleWatchdog:

@@ -12,12 +12,17 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from .config import ConfigError, Lane, RoutesConfig, load_routes
 from .exchange import Exchange
 from .routing import RoutingPolicy, make_policy
 from .upstream import Upstream
+
+if TYPE_CHECKING:
+    from .limits.policy import Plan
+    from .render.estimate import Estimator
+    from .render.renderer import Renderer
 
 log = logging.getLogger("gateway.runtime")
 
@@ -29,8 +34,12 @@ class LaneRuntime:
     upstream: Upstream
     router: RoutingPolicy
     inflight: int = 0
-    # Filled by later stages (renderer, qualification); keyed by feature name.
-    extras: dict[str, Any] = field(default_factory=dict)
+    # Set by the lane hooks at each (re)load (compose.py wires them): exactly one of renderer
+    # (the lane has a template) and estimator (it has none); the limits' plan; the qualification state.
+    renderer: "Renderer | None" = None
+    estimator: "Estimator | None" = None
+    limits_plan: "Plan | None" = None
+    qualification: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -65,9 +74,8 @@ LaneHook = Callable[[LaneRuntime], None]
 class Runtime:
     def __init__(self, config: RoutesConfig, routes_path: Path | None = None) -> None:
         self.routes_path = routes_path
-        self.policies: list[Policy] = []
-        self.finishers: list[Finisher] = []
-        self.lane_hooks: list[LaneHook] = []  # run on every new LaneRuntime (e.g. attach a renderer)
+        self.finishers: tuple[Finisher, ...] = ()
+        self.lane_hooks: tuple[LaneHook, ...] = ()  # run on every new LaneRuntime (e.g. attach a renderer)
         self.last_reload_error: str | None = None
         self.last_reload_at: float | None = None
         self._retired: list[Upstream] = []
@@ -86,6 +94,13 @@ class Runtime:
             for hook in self.lane_hooks:
                 hook(lanes[name])
         return Snapshot(config, lanes, version, time.time())
+
+    def wire(self, lane_hooks: Sequence[LaneHook], finishers: Sequence[Finisher]) -> None:
+        """Set, once, what every lane gets at each (re)load and who hears of every ended exchange,
+        in order; the lanes already built get the hooks now."""
+        self.lane_hooks = tuple(lane_hooks)
+        self.finishers = tuple(finishers)
+        self.rerun_lane_hooks()
 
     def rerun_lane_hooks(self) -> None:
         for lane in self.snapshot.lanes.values():

@@ -1,20 +1,22 @@
-"""Client and admin keys: who may use /v1/*, and who may read /admin, /metrics and change state.
+"""Client and admin keys: who may use /v1/*, who may read /admin and /metrics, and whose tenant a request is.
 
 Configured in routes.yaml by reference only, never the keys themselves::
 
     gateway:
       client_keys:
         env: GATEWAY_CLIENT_KEYS        # comma-separated keys in this environment variable
-        hashed_file: client_keys.sha256 # sha256 hex digests, one per line (`# comments`, an optional label)
+        hashed_file: client_keys.sha256 # sha256 hex digests, one per line, each with an optional tenant label
       admin_key_env: GATEWAY_ADMIN_KEY  # the admin key, in this environment variable
 
 - A client presents its key as ``Authorization: Bearer <key>`` (what every OpenAI client sends) or
   ``X-Api-Key``/``Api-Key``. The check is one dict lookup of the key's sha256 digest (bucketed by
   its first 8 bytes) and ``hmac.compare_digest`` against the full 32-byte digest: constant time in
   the number of keys and in where two digests differ. It runs before the body is read.
-- The admin key (``Authorization: Bearer`` or ``X-Admin-Key``) guards everything that calls
-  ``gw.services["admin_guard"]``. The /admin page shell and its static files carry no data and are
-  served without it (the page sends the key with every API call it makes); the data under it is not.
+- Every client key belongs to a tenant: the label after its digest in the hashed file, else
+  ``key-<first 8 hex digits of its sha256>`` (an id, never the key). Conversations, pins, alerts and
+  records are scoped by tenant; without client keys every request is tenant ``default``.
+- Which key a route needs is declared once, in the route table (access.py): admin unless declared
+  otherwise. `Security.protect` wraps each handler with its check when the app is built.
 - No keys at all: demo mode, loudly said at start. Client keys but no admin key: the admin
   endpoints refuse (403) rather than stand open. ``GATEWAY_PRODUCTION=1``: refuses to start without
   client keys and an admin key (of at least 16 characters).
@@ -22,9 +24,6 @@ Configured in routes.yaml by reference only, never the keys themselves::
   upstream's headers itself, with the lane's own key from ``api_key_env``.
 - Client keys are re-read when routes.yaml is reloaded; a reload whose keys cannot be read keeps
   the old ones.
-
-Installing this part also installs the active replica health probes (gateway.health) and the
-``GET /openapi.json`` description (gateway.openapi): the three make up the hardening of the gateway.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ import hashlib
 import hmac
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Awaitable, Callable
@@ -40,21 +40,31 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .access import Access, Endpoint, Handler
 from .config import ClientKeys, RoutesConfig
 from .errors import GatewayError
 
 if TYPE_CHECKING:
-    from .app import Gateway
+    from .runtime import Runtime
+    from .settings import Settings
 
 log = logging.getLogger("gateway.security")
 
 MIN_PRODUCTION_ADMIN_KEY = 16
 _BUCKET = 8  # bytes of the digest that pick the bucket; the whole digest is compared in constant time
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="gateway"'}
-_PUBLIC_ADMIN_PATHS = ("/admin", "/admin/")
-_PUBLIC_ADMIN_PREFIX = "/admin/static/"
+DEFAULT_TENANT = "default"
+_TENANT_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
-Endpoint = Callable[[Request], Awaitable[Response]]
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a /v1 request, as far as the gateway knows it: the tenant of the key (never the key)."""
+
+    tenant: str = DEFAULT_TENANT
+
+
+ClientHandler = Callable[[Request, Caller], Awaitable[Response]]
 
 
 class SecurityConfigError(RuntimeError):
@@ -65,26 +75,36 @@ def digest(key: str) -> bytes:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
 
 
-class KeyRing:
-    """A set of key digests: membership in O(1), compared with hmac.compare_digest."""
+def key_tenant(d: bytes) -> str:
+    """The tenant id of an unlabelled key: derived from its digest, so it says nothing of the key."""
+    return "key-" + d.hex()[:8]
 
-    def __init__(self, digests: list[bytes] | None = None) -> None:
-        self._buckets: dict[bytes, tuple[bytes, ...]] = {}
-        for d in digests or ():
+
+class KeyRing:
+    """A set of key digests, each with its tenant: look-up in O(1), compared with hmac.compare_digest."""
+
+    def __init__(self, entries: list[tuple[bytes, str]] | list[bytes] | None = None) -> None:
+        self._buckets: dict[bytes, tuple[tuple[bytes, str], ...]] = {}
+        for entry in entries or ():
+            d, tenant = entry if isinstance(entry, tuple) else (entry, key_tenant(entry))
             if len(d) != 32:
                 raise ValueError("a key digest is 32 bytes (sha256)")
-            self._buckets[d[:_BUCKET]] = self._buckets.get(d[:_BUCKET], ()) + (d,)
+            self._buckets[d[:_BUCKET]] = self._buckets.get(d[:_BUCKET], ()) + ((d, tenant),)
         self.size = sum(len(v) for v in self._buckets.values())
 
     def __len__(self) -> int:
         return self.size
 
-    def matches(self, key: str) -> bool:
+    def tenant_of(self, key: str) -> str | None:
         d = digest(key)
-        found = False
-        for candidate in self._buckets.get(d[:_BUCKET], ()):
-            found |= hmac.compare_digest(candidate, d)
+        found: str | None = None
+        for candidate, tenant in self._buckets.get(d[:_BUCKET], ()):
+            if hmac.compare_digest(candidate, d):
+                found = tenant
         return found
+
+    def matches(self, key: str) -> bool:
+        return self.tenant_of(key) is not None
 
 
 @dataclass(frozen=True)
@@ -96,7 +116,7 @@ class KeySource:
     base_dir: Path
 
 
-def _parse_hashed_file(path: Path) -> list[bytes]:
+def _parse_hashed_file(path: Path) -> list[tuple[bytes, str]]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -106,12 +126,18 @@ def _parse_hashed_file(path: Path) -> list[bytes]:
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        hexd = line.split()[0].lower()
+        parts = line.split()
+        hexd = parts[0].lower()
         if len(hexd) != 64 or any(c not in "0123456789abcdef" for c in hexd):
             # Say where, never what: the line might be a plain key pasted by mistake.
             raise SecurityConfigError(f"client_keys.hashed_file {str(path)!r} line {n}: "
                                       "not a sha256 hex digest (64 hex characters)")
-        out.append(bytes.fromhex(hexd))
+        d = bytes.fromhex(hexd)
+        label = parts[1] if len(parts) > 1 else None
+        if label is not None and not _TENANT_LABEL.fullmatch(label):
+            raise SecurityConfigError(f"client_keys.hashed_file {str(path)!r} line {n}: the tenant label must be "
+                                      "1-64 characters of letters, digits, '.', '_' or '-'")
+        out.append((d, label or key_tenant(d)))
     return out
 
 
@@ -120,16 +146,19 @@ def load_client_keys(source: KeySource) -> KeyRing | None:
     ck = source.client_keys
     if ck is None or (ck.env is None and ck.hashed_file is None):
         return None
-    digests: list[bytes] = []
+    entries: list[tuple[bytes, str]] = []
     if ck.env:
         raw = os.environ.get(ck.env, "")
-        digests += [digest(k.strip()) for k in raw.split(",") if k.strip()]
+        for k in raw.split(","):
+            if k.strip():
+                d = digest(k.strip())
+                entries.append((d, key_tenant(d)))
     if ck.hashed_file:
         path = Path(ck.hashed_file)
         if not path.is_absolute():
             path = source.base_dir / path
-        digests += _parse_hashed_file(path)
-    return KeyRing(digests)
+        entries += _parse_hashed_file(path)
+    return KeyRing(entries)
 
 
 def load_admin_key(source: KeySource) -> bytes | None:
@@ -154,10 +183,13 @@ def presented_key(request: Request) -> str | None:
 class Security:
     """The live keys of one gateway process and the checks that use them."""
 
-    def __init__(self, gw: "Gateway") -> None:
-        self.gw = gw
+    def __init__(self, runtime: "Runtime", settings: "Settings",
+                 qualify_tokens: Callable[[], list[str]] | None = None) -> None:
+        self.runtime = runtime
+        self.settings = settings
+        self.qualify_tokens = qualify_tokens or (lambda: [])
         self.rejected = {"client_missing": 0, "client_invalid": 0, "admin_missing": 0, "admin_invalid": 0}
-        config = gw.runtime.snapshot.config
+        config = runtime.snapshot.config
         self._config: RoutesConfig = config
         self._source = self._source_of(config)
         self.client_keys = load_client_keys(self._source)
@@ -166,12 +198,12 @@ class Security:
     # -- loading -------------------------------------------------------------------------------
 
     def _source_of(self, config: RoutesConfig) -> KeySource:
-        routes = Path(self.gw.settings.routes_path)
+        routes = Path(self.settings.routes_path)
         return KeySource(config.gateway.client_keys, config.gateway.admin_key_env, routes.resolve().parent)
 
     def _current(self) -> None:
         """Follow reloads of routes.yaml: one identity check per request, a rebuild when keys moved."""
-        config = self.gw.runtime.snapshot.config
+        config = self.runtime.snapshot.config
         if config is self._config:
             return
         self._config = config
@@ -184,7 +216,7 @@ class Security:
             log.error("client keys of the reloaded routes.yaml refused, the old keys stay: %s", exc)
             return
         admin = load_admin_key(source)
-        if self.gw.settings.production and (not clients or admin is None):
+        if self.settings.production and (not clients or admin is None):
             log.error("the reloaded routes.yaml has no client or admin key; production keeps the old keys")
             return
         self._source, self.client_keys, self.admin_digest = source, clients, admin
@@ -203,31 +235,39 @@ class Security:
 
     def client_verdict(self, request: Request) -> str | None:
         """None when the request may use /v1/*, else "missing" or "invalid"."""
+        try:
+            self.caller(request)
+        except GatewayError as exc:
+            return "missing" if exc.code == "missing_api_key" else "invalid"
+        return None
+
+    def caller(self, request: Request) -> Caller:
+        """The client's tenant, or a 401 in OpenAI's shape (before the body is read)."""
         self._current()
         ring = self.client_keys
         if ring is None:
-            return None
+            return _DEFAULT_CALLER
         key = presented_key(request)
         if key is None:
-            return "missing"
-        return None if ring.matches(key) else "invalid"
-
-    def check_client(self, request: Request) -> None:
-        verdict = self.client_verdict(request)
-        if verdict is None:
-            return
-        self.rejected["client_" + verdict] += 1
-        if verdict == "missing":
+            self.rejected["client_missing"] += 1
             raise GatewayError(401, "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.",
                                code="missing_api_key", type="invalid_request_error", headers=_CHALLENGE)
-        raise GatewayError(401, "Incorrect API key provided.", code="invalid_api_key",
-                           type="invalid_request_error", headers=_CHALLENGE)
+        tenant = ring.tenant_of(key)
+        if tenant is None:
+            self.rejected["client_invalid"] += 1
+            raise GatewayError(401, "Incorrect API key provided.", code="invalid_api_key",
+                               type="invalid_request_error", headers=_CHALLENGE)
+        return _callers.get(tenant) or _callers.setdefault(tenant, Caller(tenant))
 
-    async def admin_guard(self, request: Request) -> None:
+    def is_admin(self, request: Request) -> bool:
+        """True when the request carries the admin key (never in demo mode: there is none)."""
         self._current()
-        path = request.url.path
-        if request.method in ("GET", "HEAD") and (path in _PUBLIC_ADMIN_PATHS or path.startswith(_PUBLIC_ADMIN_PREFIX)):
-            return  # the page shell and its assets: no data; every API call of the page sends the key
+        want = self.admin_digest
+        key = request.headers.get("x-admin-key") or presented_key(request)
+        return want is not None and bool(key) and hmac.compare_digest(digest(key), want)
+
+    def check_admin(self, request: Request) -> None:
+        self._current()
         want = self.admin_digest
         if want is None:
             if self.client_keys is None:
@@ -245,22 +285,45 @@ class Security:
                 raise GatewayError(403, "a client key cannot use admin endpoints", code="admin_key_required")
             raise GatewayError(401, "incorrect admin key", code="invalid_admin_key", headers=_CHALLENGE)
 
-    def guarded(self, handler: Endpoint) -> Endpoint:
-        check = self.check_client
+    def check_qualify(self, request: Request) -> None:
+        """The qualify token (X-Gateway-Qualify), or else the admin key."""
+        given = request.headers.get(QUALIFY_HEADER)
+        if given and any(hmac.compare_digest(given.encode(), t.encode()) for t in self.qualify_tokens()):
+            return
+        if self.demo:  # no admin key to fall back on: the token (data dir: qualify.token) is the only way
+            raise GatewayError(403, f"this route needs the qualify token in the {QUALIFY_HEADER} header",
+                               code="qualify_token_required")
+        self.check_admin(request)
 
-        async def endpoint(request: Request) -> Response:
+    # -- the one place protection is applied ---------------------------------------------------
+
+    def protect(self, endpoint: Endpoint) -> Handler:
+        """The endpoint's handler behind the check its declared access needs."""
+        handler = endpoint.handler
+        access = endpoint.access
+        if access is Access.PUBLIC:
+            return handler
+        if access is Access.CLIENT:
+            client_handler: ClientHandler = handler  # type: ignore[assignment]
+            caller = self.caller
+
+            async def client_endpoint(request: Request) -> Response:
+                return await client_handler(request, caller(request))
+
+            return _named(client_endpoint, handler)
+        check = self.check_qualify if access is Access.QUALIFY else self.check_admin
+
+        async def guarded(request: Request) -> Response:
             check(request)
             return await handler(request)
 
-        endpoint.__name__ = getattr(handler, "__name__", "endpoint")
-        endpoint.__doc__ = handler.__doc__
-        return endpoint
+        return _named(guarded, handler)
 
     # -- start-up ----------------------------------------------------------------------------------
 
     def startup_report(self) -> None:
         """Say at start what protects this gateway; refuse to start in production without keys."""
-        settings = self.gw.settings
+        settings = self.settings
         problems = []
         if not self.client_keys:
             problems.append("no client keys (set gateway.client_keys.env or .hashed_file in routes.yaml, "
@@ -272,7 +335,7 @@ class Security:
             problems.append(f"the admin key is shorter than {MIN_PRODUCTION_ADMIN_KEY} characters")
         if settings.production and problems:
             raise SecurityConfigError("GATEWAY_PRODUCTION=1 refuses to start: " + "; ".join(problems))
-        for name, lane in self.gw.runtime.snapshot.config.lanes.items():
+        for name, lane in self.runtime.snapshot.config.lanes.items():
             if lane.api_key_env and not os.environ.get(lane.api_key_env):
                 log.warning("lane %s: upstream key variable %s is not set; requests go without one",
                             name, lane.api_key_env)
@@ -291,28 +354,21 @@ class Security:
         log.info("keys: %s", self.describe())
 
 
+QUALIFY_HEADER = "X-Gateway-Qualify"
+_DEFAULT_CALLER = Caller()
+_callers: dict[str, Caller] = {}  # one Caller per tenant (bounded by the configured keys)
+
+
+def _named(fn: Handler, like: object) -> Handler:
+    fn.__name__ = getattr(like, "__name__", "endpoint")
+    fn.__doc__ = getattr(like, "__doc__", None)
+    return fn
+
+
 def _banner(*lines: str) -> str:
     width = max(len(line) for line in lines) + 4
     bar = "!" * width
     return "\n".join(["", bar, *(f"! {line.ljust(width - 4)} !" for line in lines), bar])
 
 
-def install(gw: "Gateway") -> None:
-    security = Security(gw)
-    security.startup_report()  # raises SecurityConfigError in production without keys
-    gw.services["security"] = security
-    gw.services["admin_guard"] = security.admin_guard
-    # Every public /v1 endpoint checks the client key first, before the body is read. The app
-    # builds its routes from these attributes after the parts are installed.
-    gw.pipeline.chat = security.guarded(gw.pipeline.chat)  # type: ignore[method-assign]
-    gw.pipeline.completions = security.guarded(gw.pipeline.completions)  # type: ignore[method-assign]
-    gw.models = security.guarded(gw.models)  # type: ignore[method-assign]
-    gw.model = security.guarded(gw.model)  # type: ignore[method-assign]
-
-    from . import health, openapi
-
-    health.install(gw)
-    openapi.install(gw)
-
-
-__all__ = ["KeyRing", "Security", "SecurityConfigError", "digest", "install", "presented_key"]
+__all__ = ["Caller", "KeyRing", "Security", "SecurityConfigError", "digest", "presented_key"]

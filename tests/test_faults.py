@@ -243,7 +243,9 @@ def test_stall_before_first_byte_is_504_within_the_timeout(stream: bool) -> None
                 took = time.monotonic() - t0
                 assert r.status_code == 504, r.text
                 assert r.json()["error"]["code"] == "upstream_timeout"
-                assert first_byte <= took < first_byte + 0.5, took
+                # At the timeout, not at the end of the 8 s stall (a tighter upper bound would
+                # measure the machine's load, not the gateway).
+                assert first_byte <= took < 4, took
 
 
 def test_one_of_two_replicas_down_zero_failures_and_rejoin() -> None:
@@ -277,33 +279,37 @@ def test_all_replicas_open_answers_503_at_once() -> None:
     with run_gateway(cfg, env=ENV) as gw:
         r = httpx.post(gw.url + "/v1/chat/completions", json=body("m", False), timeout=10)
         assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_unavailable"
+        before = admin_get(gw, "/admin/api/overview?probe=0")["lanes"][0]["replicas"]
         for stream in (False, True):
-            t0 = time.monotonic()
             r = httpx.post(gw.url + "/v1/chat/completions", json=body("m", stream), timeout=10)
-            assert time.monotonic() - t0 < 0.3
             assert r.status_code == 503, r.text
             err = r.json()["error"]
             assert err["code"] == "no_healthy_replica" and set(err) == {"message", "type", "param", "code"}
         ov = admin_get(gw, "/admin/api/overview?probe=0")
         assert all(rep["breaker_open"] for rep in ov["lanes"][0]["replicas"])
+        # "At once": no replica was even tried (a wall-clock bound would fail on a busy machine).
+        assert [(x["requests"], x["failures"]) for x in ov["lanes"][0]["replicas"]] == \
+            [(x["requests"], x["failures"]) for x in before]
 
 
 def test_half_open_lets_exactly_one_probe_through() -> None:
     with run_emulator(flavour="vllm") as emu:
-        cfg = routes({"l": lane(emu.url, breaker={"failures": 1, "cool_down_s": 0.4})}, {"m": "l"})
+        cfg = routes({"l": lane(emu.url, breaker={"failures": 1, "cool_down_s": 2.0})}, {"m": "l"})
         with run_gateway(cfg, env=ENV) as gw:
             url = gw.url + "/v1/chat/completions"
             emu.configure(fail_rate=1.0)
             assert httpx.post(url, json=body("m", False)).status_code == 500  # opens the breaker
-            emu.configure(fail_rate=0.0, stall_before_first_byte_s=1.0)
+            emu.configure(fail_rate=0.0, stall_before_first_byte_s=3.0)
             r = httpx.post(url, json=body("m", False))
             assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_replica"
-            time.sleep(0.5)  # cool-down over: half-open
+            time.sleep(2.1)  # cool-down over: half-open
             before = emu.stats()["requests"]
             probe: dict = {}
-            t = threading.Thread(target=lambda: probe.update(r=httpx.post(url, json=body("m", False), timeout=10)))
+            t = threading.Thread(target=lambda: probe.update(r=httpx.post(url, json=body("m", False), timeout=20)))
             t.start()
-            time.sleep(0.3)  # the probe is in flight (the engine stalls 1 s)
+            deadline = time.monotonic() + 5  # until the probe reached the engine (which stalls 3 s)
+            while emu.stats()["requests"] == before and time.monotonic() < deadline:
+                time.sleep(0.02)
             for _ in range(3):
                 r = httpx.post(url, json=body("m", False))
                 assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_replica"
@@ -415,17 +421,17 @@ def test_broken_routes_during_traffic_keep_the_old_config() -> None:
         with run_gateway(cfg, env=ENV) as gw:
             with Load(gw.url, "m", workers=8) as load:
                 time.sleep(0.8)
-                version = httpx.get(gw.url + "/readyz").json()["config"]["version"]
+                version = admin_get(gw, "/readyz")["config"]["version"]
                 for text in BROKEN_ROUTES:
                     gw.write_routes(text)
                     time.sleep(0.4)
-                ready = httpx.get(gw.url + "/readyz").json()["config"]
+                ready = admin_get(gw, "/readyz")["config"]
                 assert ready["version"] == version, "no broken file was applied"
                 assert ready["last_reload_error"]
                 gw.write_routes({**cfg, "models": {"m": "l", "m2": "l"}})
                 deadline = time.monotonic() + 5
                 while time.monotonic() < deadline:
-                    if httpx.get(gw.url + "/readyz").json()["config"]["version"] > version:
+                    if admin_get(gw, "/readyz")["config"]["version"] > version:
                         break
                     time.sleep(0.05)
                 time.sleep(0.5)
@@ -553,9 +559,8 @@ async def test_aftermath_queue_is_bounded_in_bytes() -> None:
         await gate.wait()
         analysed.append(ex.request_id)
 
-    am = Aftermath(workers=1, max_queue=1000, max_queue_bytes=10 * (1_000_000 + EXCHANGE_OVERHEAD_BYTES))
-    am.analyzers.append(slow_analysis)
-    am.sinks.append(lambda ex, lane: sunk.append(ex.request_id))
+    am = Aftermath(analyzers=[slow_analysis], sinks=[lambda ex, lane: sunk.append(ex.request_id)], workers=1,
+                   max_queue=1000, max_queue_bytes=10 * (1_000_000 + EXCHANGE_OVERHEAD_BYTES))
     am.start()
     try:
         for i in range(30):

@@ -235,16 +235,20 @@ def test_hot_reload_keeps_streams_and_switches_lanes(emu, emu_b):
     emu.configure(decode_tps=40)
     try:
         with run_gateway(routes) as g:
-            result: dict = {}
+            result: dict = {"events": []}
+            streaming = threading.Event()
 
             def long_stream() -> None:
                 with httpx.stream("POST", g.url + "/v1/chat/completions",
                                   json={**chat(stream=True, max_tokens=60), "model": "m"}, timeout=30) as r:
-                    result["events"] = [line for line in r.iter_lines() if line.startswith("data:")]
+                    for line in r.iter_lines():
+                        if line.startswith("data:"):
+                            result["events"].append(line)
+                            streaming.set()
 
             t = threading.Thread(target=long_stream)
             t.start()
-            time.sleep(0.4)
+            assert streaming.wait(10), "the stream started"
             g.write_routes({**routes, "models": {"m": "b"}})  # move the alias while the stream runs
             deadline = time.monotonic() + 5
             model = None

@@ -81,7 +81,7 @@ def test_cost_on_the_agent_corpus(corpus, capsys):
     us, ex, before, body = measure(corpus, lane(**DSV41))
     rows.append(("dsv41 lane: images, top_logprobs, placeholders, 1M window", us))
     assert body["messages"] is before["messages"], "an untouched request must not be copied"
-    assert ex.limits_fired == [] and "prompt_tokens_counted" not in ex.annotations
+    assert ex.limits_fired == [] and ex.limits.prompt_tokens_counted is None
     us, ex, before, body = measure(corpus, lane(max_images=4))
     rows.append(("images only", us))
     us, ex, before, body = measure(corpus, lane(max_images=4, images_policy="drop_oldest"), mutate=add_images)
@@ -91,7 +91,7 @@ def test_cost_on_the_agent_corpus(corpus, capsys):
     assert changed == [10, 210], "only the rewritten messages are new objects"
     us, ex, before, body = measure(corpus, lane(max_context_tokens=600_000), n=5)
     rows.append(("window 600K: near the window, exact count (cl100k, thread)", us))
-    assert ex.annotations["prompt_tokens_counted"]["how"] == "cl100k"
+    assert ex.limits.prompt_tokens_counted["how"] == "cl100k"
     with capsys.disabled():
         print(f"\nlimits cost per request, {len(corpus) / 1e6:.2f} MB, "
               f"{len(orjson.loads(corpus)['messages'])} messages (median):")

@@ -21,7 +21,7 @@ def test_one_exchange_feeds_counters_and_histograms() -> None:
     reg = CollectorRegistry()
     m = Metrics(reg)
     ex = exchange(limits_fired=["max_top_logprobs"], effort_action="pinned", retries=1)
-    ex.annotations["cache"] = {"verdict": "drift", "cause": "effort_changed", "tokens_lost": 400,
+    ex.cache = {"verdict": "drift", "cause": "effort_changed", "tokens_lost": 400,
                                "seconds_lost": 0.2, "predicted_cached_tokens": 500}
     m.observe(ex)
     s = samples(reg)

@@ -84,10 +84,10 @@ def test_reasoning_tokens_openai_and_sglang_shapes() -> None:
     assert build_record(exchange(usage=sglang_shape))["reasoning_tokens"] == 5
 
 
-def test_cache_verdict_from_annotations_or_unknown() -> None:
+def test_cache_verdict_from_exchange_or_unknown() -> None:
     assert build_record(exchange())["verdict"] == "unknown"
     ex = exchange()
-    ex.annotations["cache"] = {"predicted_cached_tokens": 900, "verdict": "drift", "cause": "system_prompt_edited",
+    ex.cache = {"predicted_cached_tokens": 900, "verdict": "drift", "cause": "system_prompt_edited",
                                "divergence_message_index": 0, "divergence_field": "content",
                                "tokens_lost": 300, "seconds_lost": 0.5, "rendered_prompt_tokens": 1000,
                                "render": "exact"}

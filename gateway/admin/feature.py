@@ -5,8 +5,8 @@
   /admin/api/stats      the per-lane summary `gateway stats` prints (?window_s, lane)
   /admin/api/charts     summary + chart series (?window_s, buckets)
 
-Drift alerts come from `GET /admin/drift`, owned by the conversations part; the page shows them
-when that route exists. Every handler calls `gw.services["admin_guard"]` when one is installed.
+Drift alerts come from `GET /admin/drift`, owned by the conversations part. Which key each route
+needs is declared in the route table (compose.py); the page shell and its static files carry no data.
 """
 
 from __future__ import annotations
@@ -18,12 +18,15 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
-from starlette.routing import Route
 
 from ..errors import GatewayError, invalid_request
 
 if TYPE_CHECKING:
-    from ..app import Gateway
+    from ..aftermath import Aftermath
+    from ..conversations.analyzer import Analyzer
+    from ..records.feature import Records
+    from ..runtime import Runtime
+    from ..status import Status
 
 STATIC = Path(__file__).parent / "static"
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
@@ -56,28 +59,23 @@ def _num(request: Request, name: str, default: float, lo: float, hi: float) -> f
 
 
 class AdminAPI:
-    def __init__(self, gw: "Gateway") -> None:
-        self.gw = gw
+    def __init__(self, runtime: "Runtime", status: "Status", aftermath: "Aftermath", records: "Records",
+                 analyzer: "Analyzer") -> None:
+        self.runtime = runtime
+        self.status = status
+        self.aftermath = aftermath
+        self.records_ = records
+        self.analyzer = analyzer
         self._probe: tuple[float, dict[str, Any]] | None = None
 
-    async def _guard(self, request: Request) -> None:
-        guard = self.gw.services.get("admin_guard")
-        if guard is not None:
-            await guard(request)
-
-    def _records(self) -> Any:
-        records = self.gw.services.get("records")
-        if records is None:
-            raise GatewayError(503, "request records are not enabled in this gateway", code="records_disabled")
-        return records
+    def _records(self) -> "Records":
+        return self.records_
 
     async def page(self, request: Request) -> Response:
-        await self._guard(request)
         return FileResponse(STATIC / "index.html", media_type="text/html",
                             headers={"Cache-Control": "no-cache"})
 
     async def static(self, request: Request) -> Response:
-        await self._guard(request)
         name = request.path_params["name"]
         path = STATIC / name
         # Only plain files directly inside static/: no traversal, no directories.
@@ -86,9 +84,7 @@ class AdminAPI:
         return FileResponse(path, media_type=_TYPES[path.suffix], headers={"Cache-Control": "no-cache"})
 
     async def overview(self, request: Request) -> Response:
-        await self._guard(request)
-        gw = self.gw
-        snap = gw.runtime.snapshot
+        snap = self.runtime.snapshot
         probe = await self._probed() if request.query_params.get("probe", "1") != "0" else {}
         now = time.monotonic()
         aliases: dict[str, list[str]] = {}
@@ -121,27 +117,24 @@ class AdminAPI:
                 "qualification": {
                     "required": cfg.qualification == "required",
                     "override": cfg.override.reason if cfg.override else None,
-                    "state": lane.extras.get("qualification"),
+                    "state": lane.qualification,
                 },
                 "health": _lane_health([r["health"] for r in replicas]),
                 "replicas": replicas,
             })
-        config = gw.config_state() if hasattr(gw, "config_state") else {}
         return _json({
             "now": time.time(),
-            "started_at": gw.started_at,
-            "config": config,
-            "aftermath": {"processed": gw.aftermath.processed, "skipped_analysis": gw.aftermath.skipped_analysis,
-                          **_analysis(gw)},
-            "records": gw.services["records"].counters() if "records" in gw.services else None,
+            "started_at": self.status.started_at,
+            "config": self.status.config_state(),
+            "aftermath": {"processed": self.aftermath.processed, "skipped_analysis": self.aftermath.skipped_analysis,
+                          **_analysis(self.analyzer)},
+            "records": self.records_.counters(),
             "lanes": lanes,
         })
 
     async def _probed(self) -> dict[str, Any]:
         """Replica reachability, probed at most every few seconds however many pages are open."""
-        probe = getattr(self.gw, "_probe_lanes", None)
-        if probe is None:
-            return {}
+        probe = self.status.probe_lanes
         now = time.monotonic()
         if self._probe is None or now - self._probe[0] > PROBE_TTL_S:
             try:
@@ -151,7 +144,6 @@ class AdminAPI:
         return self._probe[1]
 
     async def records(self, request: Request) -> Response:
-        await self._guard(request)
         q = request.query_params
         limit = int(_num(request, "limit", 100, 1, 5000))
         since = q.get("since")
@@ -161,21 +153,16 @@ class AdminAPI:
         return _json({"records": rows})
 
     async def stats(self, request: Request) -> Response:
-        await self._guard(request)
         window = _num(request, "window_s", 3600, 1, 90 * 86400)
         return _json(await self._records().stats(window, request.query_params.get("lane") or None))
 
     async def charts(self, request: Request) -> Response:
-        await self._guard(request)
         window = _num(request, "window_s", 3600, 60, 90 * 86400)
         buckets = int(_num(request, "buckets", 60, 1, 720))
         return _json(await self._records().charts(window, buckets))
 
 
-def _analysis(gw: Any) -> dict[str, Any]:
-    analyzer = gw.services.get("analyzer")
-    if analyzer is None:
-        return {}
+def _analysis(analyzer: "Analyzer") -> dict[str, Any]:
     process = analyzer.process
     return {"analysis_failures": analyzer.failures, "analysis_last_ms": round(analyzer.last_ms, 1),
             "analysis_in": "process" if process is not None else "thread",
@@ -191,17 +178,3 @@ def _lane_health(states: list[str]) -> str:
     if any(s == "up" for s in states):
         return "up"
     return "unknown"
-
-
-def install(gw: "Gateway") -> None:
-    api = AdminAPI(gw)
-    gw.services["admin_api"] = api
-    gw.routes.extend([
-        Route("/admin", api.page, methods=["GET"]),
-        Route("/admin/", api.page, methods=["GET"]),
-        Route("/admin/static/{name}", api.static, methods=["GET"]),
-        Route("/admin/api/overview", api.overview, methods=["GET"]),
-        Route("/admin/api/records", api.records, methods=["GET"]),
-        Route("/admin/api/stats", api.stats, methods=["GET"]),
-        Route("/admin/api/charts", api.charts, methods=["GET"]),
-    ])

@@ -45,6 +45,7 @@ class AlertBook:
             "first_seen": previous["first_seen"] if previous else now,
             "count": (previous["count"] + 1) if previous else 1,
             "lane": lane,
+            "tenant": ex.tenant,
             "model": ex.public_model,
             "conversation": ex.conversation_id,
             "turn": ex.turn,

@@ -28,7 +28,7 @@ from ..runtime import LaneRuntime
 from ..store import StateStore
 from .alerts import AlertBook
 from .drift import Comparison, Divergence, NewTurn, classify, common_prefix, compare, old_tokens_at
-from .identity import anchor, message_digest, request_tail
+from .identity import anchor_keys, message_digest, request_tail
 from .job import Job, Outcome
 from .policy import Found
 from .prints import message_prints, segment_prints
@@ -48,7 +48,7 @@ class TurnEnd:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def exchange_ended(self, ex: Exchange, lane: LaneRuntime | None) -> None:
-        found: Found | None = ex.annotations.get("conversation")
+        found: Found | None = ex.conversation
         if found is None or lane is None or ex.status != 200 or ex.cancelled or ex.error_code:
             return
         task = asyncio.get_running_loop().create_task(self._write(ex, found, lane.name, lane.config.engine))
@@ -63,7 +63,7 @@ class TurnEnd:
         value = f"{state.id}|{state.turn + 1}".encode()
         try:
             await self.store.set("head:" + state.id, head.to_bytes(), self.ttl_s)
-            for key in _anchors(found, ex.generated.as_message(), n, lane_engine):
+            for key in _anchors(ex.tenant, ex.generated.as_message(), n, lane_engine):
                 await self.store.set(key, value, self.ttl_s)
         except Exception:  # never let bookkeeping hurt anyone; the analyzer writes state later
             log.exception("writing the head of %s failed", state.id)
@@ -83,11 +83,11 @@ class Analyzer:
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     async def __call__(self, ex: Exchange, lane: LaneRuntime | None) -> None:
-        found: Found | None = ex.annotations.get("conversation")
+        found: Found | None = ex.conversation
         if found is None or lane is None:
             return
         if ex.status != 200 or ex.cancelled or ex.error_code:
-            ex.annotations["cache"] = _unknown("request did not complete")
+            ex.cache = _unknown("request did not complete")
             return
         t0 = time.perf_counter()
         async with self._lock(found.state.id):
@@ -97,19 +97,19 @@ class Analyzer:
                 if self.process is not None:
                     outcome = await self.process.run(job)
                 else:
-                    renderer, estimator = lane.extras.get("renderer"), lane.extras.get("estimator")
+                    renderer, estimator = lane.renderer, lane.estimator
                     outcome = await asyncio.get_running_loop().run_in_executor(
                         self.executor, analyse_job, job, renderer, estimator)
             except Exception:
                 self.failures += 1
                 log.exception("analysis of %s failed", ex.request_id)
-                ex.annotations["cache"] = _unknown("analysis failed")
+                ex.cache = _unknown("analysis failed")
                 return
-            ex.annotations["cache"] = outcome.cache
+            ex.cache = outcome.cache
             await self._save(ex, lane, found.state.id, outcome)
         self.analysed += 1
         self.last_ms = (time.perf_counter() - t0) * 1000
-        ex.annotations["analysis_ms"] = round(self.last_ms, 3)
+        ex.analysis_ms = round(self.last_ms, 3)
 
     def _lock(self, cid: str) -> asyncio.Lock:
         lock = self._locks.get(cid)
@@ -122,7 +122,7 @@ class Analyzer:
         if current is not None and orjson.loads(current)["t"] >= outcome.turn:
             return  # another process already stored a later turn: never move the state back
         await self.store.set("conv:" + cid, outcome.data, self.ttl_s)
-        ex.annotations["state_bytes"] = len(outcome.data)
+        ex.state_bytes = len(outcome.data)
         if outcome.divergence is not None and outcome.cache["tokens_lost"] >= 0:
             await self.alerts.raise_alert(ex, lane.name, outcome.divergence, outcome.cache, outcome.snippets)
 
@@ -131,18 +131,18 @@ def make_job(ex: Exchange, lane: LaneRuntime, found: Found, in_process: bool = T
     """The turn as plain data; for the worker process, the body is the JSON that was forwarded
     (a memory copy to send, where pickling the parsed body would cost the event loop milliseconds)."""
     cfg = lane.config
-    routing = ex.annotations.get("routing")
+    routing = ex.routing
     body: dict[str, Any] | bytes = ex.body or {}
     if not in_process and ex.forwarded is not None:
         body = ex.forwarded
     return Job(
         request_id=ex.request_id, lane=lane.name,
-        lane_render=lane.extras["renderer"].defaults if "renderer" in lane.extras else None,
+        lane_render=lane.renderer.defaults if lane.renderer is not None else None,
         options=_options(lane, ex), block_size=cfg.cache.block_size, engine=cfg.engine,
         prefill_tokens_per_s=cfg.cache.prefill_tokens_per_s, body=body,
         generated=ex.generated.as_message(), finish_reason=ex.generated.finish_reason, usage=ex.usage,
         thinking=ex.thinking_applied, effort=ex.effort_applied,
-        rewritten=ex.annotations.get("history_rewritten"), replica=ex.replica,
+        rewritten=ex.limits.history_rewritten, replica=ex.replica,
         # The router says this turn runs away from the conversation's cache (see routing/base.py).
         rehomed=isinstance(routing, dict) and bool(routing.get("expected_cold")),
         repinned=found.repinned, state=found.state,
@@ -325,16 +325,15 @@ def char_offset(rendered: Rendered, cmp: Comparison, options: RenderOptions, old
     return _char_offset(rendered, cmp, options, old, tokens_of)
 
 
-def _anchors(found: Found, generated_msg: dict[str, Any], n_messages: int, engine: str) -> list[str]:
+def _anchors(tenant: str, generated_msg: dict[str, Any], n_messages: int, engine: str) -> list[str]:
     """What the client's next turn will carry as its latest assistant message, at its position."""
-    gen = message_digest(generated_msg, engine)
-    return [f"anc:{anchor(gen, n_messages):016x}", f"gen:{gen:016x}"]
+    return anchor_keys(message_digest(generated_msg, engine), n_messages, tenant)
 
 
 def _options(lane: LaneRuntime, ex: Exchange) -> RenderOptions:
     """This turn's render options: the body as forwarded, read the way the lane's engine reads it
     (render/told.py; `gateway render` goes through the same function)."""
-    base = lane.extras["renderer"].defaults if "renderer" in lane.extras else options_for_lane(lane.config)
+    base = lane.renderer.defaults if lane.renderer is not None else options_for_lane(lane.config)
     return read_options(ex.body or {}, base)
 
 

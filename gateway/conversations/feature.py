@@ -1,51 +1,56 @@
-"""Install conversation tracking: the pinning policy (hot path), the analyzer, the drift API."""
+"""Conversation tracking as one part: the pinning policy (hot path), the turn-end bookkeeping,
+the analyzer (after the response, in a worker process by default) and the drift API."""
 
 from __future__ import annotations
 
 import time
 from typing import TYPE_CHECKING
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
-from ..errors import invalid_request
+from ..errors import GatewayError, invalid_request
+from ..store import StateStore
 from .alerts import AlertBook
 from .analyzer import Analyzer, TurnEnd
 from .policy import ConversationPolicy
 from .worker import AnalysisProcess
 
 if TYPE_CHECKING:
-    from ..app import Gateway
+    from ..runtime import Runtime
+    from ..settings import Settings
 
 TTL_S = 6 * 3600.0
 
 
-def install(gw: "Gateway") -> None:
-    from ..app import JSONResponse
+def _json(data: object, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type="application/json")
 
-    store = gw.services["store"]
-    header = gw.runtime.snapshot.config.gateway.conversation_header
-    alerts = AlertBook(store)
-    process = AnalysisProcess() if gw.settings.analysis != "thread" else None
-    analyzer = Analyzer(store, alerts, TTL_S, threads=gw.settings.analysis_threads, process=process)
-    if process is not None:
-        def start() -> None:
-            lanes = gw.runtime.snapshot.lanes.values()
-            process.start([lane.extras["renderer"].defaults for lane in lanes if "renderer" in lane.extras])
 
-        gw.startup.append(start)
-        gw.shutdown.append(process.stop)
-    gw.runtime.policies.append(ConversationPolicy(store, header, TTL_S))
-    gw.runtime.finishers.insert(0, TurnEnd(store, TTL_S))  # before the aftermath queue
-    gw.aftermath.analyzers.append(analyzer)
-    gw.services["alerts"] = alerts
-    gw.services["analyzer"] = analyzer
+class Conversations:
+    def __init__(self, store: StateStore, runtime: "Runtime", settings: "Settings") -> None:
+        self.store = store
+        self.runtime = runtime
+        header = runtime.snapshot.config.gateway.conversation_header
+        self.alerts = AlertBook(store)
+        self.process = AnalysisProcess() if settings.analysis != "thread" else None
+        self.analyzer = Analyzer(store, self.alerts, TTL_S, threads=settings.analysis_threads, process=self.process)
+        self.policy = ConversationPolicy(store, header, TTL_S)
+        self.turn_end = TurnEnd(store, TTL_S)
 
-    async def drift(request: Request) -> Response:
-        guard = gw.services.get("admin_guard")
-        if guard is not None:
-            await guard(request)
+    async def start(self) -> None:
+        if self.process is not None:
+            lanes = self.runtime.snapshot.lanes.values()
+            self.process.start([lane.renderer.defaults for lane in lanes if lane.renderer is not None])
+
+    async def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+    # -- admin routes ----------------------------------------------------------------------------
+
+    async def drift(self, request: Request) -> Response:
         q = request.query_params
         try:
             since = float(q["since"]) if "since" in q else None
@@ -55,27 +60,20 @@ def install(gw: "Gateway") -> None:
             limit = max(1, min(int(q.get("limit", 100)), 1000))
         except ValueError:
             raise invalid_request("since, min_tokens_lost and limit must be numbers") from None
-        items = await alerts.list(lane=q.get("lane"), cause=q.get("cause"), since=since,
-                                  min_tokens_lost=min_lost, limit=limit)
-        return JSONResponse({"alerts": items})
+        items = await self.alerts.list(lane=q.get("lane"), cause=q.get("cause"), since=since,
+                                       min_tokens_lost=min_lost, limit=limit)
+        return _json({"alerts": items})
 
-    async def conversation(request: Request) -> Response:
-        guard = gw.services.get("admin_guard")
-        if guard is not None:
-            await guard(request)
+    async def conversation(self, request: Request) -> Response:
         from .state import ConversationState
 
-        raw = await store.get("conv:" + request.path_params["cid"])
+        raw = await self.store.get("conv:" + request.path_params["cid"])
         if raw is None:
-            return JSONResponse({"error": {"message": "no such conversation", "type": "invalid_request_error",
-                                           "param": "cid", "code": "not_found"}}, status_code=404)
+            raise GatewayError(404, "no such conversation", param="cid", code="not_found")
         st = ConversationState.from_bytes(raw)
-        return JSONResponse({"id": st.id, "source": st.source, "lane": st.lane, "turn": st.turn,
-                             "pinned_effort": st.pinned_effort, "pinned_thinking": st.pinned_thinking,
-                             "parent": st.parent, "replica": st.replica, "created": st.created,
-                             "updated": st.updated, "state_bytes": len(raw),
-                             "prompt_tokens": st.last.prompt_tokens if st.last else None,
-                             "last_cache": st.last_cache})
-
-    gw.routes.append(Route("/admin/drift", drift, methods=["GET"]))
-    gw.routes.append(Route("/admin/conversations/{cid}", conversation, methods=["GET"]))
+        return _json({"id": st.id, "source": st.source, "lane": st.lane, "turn": st.turn,
+                      "pinned_effort": st.pinned_effort, "pinned_thinking": st.pinned_thinking,
+                      "parent": st.parent, "replica": st.replica, "created": st.created,
+                      "updated": st.updated, "state_bytes": len(raw),
+                      "prompt_tokens": st.last.prompt_tokens if st.last else None,
+                      "last_cache": st.last_cache})

@@ -24,6 +24,7 @@ import xxhash
 from ..render.normalize import args_meaning, canonical
 
 SEP = b"\x1f"
+DEFAULT_TENANT = "default"  # requests of a gateway without client keys
 
 
 def text_bytes(value: Any) -> bytes:
@@ -60,11 +61,18 @@ class Lineage:
     digest: int  # normalised digest of that message
     position: int  # how many messages precede it
 
-    def anchor_keys(self) -> list[str]:
-        """Store keys to look the conversation up by, most specific first."""
+    def anchor_keys(self, tenant: str = DEFAULT_TENANT) -> list[str]:
+        """Store keys to look the conversation up by, most specific first, within the tenant."""
         if self.last_assistant is None:
             return []
-        return [f"anc:{anchor(self.digest, self.position):016x}", f"gen:{self.digest:016x}"]
+        return anchor_keys(self.digest, self.position, tenant)
+
+
+def anchor_keys(digest: int, position: int, tenant: str = DEFAULT_TENANT) -> list[str]:
+    """The anchors of an output: at its position and alone. A tenant's anchors live apart from
+    every other tenant's, so two tenants whose models said the same thing never join."""
+    scope = "" if tenant == DEFAULT_TENANT else f"{tenant}:"
+    return [f"anc:{scope}{anchor(digest, position):016x}", f"gen:{scope}{digest:016x}"]
 
 
 def anchor(digest: int, position: int) -> int:
@@ -101,6 +109,10 @@ def explicit_key(body: dict[str, Any], headers: Any, header_name: str) -> tuple[
     return None
 
 
-def key_id(key: str) -> str:
-    # Never keep the raw key (it may be a user id): a stable hash is enough to find the state.
-    return "k" + xxhash.xxh64_hexdigest(key.encode("utf-8", "surrogatepass"))
+def key_id(key: str, tenant: str = DEFAULT_TENANT) -> str:
+    """The conversation id of a client's own key, within its tenant: two tenants sending the same
+    `user` never share a conversation. Never keeps the raw key (it may be a user id)."""
+    raw = key.encode("utf-8", "surrogatepass")
+    if tenant != DEFAULT_TENANT:
+        raw = tenant.encode() + SEP + raw
+    return "k" + xxhash.xxh64_hexdigest(raw)

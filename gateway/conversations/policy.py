@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..exchange import Exchange
+from ..headers import token
 from ..runtime import LaneRuntime
 from ..store import StateStore
 from . import effort as effort_mod
@@ -22,7 +23,7 @@ REPIN_HEADER = "x-gateway-repin"
 
 @dataclass
 class Found:
-    """What the hot path learnt, handed to the analyzer through ex.annotations["conversation"]."""
+    """What the hot path learnt, handed to the analyzer through ex.conversation."""
 
     state: ConversationState
     lineage: Lineage
@@ -48,7 +49,7 @@ class ConversationPolicy:
         lin = lineage(messages, lane.config.engine)
         state, is_new, anchor_turn, source = await self._identify(ex, body, lin, lane)
         found = Found(state, lin, is_new, anchor_turn, requested)
-        ex.annotations["conversation"] = found
+        ex.conversation = found
         ex.conversation_id = state.id
         ex.conversation_source = source
         ex.turn = state.turn + 1
@@ -58,12 +59,12 @@ class ConversationPolicy:
         headers = ex.request_headers or {}
         key = explicit_key(body, headers, self.header_name)
         if key is not None:
-            cid = key_id(key[0])
+            cid = key_id(key[0], ex.tenant)
             state = await self._load(cid)
             if state is not None:
                 return state, False, None, key[1]
             return ConversationState(cid, key[1], lane=lane.name), True, None, key[1]
-        keys = lin.anchor_keys()
+        keys = lin.anchor_keys(ex.tenant)
         if keys:
             for value in await self.store.mget(keys):
                 if value is None:
@@ -142,11 +143,14 @@ class ConversationPolicy:
 
 
 def _header(ex: Exchange, state: ConversationState) -> str:
-    """`50; requested=100; pinned` — what the engine renders, and what the client asked when different."""
-    applied = ex.effort_applied if ex.thinking_applied else "off"
-    requested = ex.effort_requested if ex.thinking_requested else "off"
+    """`50; requested=100; pinned` — what the engine renders, and what the client asked when different.
+
+    Efforts are the lane's numbers or words the client sent: each goes through `token`, so a value
+    that is not a plain word or number reads "other" instead of reaching the header raw."""
+    applied = token(ex.effort_applied) if ex.thinking_applied else "off"
+    requested = token(ex.effort_requested) if ex.thinking_requested else "off"
     if ex.effort_action == "warned":
-        pinned = state.pinned_effort if state.pinned_thinking else "off"
+        pinned = token(state.pinned_effort) if state.pinned_thinking else "off"
         return f"{applied}; pinned={pinned}; warned"
     if requested != applied or ex.effort_action == "repinned":
         return f"{applied}; requested={requested}; {ex.effort_action}"

@@ -47,7 +47,7 @@ class Context:
     def reject(self, name: str, message: str, *, param: str | None, code: str, status: int = 400) -> NoReturn:
         """Refuse the request in OpenAI's shape and record which limit did it."""
         self.ex.fire_limit(name)
-        self.ex.annotations["limit_rejected"] = name
+        self.ex.limits.rejected = name
         raise GatewayError(status, message, param=param, code=code, type="invalid_request_error")
 
     def rewrote(self, name: str, note: str) -> None:

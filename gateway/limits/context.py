@@ -62,8 +62,8 @@ class ContextWindow(Limit):
             return
         if b.low + need_out > window:
             self._refuse(ctx, window, Count(b.low, "lower_bound"), out)
-        count = await count_prompt(ctx.body, facts, ctx.lane.extras.get("renderer"))
-        ctx.ex.annotations["prompt_tokens_counted"] = {"n": count.n, "how": count.how, "bound": b.high}
+        count = await count_prompt(ctx.body, facts, ctx.lane.renderer)
+        ctx.ex.limits.prompt_tokens_counted = {"n": count.n, "how": count.how, "bound": b.high}
         if count.how != "timeout" and count.n + need_out > window:
             self._refuse(ctx, window, count, out)
 

@@ -5,7 +5,7 @@ agent that keeps the failing turn fails forever. Policy `reject` answers 400 `to
 the count, the limit and where the images are; `drop_oldest` replaces the oldest images beyond the
 limit with a short text marker and forwards. Dropping rewrites history, so the prompt prefix moves at
 the first changed message: that is recorded for the drift analysis as
-`ex.annotations["history_rewritten"] = {"cause": "image_removed", "message_index": i}`.
+`ex.limits.history_rewritten = {"cause": "image_removed", "message_index": i}`.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class Images(Limit):
         ctx.body["messages"] = messages
         first = min(by_message)
         ctx.rewrote(self.name, f"dropped={len(drop)} limit={cap} first_message={first}")
-        ctx.ex.annotations["images_dropped"] = [where(i, "content", j) for i, j in drop]
-        ctx.ex.annotations["history_rewritten"] = {"cause": "image_removed", "message_index": first}
+        ctx.ex.limits.images_dropped = [where(i, "content", j) for i, j in drop]
+        ctx.ex.limits.history_rewritten = {"cause": "image_removed", "message_index": first}
         if ctx.facts is not None:
             ctx.facts.ascii_bytes += len(marker["text"]) * len(drop)

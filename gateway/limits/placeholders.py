@@ -81,7 +81,7 @@ class Placeholders(Limit):
                 messages[i] = _escaped_message(messages[i], found, tokens)
             body["messages"] = messages
         ctx.rewrote(self.name, f"escaped={len(spots)}")
-        ctx.ex.annotations["placeholders_escaped"] = [s.param for s in spots]
+        ctx.ex.limits.placeholders_escaped = [s.param for s in spots]
         if ctx.facts is not None:
             ctx.facts.other_bytes += len(JOINER.encode()) * len(spots)
 

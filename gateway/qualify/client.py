@@ -25,9 +25,8 @@ import orjson
 from ..config import Lane
 from ..errors import GatewayError
 from ..exchange import Exchange
+from ..security import QUALIFY_HEADER
 from ..sse import EventSplitter, StreamObserver
-
-QUALIFY_HEADER = "X-Gateway-Qualify"
 
 
 @dataclass
@@ -126,7 +125,7 @@ class InProcessLane:
         ex.public_model = self.name
         ex.stream = True
         ex.client_wants_usage = True
-        ex.annotations["qualification_run"] = True
+        ex.qualification_run = True
         t_sent = time.perf_counter()
         try:
             response = await forward(ex, self.runtime, "/v1/chat/completions", orjson.dumps(out),

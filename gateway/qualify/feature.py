@@ -1,16 +1,17 @@
-"""Refuse unqualified lanes: the gate, the state in lane.extras, and the qualify routes.
+"""Refuse unqualified lanes: the gate, the state in lane.qualification, and the qualify routes.
 
 - At every (re)load a lane hook evaluates each lane against the record index and stores the state
-  in ``lane.extras["qualification"]``; the gate on the hot path reads only that dict.
+  in ``lane.qualification``; the gate on the hot path reads only that dict.
 - A background task re-reads the records when they change (a new `gateway qualify` run), checks
   the revision the replicas report on GET /v1/models, and re-evaluates.
 - ``POST /qualify/v1/chat/completions`` addresses a lane by its name (``"model": "<lane>"``), for
-  `gateway qualify --gateway URL`. It needs the qualify token (header ``X-Gateway-Qualify``) and
-  lets an unqualified lane through, so it can be qualified. Other gates still apply; the hot-path
+  `gateway qualify --gateway URL`. Like every /qualify route it needs the qualify token (header
+  ``X-Gateway-Qualify``) or the admin key (declared in the route table, checked by security.py), and
+  it lets an unqualified lane through, so it can be qualified. Other gates still apply; the hot-path
   policies (limits, effort pinning) do not: the engine sees the suite exactly as written, as it
   does when `gateway qualify` runs in-process.
 - ``GET /qualify/state``, ``POST /qualify/refresh``, ``GET /qualify/records?lane=..``,
-  ``POST /qualify/records`` (token) for the CLI and the admin page.
+  ``POST /qualify/records`` for the CLI and the admin page.
 
 The token is ``$GATEWAY_QUALIFY_TOKEN``, or the admin key (``gateway.admin_key_env``), or else a
 random one the gateway writes to ``<data dir>/qualify.token`` (mode 0600) at start.
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
 import logging
 import os
 import secrets
@@ -35,13 +35,15 @@ from starlette.routing import Route
 from ..errors import GatewayError
 from ..exchange import Exchange
 from ..runtime import LaneRuntime, Snapshot
-from .client import QUALIFY_HEADER, replica_revision
+from ..security import Caller
+from .client import replica_revision
 from .identity import lane_identity
 from .records import RecordIndex, RecordStore, Summary, open_store
 from .state import evaluate
 
 if TYPE_CHECKING:
-    from ..app import Gateway
+    from ..pipeline import Pipeline
+    from ..settings import Settings
 
 log = logging.getLogger("gateway.qualify")
 
@@ -58,16 +60,27 @@ def _ascii(text: str, limit: int = 200) -> str:
     return text.encode("ascii", "replace").decode()[:limit]
 
 
+QUALIFY_CALLER = Caller("qualify")  # the tenant of runs sent through the qualify route
+
+
 class QualificationService:
-    def __init__(self, gw: "Gateway", store: RecordStore | None = None) -> None:
-        self.gw = gw
-        self.store = store or open_store(gw.settings.routes_path, None, gw.settings.redis_url)
+    """Evaluates every lane at each (re)load (a lane hook), refuses unqualified lanes (a gate), keeps the
+    record index fresh (a background watcher), and serves the /qualify routes through `pipeline`: a
+    pipeline that addresses lanes by name, with no gate and no policy (see _LaneAddressed)."""
+
+    def __init__(self, runtime: "Runtime", settings: "Settings", pipeline: "Pipeline",
+                 store: RecordStore | None = None) -> None:
+        self.runtime = runtime
+        self.settings = settings
+        self.pipeline = pipeline
+        self.store = store or open_store(settings.routes_path, None, settings.redis_url)
         self.observed: dict[tuple, str | None] = {}  # (lane, replicas, model) -> revision reported
         self._index = RecordIndex(())
         self._signature: Any = object()
         self._index_error: str | None = None
-        self._qualify_pipeline: Any = None
         self._file_token: str | None = None
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
 
     # -- records --------------------------------------------------------------------------------
 
@@ -100,20 +113,20 @@ class QualificationService:
         """Lane hook: runs for every lane at load and reload. Memory only: the watcher keeps the index fresh."""
         state = evaluate(lane.name, lane.config, self._index, self.observed.get(self._key(lane)),
                          self._index_error)
-        previous = lane.extras.get("qualification")
-        lane.extras["qualification"] = state
+        previous = lane.qualification
+        lane.qualification = state
         if previous is None or previous.get("state") != state["state"]:
             level = logging.WARNING if state["state"] in ("unqualified", "overridden") else logging.INFO
             log.log(level, "lane %s: %s: %s", lane.name, state["state"], state["reason"])
 
     def refresh(self) -> None:
-        self.gw.runtime.rerun_lane_hooks()
+        self.runtime.rerun_lane_hooks()
 
     def states(self) -> dict[str, Any]:
-        snap = self.gw.runtime.snapshot
+        snap = self.runtime.snapshot
         out = {}
         for name, lane in snap.lanes.items():
-            state = dict(lane.extras.get("qualification") or {})
+            state = dict(lane.qualification or {})
             state["identity_fields"] = lane_identity(lane.config, self.observed.get(self._key(lane))).fields
             state["engine"] = lane.config.engine
             out[name] = state
@@ -121,7 +134,7 @@ class QualificationService:
 
     async def check_revisions(self) -> bool:
         """Ask each lane's replicas for their model root; True when something changed."""
-        snap = self.gw.runtime.snapshot
+        snap = self.runtime.snapshot
         changed = False
 
         async def one(lane: LaneRuntime) -> None:
@@ -143,7 +156,7 @@ class QualificationService:
         next_revision = 0.0
         while not stop.is_set():
             try:
-                snap = self.gw.runtime.snapshot
+                snap = self.runtime.snapshot
                 rerun = False
                 if snap.version != version or loop.time() >= next_revision:
                     version = snap.version
@@ -164,7 +177,7 @@ class QualificationService:
     # -- the gate (hot path) ------------------------------------------------------------------------
 
     async def gate(self, ex: Exchange, lane: LaneRuntime) -> None:
-        q = lane.extras.get("qualification")
+        q = lane.qualification
         if q is None:
             return
         state = q["state"]
@@ -172,7 +185,7 @@ class QualificationService:
             raise GatewayError(503, f"lane '{lane.name}' is not qualified: {q['reason']}",
                                code="lane_not_qualified", type="service_unavailable")
         if state == "overridden":
-            ex.annotations["qualification"] = "overridden"
+            ex.qualification = "overridden"
             ex.response_headers["X-Gateway-Lane-Override"] = _ascii(q.get("override") or "")
 
     # -- token -----------------------------------------------------------------------------------
@@ -182,7 +195,7 @@ class QualificationService:
         env = os.environ.get("GATEWAY_QUALIFY_TOKEN")
         if env:
             out.append(env)
-        admin_env = self.gw.runtime.snapshot.config.gateway.admin_key_env
+        admin_env = self.runtime.snapshot.config.gateway.admin_key_env
         if admin_env and os.environ.get(admin_env):
             out.append(os.environ[admin_env])
         if self._file_token is None and not env:
@@ -194,7 +207,7 @@ class QualificationService:
     def ensure_token_file(self) -> None:
         if os.environ.get("GATEWAY_QUALIFY_TOKEN"):
             return
-        path = Path(self.gw.settings.data_dir) / TOKEN_FILE
+        path = Path(self.settings.data_dir) / TOKEN_FILE
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             try:
@@ -210,43 +223,36 @@ class QualificationService:
 
     def _read_token_file(self) -> None:
         try:
-            self._file_token = (Path(self.gw.settings.data_dir) / TOKEN_FILE).read_text().strip() or None
+            self._file_token = (Path(self.settings.data_dir) / TOKEN_FILE).read_text().strip() or None
         except OSError:
             self._file_token = None
 
-    def authorised(self, request: Request) -> bool:
-        given = request.headers.get(QUALIFY_HEADER)
-        if not given:
-            return False
-        return any(hmac.compare_digest(given.encode(), t.encode()) for t in self.tokens())
-
-    def _require_token(self, request: Request) -> None:
-        if not self.authorised(request):
-            raise GatewayError(403, f"this route needs the qualify token in the {QUALIFY_HEADER} header",
-                               code="qualify_token_required")
-
     # -- routes ----------------------------------------------------------------------------------
 
+    async def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.watch(self._stop))
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
+
     async def route_chat(self, request: Request) -> Response:
-        self._require_token(request)
-        return await self._pipeline().chat(request)
+        return await self.pipeline.chat(request, QUALIFY_CALLER)
 
     async def route_completions(self, request: Request) -> Response:
-        self._require_token(request)
-        return await self._pipeline().completions(request)
+        return await self.pipeline.completions(request, QUALIFY_CALLER)
 
     async def route_state(self, request: Request) -> Response:
         return _json(self.states())
 
     async def route_refresh(self, request: Request) -> Response:
-        self._require_token(request)
         await self.check_revisions()
         await asyncio.to_thread(self.reload_index)
         self.refresh()
         return _json(self.states())
 
     async def route_records(self, request: Request) -> Response:
-        self._require_token(request)
         if request.method == "POST":
             try:
                 record = orjson.loads(await request.body())
@@ -257,8 +263,8 @@ class QualificationService:
             record_id = await asyncio.to_thread(self.store.save, record)
             await asyncio.to_thread(self.reload_index)
             self.refresh()
-            lane = self.gw.runtime.snapshot.lanes.get(record["lane"])
-            return _json({"id": record_id, "state": lane.extras.get("qualification") if lane else None})
+            lane = self.runtime.snapshot.lanes.get(record["lane"])
+            return _json({"id": record_id, "state": lane.qualification if lane else None})
         record_id = request.query_params.get("id")
         if record_id:
             rec = await asyncio.to_thread(self.store.load, record_id)
@@ -274,19 +280,14 @@ class QualificationService:
             return _json(await asyncio.to_thread(self.store.load, runs[0].id))
         return _json([dataclasses.asdict(s) for s in runs])
 
-    def _pipeline(self) -> Any:
-        if self._qualify_pipeline is None:
-            from ..pipeline import Pipeline
 
-            pipe = Pipeline(_LaneAddressed(self.gw.runtime), 0)  # type: ignore[arg-type]
-            # Every other gate still applies; only the refusal of unqualified lanes is lifted.
-            pipe.gates = [g for g in self.gw.pipeline.gates if g != self.gate]
-            self._qualify_pipeline = pipe
-        return self._qualify_pipeline
+class LaneAddressed:
+    """The runtime seen by the qualify route: every lane answers to its own name; the rest is shared.
 
-
-class _LaneAddressed:
-    """The runtime seen by the qualify route: every lane answers to its own name; the rest is shared."""
+    Its pipeline has no policies: the engine must see the suite exactly as written, as it does
+    in-process, so that hashes and numbers from both ways of qualifying compare (a pinned effort, for
+    example, would switch thinking on and change every output).
+    """
 
     def __init__(self, runtime: Any) -> None:
         self._runtime = runtime
@@ -300,44 +301,6 @@ class _LaneAddressed:
             self._cache = (snap, Snapshot(config, snap.lanes, snap.version, snap.loaded_at))
         return self._cache[1]
 
-    @property
-    def policies(self) -> list[Any]:
-        # None: the engine must see the suite exactly as written, as it does in-process, so that
-        # hashes and numbers from both ways of qualifying compare (a pinned effort, for example,
-        # would switch thinking on and change every output). Policies are not part of a lane's identity.
-        return []
-
     def finish(self, ex: Exchange, lane: LaneRuntime | None) -> None:
-        ex.annotations["qualification_run"] = True
+        ex.qualification_run = True
         self._runtime.finish(ex, lane)
-
-
-def install(gw: "Gateway") -> None:
-    service = QualificationService(gw)
-    gw.services["qualification"] = service
-    service.reload_index()  # at start-up, before serving: blocking is fine here
-    gw.runtime.lane_hooks.append(service.hook)
-    for lane in gw.runtime.snapshot.lanes.values():  # the first snapshot was built before this hook
-        service.hook(lane)
-    gw.pipeline.gates.append(service.gate)
-    service.ensure_token_file()
-    gw.routes.extend([
-        Route("/qualify/v1/chat/completions", service.route_chat, methods=["POST"]),
-        Route("/qualify/v1/completions", service.route_completions, methods=["POST"]),
-        Route("/qualify/state", service.route_state, methods=["GET"]),
-        Route("/qualify/refresh", service.route_refresh, methods=["POST"]),
-        Route("/qualify/records", service.route_records, methods=["GET", "POST"]),
-    ])
-    stop = asyncio.Event()
-    tasks: list[asyncio.Task[None]] = []
-
-    def start() -> None:
-        tasks.append(asyncio.get_running_loop().create_task(service.watch(stop)))
-
-    async def shutdown() -> None:
-        stop.set()
-        for t in tasks:
-            t.cancel()
-
-    gw.startup.append(start)
-    gw.shutdown.append(shutdown)

@@ -1,6 +1,6 @@
 """A lane's qualification state, decided at load time from routes.yaml and the record index.
 
-The result lands in ``lane.extras["qualification"]`` where the gate (hot path: one dict lookup),
+The result lands in ``lane.qualification`` where the gate (hot path: one dict lookup),
 /readyz, `gateway check` and the admin page read it:
 
     {"state": "qualified" | "unqualified" | "overridden" | "not_required",

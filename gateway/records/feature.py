@@ -3,7 +3,7 @@
 Knobs (environment): GATEWAY_RECORDS_SQLITE (1), GATEWAY_RECORDS_MAX_AGE ("7d"),
 GATEWAY_RECORDS_MAX_ROWS (1000000), GATEWAY_RECORDS_STREAM ("gateway:records"),
 GATEWAY_RECORDS_STREAM_MAXLEN (100000), GATEWAY_CAPTURE=1 with GATEWAY_CAPTURE_MAX_BYTES (16384).
-Query API for the admin page and other parts: `gw.services["records"]` (a `Records`).
+Query API for the admin page and other parts: the `Records` the composition root builds.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from .store_redis import DEFAULT_KEY, RedisRecordStream
 from .store_sqlite import SQLiteStore
 
 if TYPE_CHECKING:
-    from ..app import Gateway
     from ..runtime import LaneRuntime
+    from ..settings import Settings
 
 log = logging.getLogger("gateway.records")
 
@@ -108,8 +108,40 @@ def _env(name: str, default: str) -> str:
     return value if value not in (None, "") else default
 
 
-def install(gw: "Gateway") -> None:
-    settings = gw.settings
+class RecordsLifecycle:
+    """Opens the SQLite file and the Redis stream at start; flushes and closes them at stop (after the
+    aftermath queue drained, so the last records are in the stores' queues)."""
+
+    def __init__(self, records: Records, data_dir: Any, own_client: list[Any]) -> None:
+        self.records = records
+        self.data_dir = data_dir
+        self._own_client = own_client
+        self._sqlite = records.sqlite
+
+    async def start(self) -> None:
+        sqlite = self._sqlite
+        if sqlite is not None:
+            try:
+                await asyncio.to_thread(sqlite.open)
+            except Exception:  # serving matters more than records: keep going, say why loudly
+                log.exception("cannot open the records file under %s; records are not stored", self.data_dir)
+                self.records.sqlite = None
+        if self.records.stream is not None:
+            self.records.stream.start()
+
+    async def stop(self) -> None:
+        stream = self.records.stream
+        if stream is not None:
+            await stream.stop()
+            for client in self._own_client:
+                await client.aclose()
+        if self.records.sqlite is not None:
+            await asyncio.to_thread(self.records.sqlite.flush, 5.0)
+            await asyncio.to_thread(self.records.sqlite.close)
+
+
+def build_records(settings: "Settings", shared_client: Any = None) -> tuple[Records, RecordsLifecycle]:
+    """Records per the environment knobs above; `shared_client` is the state store's Redis client when it has one."""
     sqlite = None
     if _env("GATEWAY_RECORDS_SQLITE", "1") == "1":
         sqlite = SQLiteStore(
@@ -121,9 +153,8 @@ def install(gw: "Gateway") -> None:
 
     def redis_client() -> Any:
         # The state store's client when it exists (one pool per process), else our own.
-        shared = gw.services.get("redis")
-        if shared is not None:
-            return shared
+        if shared_client is not None:
+            return shared_client
         if not own_client:
             import redis.asyncio as aioredis
 
@@ -137,28 +168,4 @@ def install(gw: "Gateway") -> None:
                                    maxlen=int(_env("GATEWAY_RECORDS_STREAM_MAXLEN", "100000")))
     capture = int(_env("GATEWAY_CAPTURE_MAX_BYTES", "16384")) if settings.capture_bodies else 0
     records = Records(sqlite, stream, capture)
-    gw.services["records"] = records
-    gw.aftermath.sinks.append(records.sink)
-
-    async def startup() -> None:
-        if sqlite is not None:
-            try:
-                await asyncio.to_thread(sqlite.open)
-            except Exception:  # serving matters more than records: keep going, say why loudly
-                log.exception("cannot open the records file under %s; records are not stored", settings.data_dir)
-                records.sqlite = None
-        if stream is not None:
-            stream.start()
-
-    async def shutdown() -> None:
-        # Runs after the aftermath queue drained, so the last records are in the stores' queues.
-        if stream is not None:
-            await stream.stop()
-            for client in own_client:
-                await client.aclose()
-        if records.sqlite is not None:
-            await asyncio.to_thread(sqlite.flush, 5.0)
-            await asyncio.to_thread(sqlite.close)
-
-    gw.startup.append(startup)
-    gw.shutdown.append(shutdown)
+    return records, RecordsLifecycle(records, settings.data_dir, own_client)

@@ -19,6 +19,7 @@ FIELDS: dict[str, str] = {
     "ts": "REAL",  # wall-clock start, epoch seconds
     "request_id": "TEXT",
     "path": "TEXT",
+    "tenant": "TEXT",  # the client key's tenant id (never the key)
     "model": "TEXT",  # the public model name the client asked for
     "lane": "TEXT",
     "replica": "TEXT",
@@ -74,7 +75,7 @@ VERDICTS = ("hit", "drift", "eviction", "cold", "unknown")
 def build_record(ex: Exchange, capture_max_bytes: int = 0) -> dict[str, Any]:
     """The record of `ex`. `capture_max_bytes` > 0 stores request and output, truncated to that size."""
     usage = ex.usage if isinstance(ex.usage, dict) else {}
-    cache = ex.annotations.get("cache") if isinstance(ex.annotations.get("cache"), dict) else {}
+    cache = ex.cache if isinstance(ex.cache, dict) else {}
     body = ex.body if isinstance(ex.body, dict) else {}
     gen = ex.generated
     completion_tokens = _int(usage.get("completion_tokens"))
@@ -87,6 +88,7 @@ def build_record(ex: Exchange, capture_max_bytes: int = 0) -> dict[str, Any]:
         "ts": ex.started_wall,
         "request_id": ex.request_id,
         "path": ex.path,
+        "tenant": ex.tenant,
         "model": ex.public_model,
         "lane": ex.lane,
         "replica": ex.replica,
@@ -132,7 +134,7 @@ def build_record(ex: Exchange, capture_max_bytes: int = 0) -> dict[str, Any]:
         "output_chars": len(output),
         "output_hash": xxhash.xxh3_64_hexdigest(output.encode("utf-8", "replace")) if output else None,
         "finish_reason": gen.finish_reason,
-        "analysis": _str(ex.annotations.get("analysis_skipped")),
+        "analysis": _str(ex.analysis_skipped),
         "capture": _capture(ex, capture_max_bytes) if capture_max_bytes > 0 else None,
     }
     return rec

@@ -1,6 +1,6 @@
 """The routing interface: given a lane's replicas and a request, the order to try them in.
 
-Every policy also writes what it decided to ``ex.annotations["routing"]``:
+Every policy also writes what it decided to ``ex.routing``:
 
     {"policy": "conversation_affinity", "replica": URL, "reason": "home", "expected_cold": False, ...}
 
@@ -42,7 +42,7 @@ def healthy_first(replicas: list[Replica]) -> list[Replica]:
 
 def previous_replica(ex: Exchange) -> str | None:
     """Where the conversation's last turn ran (its KV cache lives there), when known."""
-    found = ex.annotations.get("conversation")
+    found = ex.conversation
     state = getattr(found, "state", None)
     return getattr(state, "replica", None)
 
@@ -52,15 +52,15 @@ def note(ex: Exchange, policy: str, chosen: Replica, replicas: list[Replica], re
     """Record a routing decision on the exchange (annotation and response header)."""
     record: dict[str, Any] = {"policy": policy, "replica": chosen.url, "reason": reason,
                               "expected_cold": expected_cold, **extra}
-    ex.annotations["routing"] = record
+    ex.routing = record
     _header(ex, record, replicas)
     return record
 
 
 def _header(ex: Exchange, record: dict[str, Any], replicas: list[Replica] | None = None) -> None:
     if replicas is not None:
-        ex.annotations["routing_urls"] = [r.url for r in replicas]
-    urls = ex.annotations.get("routing_urls") or []
+        ex.routing_urls = [r.url for r in replicas]
+    urls = ex.routing_urls or []
     index = urls.index(record["replica"]) if record["replica"] in urls else -1
     value = f"{record['reason']}; replica={index}"
     if record.get("expected_cold"):
@@ -76,7 +76,7 @@ def moved_note(ex: Exchange, policy: str, chosen: Replica, replicas: list[Replic
 
 def served_note(ex: Exchange, replica: Replica) -> dict[str, Any] | None:
     """After failover the serving replica may differ from the planned one: update the record."""
-    record = ex.annotations.get("routing")
+    record = ex.routing
     if not isinstance(record, dict) or record.get("replica") == replica.url:
         return record
     record["planned"] = record["replica"]

@@ -1,6 +1,6 @@
 """conversation_affinity: a conversation's turns go where its KV cache lives.
 
-Decision, per request (ex.annotations["routing"]["reason"]):
+Decision, per request (ex.routing["reason"]):
 
 * home: the conversation has a home (the replica that served its last turn, from the shared home
   record or the conversation state, whichever is fresher) that is healthy and not overloaded.
@@ -74,13 +74,13 @@ class ConversationAffinity:
 
     async def prepare(self, ex: Exchange, lane: Any, body: dict[str, Any]) -> None:
         if len(lane.upstream.replicas) == 1:
-            ex.annotations["routing_single"] = True
+            ex.routing_single = True
             return  # nothing to choose: no lookups on the hot path
-        found = ex.annotations.get("conversation")
+        found = ex.conversation
         state = getattr(found, "state", None)
         messages = body.get("messages")
         hint = Hint()
-        ex.annotations["routing_hint"] = hint
+        ex.routing_hint = hint
         if isinstance(messages, list) and messages:
             hint.head = prefix_index.seed(self.lane, ex.thinking_applied, ex.effort_applied, body.get("tools"))
             hint.drift = _head_drift(state, ex, body)
@@ -121,8 +121,8 @@ class ConversationAffinity:
         live = healthy_first(replicas)
         if len(replicas) == 1 or not live:
             return live
-        hint: Hint = ex.annotations.get("routing_hint") or Hint()
-        state = getattr(ex.annotations.get("conversation"), "state", None)
+        hint: Hint = ex.routing_hint or Hint()
+        state = getattr(ex.conversation, "state", None)
         home = _freshest_home(hint, state)
         board = self.shared.board
         lane = self.lane
@@ -210,9 +210,9 @@ class ConversationAffinity:
     # -- after a replica accepted the request -------------------------------------------------------
 
     def served(self, replica: Replica, ex: Exchange) -> None:
-        if ex.annotations.get("routing_single"):
+        if ex.routing_single:
             return  # a single-replica lane: nothing was planned, nothing to remember
-        record = ex.annotations.get("routing")
+        record = ex.routing
         planned = record.get("replica") if isinstance(record, dict) else None
         if record is not None and planned is not None and planned != replica.url:
             # Failover: the planned replica did not answer; this one is the conversation's home now.
@@ -222,14 +222,14 @@ class ConversationAffinity:
             elif previous is not None:
                 record["reason"] = "rehomed_unhealthy"
             served_note(ex, replica)
-            if getattr(ex.annotations.get("conversation"), "state", None) is not None:
+            if getattr(ex.conversation, "state", None) is not None:
                 self._moved(planned, replica.url)
         if self.shared.store is None:
             return
         writes: list[tuple[str, bytes, float]] = []
-        found = ex.annotations.get("conversation")
+        found = ex.conversation
         state = getattr(found, "state", None)
-        hint: Hint | None = ex.annotations.get("routing_hint")
+        hint: Hint | None = ex.routing_hint
         if state is not None and (hint is None or hint.shared_home != replica.url):
             # Written only when the shared record does not say this replica already (a new home, a move,
             # or a move made during a store outage that the shared copy has not heard of).

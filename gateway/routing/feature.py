@@ -1,4 +1,5 @@
-"""Install routing: routers share one store and load board per process; a hot-path step does their lookups.
+"""Routing as one part: routers share one store and load board per process; a hot-path step does
+their lookups.
 
 The step runs after the conversation policy (it needs the conversation and the applied effort) and
 before forwarding: a router with `prepare` gets one store round trip there, so `order` stays plain
@@ -10,17 +11,16 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from ..exchange import Exchange
 from .load import LoadBoard
 from .shared import RoutingShared
 
 if TYPE_CHECKING:
-    from ..app import Gateway
-    from ..runtime import LaneRuntime
+    from ..runtime import LaneRuntime, Runtime
 
 
 class RoutingStep:
@@ -34,39 +34,35 @@ class RoutingStep:
             await prepare(ex, lane, body)
 
 
-def install(gw: "Gateway") -> None:
-    from ..app import JSONResponse
+class Routing:
+    def __init__(self, store: Any, runtime: "Runtime") -> None:
+        self.runtime = runtime
+        self.shared = RoutingShared(store, LoadBoard(store))
+        self.step = RoutingStep()
 
-    store = gw.services.get("store")
-    shared = RoutingShared(store, LoadBoard(store))
-    gw.services["routing"] = shared
-
-    def bind(lane: "LaneRuntime") -> None:
+    def bind(self, lane: "LaneRuntime") -> None:
+        """Lane hook: a router that shares state gets the process's store and load board."""
         bind_router = getattr(lane.router, "bind", None)
         if bind_router is not None:
-            bind_router(shared, lane.name, lane.config.affinity)
+            bind_router(self.shared, lane.name, lane.config.affinity)
 
-    gw.runtime.lane_hooks.append(bind)
-    for lane in gw.runtime.snapshot.lanes.values():
-        bind(lane)
-    gw.runtime.policies.append(RoutingStep())
-
-    def affine_lanes() -> dict[str, list]:
-        return {name: lane.upstream.replicas for name, lane in gw.runtime.snapshot.lanes.items()
+    def _affine_lanes(self) -> dict[str, list]:
+        return {name: lane.upstream.replicas for name, lane in self.runtime.snapshot.lanes.items()
                 if lane.config.routing == "conversation_affinity"}
 
-    gw.startup.append(lambda: shared.board.start(affine_lanes))
-    gw.shutdown.append(shared.board.stop)
-    gw.shutdown.append(shared.drain)
+    async def start(self) -> None:
+        self.shared.board.start(self._affine_lanes)
 
-    async def routing(request: Request) -> Response:
-        guard = gw.services.get("admin_guard")
-        if guard is not None:
-            await guard(request)
+    async def stop(self) -> None:
+        await self.shared.board.stop()
+        await self.shared.drain()
+
+    async def route(self, request: Request) -> Response:
+        shared = self.shared
         now = time.monotonic()
         board = shared.board
         lanes = {}
-        for name, lane in gw.runtime.snapshot.lanes.items():
+        for name, lane in self.runtime.snapshot.lanes.items():
             lanes[name] = {
                 "policy": lane.config.routing,
                 "affinity": lane.config.affinity.model_dump(),
@@ -79,6 +75,5 @@ def install(gw: "Gateway") -> None:
                     "breaker": r.state(now) if hasattr(r, "state") else ("closed" if r.available(now) else "open"),
                 } for r in lane.upstream.replicas],
             }
-        return JSONResponse({"lanes": lanes, "process": shared.describe()})
-
-    gw.routes.append(Route("/admin/routing", routing, methods=["GET"]))
+        return Response(orjson.dumps({"lanes": lanes, "process": shared.describe()}),
+                        media_type="application/json")

@@ -1,22 +1,21 @@
-"""Install the state store: Redis when GATEWAY_REDIS_URL is set, memory otherwise."""
+"""The state store: Redis when GATEWAY_REDIS_URL is set, memory otherwise."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from .base import StateStore
 from .memory import MemoryStore
 
 if TYPE_CHECKING:
-    from ..app import Gateway
+    from ..settings import Settings
 
 
-def install(gw: "Gateway") -> None:
-    if gw.settings.redis_url:
+def build_store(settings: "Settings") -> tuple[StateStore, Any]:
+    """The store, and its Redis client when there is one (shared with the records stream: one pool)."""
+    if settings.redis_url:
         from .redis_store import RedisStore
 
-        store = RedisStore(gw.settings.redis_url)
-        gw.services["redis"] = store.client
-    else:
-        store = MemoryStore()
-    gw.services["store"] = store
-    gw.shutdown.append(store.close)
+        store = RedisStore(settings.redis_url)
+        return store, store.client
+    return MemoryStore(), None

@@ -8,12 +8,12 @@ import httpx
 import openai
 
 
-def wait_analysed(gw, cid: str, turn: int, timeout: float = 30.0) -> dict:
-    """The conversation's admin view once `turn` has been analysed."""
+def wait_analysed(gw, cid: str, turn: int, timeout: float = 30.0, headers: dict | None = None) -> dict:
+    """The conversation's admin view once `turn` has been analysed (`headers`: e.g. the admin key)."""
     deadline = time.monotonic() + timeout
     r = None
     while time.monotonic() < deadline:
-        r = httpx.get(f"{gw.url}/admin/conversations/{cid}")
+        r = httpx.get(f"{gw.url}/admin/conversations/{cid}", headers=headers)
         if r.status_code == 200 and r.json()["turn"] >= turn:
             return r.json()
         time.sleep(0.02)

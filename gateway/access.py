@@ -1,0 +1,38 @@
+"""Who may call a route: declared once per route, checked in one place, admin by default.
+
+Every route the gateway serves is an `Endpoint` in the one table the composition root builds
+(compose.py). An endpoint that does not say otherwise needs the admin key, so a route added
+without thought is closed, not open. The check wraps the handler when the app is built
+(`Security.protect`); no handler checks keys itself.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class Access(enum.Enum):
+    PUBLIC = "public"  # anyone: process liveness, the minimal readiness status, the admin page shell
+    CLIENT = "client"  # a client key (or none configured: demo); the caller's tenant is known after it
+    QUALIFY = "qualify"  # the qualify token (X-Gateway-Qualify) or the admin key
+    ADMIN = "admin"  # the admin key (demo mode without any key: open, said loudly at start)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    path: str
+    handler: Handler
+    methods: tuple[str, ...] = ("GET",)
+    access: Access = Access.ADMIN
+    why_public: str | None = None  # required for PUBLIC: what makes it safe to serve to anyone
+
+    def __post_init__(self) -> None:
+        if self.access is Access.PUBLIC and not self.why_public:
+            raise ValueError(f"public endpoint {self.path} must say why it is safe to serve to anyone")

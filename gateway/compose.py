@@ -1,0 +1,207 @@
+"""The composition root: the one place where the gateway's parts are built and wired.
+
+Every part gets what it needs through its constructor; nothing registers itself anywhere. The order
+below is the order of dependence, and it is the order of the request path:
+
+    gates       qualification (refuse an unqualified lane)
+    policies    limits -> conversation (identity, effort pin) -> routing lookups
+    forward     proxy.forward
+    finishers   turn end (head and anchors at once) -> aftermath (analysis, then metrics and records)
+
+and `endpoints()` is the one route table, with who may call each route (access.py: admin unless
+declared otherwise). A part that cannot be built or started stops the gateway with a message that
+names it (`StartupError`), never a half-working gateway.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, TypeVar
+
+from .access import Access, Endpoint
+from .aftermath import Aftermath
+from .admin.feature import AdminAPI
+from .config import ConfigError, load_routes
+from .conversations.feature import Conversations
+from .health import HealthProber, HealthService
+from .limits.feature import LimitsWarmup
+from .limits.policy import LimitsPolicy
+from .metrics import LiveCollector, Metrics, MetricsExport, build_metrics
+from .openapi import OpenAPI
+from .pipeline import Pipeline
+from .qualify.feature import LaneAddressed, QualificationService
+from .records.feature import Records, build_records
+from .render.feature import RenderPreload, attach as attach_renderer
+from .routing.feature import Routing
+from .runtime import Runtime
+from .security import Security, SecurityConfigError
+from .settings import Settings
+from .status import Status
+from .store import StateStore
+from .store.feature import build_store
+
+log = logging.getLogger("gateway")
+
+T = TypeVar("T")
+
+
+class Service(Protocol):
+    """A part with work of its own beside requests (tasks, files, a process): started before serving,
+    stopped after the last request, in reverse order."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class StartupError(RuntimeError):
+    """A part of the gateway could not be built or started; the message names the part."""
+
+
+def _part(name: str, build: Callable[[], T]) -> T:
+    try:
+        return build()
+    except (StartupError, ConfigError, SecurityConfigError):
+        raise  # these already say where (a key path, a file and line)
+    except Exception as exc:
+        raise StartupError(f"{name}: {type(exc).__name__}: {exc}") from exc
+
+
+@dataclass
+class StoreService:
+    store: StateStore
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        await self.store.close()
+
+
+@dataclass
+class Gateway:
+    """Everything one gateway process holds, typed."""
+
+    settings: Settings
+    runtime: Runtime
+    store: StateStore
+    security: Security
+    status: Status
+    conversations: Conversations
+    routing: Routing
+    limits: LimitsPolicy
+    qualification: QualificationService
+    metrics: Metrics
+    records: Records
+    aftermath: Aftermath
+    pipeline: Pipeline
+    health: HealthService
+    admin: AdminAPI
+    openapi: OpenAPI
+    metrics_export: MetricsExport
+    services: tuple[Service, ...] = ()
+    _started: list[Service] = field(default_factory=list)
+
+    def endpoints(self) -> list[Endpoint]:
+        """Every route the gateway serves. Admin unless declared otherwise (access.py)."""
+        public = Access.PUBLIC
+        client = Access.CLIENT
+        qualify = Access.QUALIFY
+        status, conv, q, admin = self.status, self.conversations, self.qualification, self.admin
+        return [
+            # Clients (a client key; the tenant is known from it)
+            Endpoint("/v1/chat/completions", self.pipeline.chat, ("POST",), client),  # type: ignore[arg-type]
+            Endpoint("/v1/completions", self.pipeline.completions, ("POST",), client),  # type: ignore[arg-type]
+            Endpoint("/v1/models", status.models, ("GET",), client),  # type: ignore[arg-type]
+            Endpoint("/v1/models/{model:path}", status.model, ("GET",), client),  # type: ignore[arg-type]
+            # Anyone
+            Endpoint("/healthz", status.healthz, ("GET",), public, "says only that the process is up"),
+            Endpoint("/readyz", status.readyz, ("GET",), public,
+                     "says only ready or not; replicas, paths and reload errors need the admin key"),
+            Endpoint("/openapi.json", self.openapi.route, ("GET",), public,
+                     "describes the API; model names are listed only to a valid client key"),
+            Endpoint("/admin", admin.page, ("GET",), public,
+                     "the page shell: no data; every call it makes sends the admin key"),
+            Endpoint("/admin/", admin.page, ("GET",), public, "the page shell (see /admin)"),
+            Endpoint("/admin/static/{name}", admin.static, ("GET",), public,
+                     "the page's own scripts and styles, from a fixed folder"),
+            # Qualification (the qualify token or the admin key)
+            Endpoint("/qualify/v1/chat/completions", q.route_chat, ("POST",), qualify),
+            Endpoint("/qualify/v1/completions", q.route_completions, ("POST",), qualify),
+            Endpoint("/qualify/state", q.route_state, ("GET",), qualify),
+            Endpoint("/qualify/refresh", q.route_refresh, ("POST",), qualify),
+            Endpoint("/qualify/records", q.route_records, ("GET", "POST"), qualify),
+            # Admins
+            Endpoint("/metrics", self.metrics_export.route),
+            Endpoint("/admin/drift", conv.drift),
+            Endpoint("/admin/conversations/{cid}", conv.conversation),
+            Endpoint("/admin/routing", self.routing.route),
+            Endpoint("/admin/api/health", self.health.route),
+            Endpoint("/admin/api/overview", admin.overview),
+            Endpoint("/admin/api/records", admin.records),
+            Endpoint("/admin/api/stats", admin.stats),
+            Endpoint("/admin/api/charts", admin.charts),
+        ]
+
+    async def start(self) -> None:
+        self.aftermath.start()
+        for service in self.services:
+            try:
+                await service.start()
+            except Exception as exc:
+                raise StartupError(f"{type(service).__name__} could not start: {type(exc).__name__}: {exc}") from exc
+            self._started.append(service)
+
+    async def stop(self) -> None:
+        await self.aftermath.stop()  # the last records reach their stores' queues first
+        while self._started:
+            service = self._started.pop()
+            try:
+                await service.stop()
+            except Exception:  # stopping the rest matters more
+                log.exception("%s did not stop cleanly", type(service).__name__)
+        await self.runtime.close()
+
+
+def build(settings: Settings) -> Gateway:
+    """The gateway of `settings`, every part built and wired; nothing started yet."""
+    config = _part("routes.yaml", lambda: load_routes(settings.routes_path))
+    runtime = Runtime(config, settings.routes_path)
+    store, redis_client = _part("state store", lambda: build_store(settings))
+    limits = LimitsPolicy()
+    routing = _part("routing", lambda: Routing(store, runtime))
+    # The qualify route's pipeline addresses lanes by name and has no gate and no policy.
+    qualify_pipeline = Pipeline(LaneAddressed(runtime))
+    qualification = _part("qualification", lambda: QualificationService(runtime, settings, qualify_pipeline))
+    security = _part("security", lambda: Security(runtime, settings, qualification.tokens))
+    security.startup_report()  # raises SecurityConfigError in production without keys
+    conversations = _part("conversations", lambda: Conversations(store, runtime, settings))
+    metrics, registry = _part("metrics", build_metrics)
+    records, records_service = _part("records", lambda: build_records(settings, redis_client))
+    aftermath = Aftermath(analyzers=[conversations.analyzer], sinks=[metrics.observe, records.sink])
+    runtime.wire(
+        lane_hooks=[attach_renderer, limits.attach, routing.bind, qualification.hook],
+        finishers=[conversations.turn_end, aftermath],  # the head first: the next turn may come at once
+    )
+    qualification.reload_index()  # at start-up, before serving: blocking is fine here
+    runtime.rerun_lane_hooks()
+    qualification.ensure_token_file()
+    pipeline = Pipeline(runtime, gates=[qualification.gate],
+                        policies=[limits, conversations.policy, routing.step])
+    status = Status(runtime, settings, security)
+    health = HealthService(HealthProber(runtime))
+    admin = AdminAPI(runtime, status, aftermath, records, conversations.analyzer)
+    export = MetricsExport(metrics, registry, LiveCollector(runtime, aftermath, conversations.analyzer, records))
+    # Started in this order, stopped in reverse: the store outlives everything that writes to it.
+    services: tuple[Service, ...] = (
+        StoreService(store), RenderPreload(runtime), LimitsWarmup(runtime), conversations, routing,
+        records_service, qualification, health,
+    )
+    return Gateway(settings=settings, runtime=runtime, store=store, security=security, status=status,
+                   conversations=conversations, routing=routing, limits=limits, qualification=qualification,
+                   metrics=metrics, records=records, aftermath=aftermath, pipeline=pipeline, health=health,
+                   admin=admin, openapi=OpenAPI(runtime, security), metrics_export=export, services=services)
+
+
+__all__ = ["Gateway", "Service", "StartupError", "build"]

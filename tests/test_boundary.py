@@ -1,0 +1,151 @@
+"""The gateway as a boundary (issue 14): every route is closed unless declared public, tenants never
+meet, and the route table is the one the app really serves."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from gateway.access import Access
+from gateway.app import create_app
+from gateway.settings import Settings
+from tests.support.conversations import wait_analysed
+from tests.support.emulator_proc import run_emulator
+from tests.support.gateway_proc import run_gateway
+
+ADMIN_KEY = "boundary-admin-key-0123456789"
+KEY_A = "sk-tenant-a-0123456789"
+KEY_B = "sk-tenant-b-0123456789"
+ENV = {"BOUNDARY_ADMIN_KEY": ADMIN_KEY}
+
+
+def _routes(emu_url: str, keyfile: str) -> dict:
+    return {
+        "gateway": {"client_keys": {"hashed_file": keyfile}, "admin_key_env": "BOUNDARY_ADMIN_KEY"},
+        "lanes": {"ds": {"engine": "vllm", "replicas": [emu_url], "upstream_model": "deepseek-v4-flash",
+                         "qualification": "not_required", "cache": {"block_size": 16},
+                         "render": {"template": "deepseek_v4.1"}}},
+        "models": {"ds": "ds"},
+    }
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory):
+    """One emulator and one keyed gateway whose two client keys belong to tenants team-a and team-b."""
+    tmp = tmp_path_factory.mktemp("boundary")
+    keyfile = tmp / "keys.sha256"
+    keyfile.write_text(f"{hashlib.sha256(KEY_A.encode()).hexdigest()} team-a\n"
+                       f"{hashlib.sha256(KEY_B.encode()).hexdigest()} team-b\n")
+    with run_emulator(flavour="vllm") as emu:
+        cfg = _routes(emu.url, str(keyfile))
+        with run_gateway(cfg, env=ENV) as gw:
+            yield gw, cfg, tmp
+
+
+def _table(cfg: dict, tmp: Path, monkeypatch) -> list:
+    """The route table the app serves, built in process from the same routes.yaml."""
+    for k, v in ENV.items():
+        monkeypatch.setenv(k, v)
+    path = tmp / "routes-inproc.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    app = create_app(Settings(routes_path=path, data_dir=tmp / "inproc-data", watch_routes=False,
+                              analysis="thread"))
+    return app.gateway.endpoints()
+
+
+def _concrete(path: str) -> str:
+    return re.sub(r"\{[^}]+\}", "x", path)
+
+
+def test_every_route_is_closed_unless_declared_public(keyed, monkeypatch) -> None:
+    gw, cfg, tmp = keyed
+    table = _table(cfg, tmp, monkeypatch)
+    served = {(ep.path, m) for ep in table for m in ep.methods}
+    assert len(served) >= 20
+    client = {"Authorization": f"Bearer {KEY_A}"}
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    for ep in table:
+        for method in ep.methods:
+            url = gw.url + _concrete(ep.path)
+            bare = httpx.request(method, url, timeout=10)
+            as_client = httpx.request(method, url, headers=client, timeout=10)
+            where = f"{method} {ep.path}"
+            if ep.access is Access.PUBLIC:
+                assert bare.status_code not in (401, 403), where
+                continue
+            assert bare.status_code == 401, where
+            assert bare.json()["error"]["code"] in ("missing_api_key", "missing_admin_key"), where
+            if ep.access is Access.CLIENT:
+                assert as_client.status_code not in (401, 403), where
+                continue
+            assert as_client.status_code == 403, (where, as_client.text)
+            assert httpx.request(method, url, headers=admin, timeout=10).status_code not in (401, 403), where
+
+
+def test_readyz_details_need_the_admin_key(keyed) -> None:
+    gw, _, _ = keyed
+    bare = httpx.get(gw.url + "/readyz").json()
+    assert set(bare) == {"status"}
+    full = httpx.get(gw.url + "/readyz", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()
+    assert {"status", "lanes", "config"} <= set(full)
+    as_client = httpx.get(gw.url + "/readyz", headers={"Authorization": f"Bearer {KEY_A}"}).json()
+    assert set(as_client) == {"status"}
+
+
+def _client(gw, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.base_url, api_key=key, max_retries=0, timeout=30)
+
+
+def _turn(gw, key: str, messages: list, **kw):
+    raw = _client(gw, key).chat.completions.with_raw_response.create(
+        model="ds", messages=messages, max_tokens=8, **kw)
+    conv = raw.headers["x-gateway-conversation"]
+    cid, turn, via = re.match(r"(\S+); turn=(\d+); via=(\S+)", conv).groups()
+    return raw.parse(), cid, int(turn), via, raw.headers.get("x-gateway-effort")
+
+
+def test_tenants_never_share_a_conversation_pin_or_turn(keyed) -> None:
+    gw, _, _ = keyed
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    msgs = [{"role": "user", "content": "Plan the migration."}]
+    # The same `user` from two tenants: two conversations, each with its own pin and turn count.
+    a1, cid_a, turn_a, _, effort_a = _turn(gw, KEY_A, msgs, user="alice", reasoning_effort="high")
+    wait_analysed(gw, cid_a, 1, headers=admin)
+    a_msgs = msgs + [{"role": "assistant", "content": a1.choices[0].message.content},
+                     {"role": "user", "content": "Go on."}]
+    _, cid_a2, turn_a2, _, _ = _turn(gw, KEY_A, a_msgs, user="alice", reasoning_effort="high")
+    assert (cid_a2, turn_a2) == (cid_a, 2)
+    _, cid_b, turn_b, via_b, effort_b = _turn(gw, KEY_B, msgs, user="alice", reasoning_effort="low")
+    assert cid_b != cid_a and turn_b == 1 and via_b == "user"
+    assert "pinned" not in (effort_b or ""), "B is not pinned to A's effort"
+    # Lineage: B replays A's history (A's exact output as the latest assistant message): a new
+    # conversation for B, never A's.
+    _, cid_b2, turn_b2, via_b2, _ = _turn(gw, KEY_B, a_msgs)
+    assert cid_b2 != cid_a and turn_b2 == 1 and via_b2 in ("new", "lineage_unknown")
+    # A's own replay without a key does find A's conversation (lineage works within a tenant).
+    _, cid_a3, _, via_a3, _ = _turn(gw, KEY_A, a_msgs)
+    assert cid_a3 == cid_a and via_a3.startswith("lineage")
+    # Records and alerts carry the tenant (an id, never the key) for the admin.
+    recs = _poll_records(gw, admin, 6)
+    by_conv = {r["conversation"]: r["tenant"] for r in recs if r["conversation"]}
+    assert by_conv[cid_a] == "team-a" and by_conv[cid_b] == "team-b" and by_conv[cid_b2] == "team-b"
+    text = httpx.get(gw.url + "/admin/api/records?limit=50", headers=admin).text
+    assert KEY_A not in text and KEY_B not in text
+
+
+def _poll_records(gw, headers: dict, n: int, timeout: float = 10.0) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    recs: list[dict] = []
+    while time.monotonic() < deadline:
+        recs = httpx.get(gw.url + "/admin/api/records?limit=50", headers=headers).json()["records"]
+        if len(recs) >= n:
+            return recs
+        time.sleep(0.05)
+    raise AssertionError(f"only {len(recs)} records after {timeout}s")
