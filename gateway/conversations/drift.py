@@ -183,8 +183,8 @@ def classify(old: TurnPrint, new: NewTurn, rendered: Rendered, cmp: Comparison, 
         return Divergence(new.rewritten.get("cause", "history_edited"), new.rewritten.get("message_index", mi), fld)
     # Request-level parts: the effort line and the header at the very start, the tools and
     # response-format blocks of the (possibly inserted) system message.
-    if rendered.exact and first and new.thinking != old.thinking and fld in (None, "bos", "header", "effort", "content",
-                                                          "generation_header"):
+    if rendered.exact and first and new.thinking != old.thinking \
+            and fld in (None, "bos", "header", "effort", "content", "generation_header"):
         return Divergence("thinking_toggled", mi, "thinking")
     if fld == "effort":
         return Divergence("effort_changed", mi, "reasoning_effort") if new.effort != old.effort \

@@ -27,8 +27,8 @@ import jinja2
 import orjson
 import xxhash
 
-from .effort import DEFAULT_EFFORT, DEFAULT_EFFORT_MAP, effort_number
-from .normalize import ENGINES, parse_arguments, reasoning_field, template_messages, template_response_format, template_tools
+from .effort import DEFAULT_EFFORT, DEFAULT_EFFORT_MAP, effort_number  # noqa: F401 (re-exported)
+from .normalize import ENGINES, template_messages, template_response_format, template_tools
 from .cache import ItemEntry, RenderedItem, SegmentCache, default_cache
 from .template import ChatTemplate, load_template
 from .tokenizer import TextTokenizer, load_tokenizer
