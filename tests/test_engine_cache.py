@@ -254,17 +254,23 @@ def test_a_lane_with_non_default_effort_map_and_drop_thinking_off_is_told_to_the
 
     lane = Lane.model_validate(engine_lane("http://127.0.0.1:9", render={
         "effort_map": {"low": 20, "high": 75, "max": 100}, "drop_thinking": False}))
-    agent = Agent(gw, "told-lane", model="ds-told", tools=False, reasoning_effort="high")
+    # Explicit keys: the agent's outputs are reasoning only, which lineage ignores, so the probes'
+    # outputs would look like the agent's to it.
+    agent = Agent(gw, "told-lane", model="ds-told", tools=False, reasoning_effort="high", user="told-agent")
     for turn in range(4):
-        body = {"model": "ds-told", "messages": agent.messages, "reasoning_effort": "high", "max_tokens": 1,
+        sent = [dict(m) for m in agent.messages]
+        agent.turn()
+        # The same request again, as its own conversation (so the agent's verdicts stay its own), asking
+        # vLLM for the ids it prefilled; its prompt is already cached by the agent's turn.
+        body = {"model": "ds-told", "messages": sent, "reasoning_effort": "high", "max_tokens": 1,
                 "temperature": 0, "return_token_ids": True}
-        out = httpx.post(gw.base_url + "/chat/completions", json=body, timeout=120).json()
+        out = httpx.post(gw.base_url + "/chat/completions", json=body, timeout=120,
+                         headers={"X-Conversation-Id": f"told-probe-{turn}"}).json()
         ours = render_request(body, options_for_lane(lane), lane=lane)
         assert out["prompt_token_ids"] == ours.token_ids, (turn, len(out["prompt_token_ids"]), ours.n_tokens)
         assert "Reasoning Effort: 75 " in ours.prompt
         if turn:
             assert "</think>" in ours.prompt  # earlier reasoning kept: the engine did not drop it
-        agent.turn()
     report("told_lane", agent.rows)
     for row in agent.rows[1:]:
         assert row["verdict"] == "hit", row
