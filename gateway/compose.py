@@ -25,6 +25,8 @@ from .admin.feature import AdminAPI
 from .config import ConfigError, load_routes
 from .conversations.feature import Conversations
 from .health import HealthProber, HealthService
+from .kvevents.feature import KVEventsAdmin
+from .kvevents.service import KVEventsService
 from .limits.feature import LimitsWarmup
 from .limits.policy import LimitsPolicy
 from .metrics import LiveCollector, Metrics, MetricsExport, build_metrics
@@ -100,6 +102,8 @@ class Gateway:
     admin: AdminAPI
     openapi: OpenAPI
     metrics_export: MetricsExport
+    kv_events: KVEventsService  # issue 20: the engines' KV-cache events
+    kv_admin: KVEventsAdmin
     services: tuple[Service, ...] = ()
     _started: list[Service] = field(default_factory=list)
 
@@ -135,13 +139,18 @@ class Gateway:
             # Admins
             Endpoint("/metrics", self.metrics_export.route),
             Endpoint("/admin/drift", conv.drift),
-            Endpoint("/admin/conversations/{cid}", conv.conversation),
+            Endpoint("/admin/conversations/{cid:path}", conv.conversation),
             Endpoint("/admin/routing", self.routing.route),
             Endpoint("/admin/api/health", self.health.route),
             Endpoint("/admin/api/overview", admin.overview),
             Endpoint("/admin/api/records", admin.records),
             Endpoint("/admin/api/stats", admin.stats),
             Endpoint("/admin/api/charts", admin.charts),
+            Endpoint("/admin/api/alerts", admin.alerts),
+            Endpoint("/admin/api/triage", admin.triage, ("GET", "POST")),
+            Endpoint("/admin/api/triage/{rule_id}", admin.triage_delete, ("DELETE",)),
+            Endpoint("/admin/api/conversations/{key:path}", admin.conversation),
+            Endpoint("/admin/api/kv", self.kv_admin.route),
         ]
 
     async def start(self) -> None:
@@ -170,18 +179,19 @@ def build(settings: Settings) -> Gateway:
     runtime = Runtime(config, settings.routes_path)
     store, redis_client = _part("state store", lambda: build_store(settings))
     limits = LimitsPolicy()
-    routing = _part("routing", lambda: Routing(store, runtime))
+    kv_events = KVEventsService(runtime)  # subscribes when started; reads routes.yaml through the runtime
+    routing = _part("routing", lambda: Routing(store, runtime, kv_events))
     # The qualify route's pipeline addresses lanes by name and has no gate and no policy.
     qualify_pipeline = Pipeline(LaneAddressed(runtime))
     qualification = _part("qualification", lambda: QualificationService(runtime, settings, qualify_pipeline))
     security = _part("security", lambda: Security(runtime, settings, qualification.tokens))
     security.startup_report()  # raises SecurityConfigError in production without keys
-    conversations = _part("conversations", lambda: Conversations(store, runtime, settings))
+    conversations = _part("conversations", lambda: Conversations(store, runtime, settings, kv_events))
     metrics, registry = _part("metrics", build_metrics)
-    records, records_service = _part("records", lambda: build_records(settings, redis_client))
+    records, records_service = _part("records", lambda: build_records(settings, redis_client, config.gateway.records))
     aftermath = Aftermath(analyzers=[conversations.analyzer], sinks=[metrics.observe, records.sink])
     runtime.wire(
-        lane_hooks=[attach_renderer, limits.attach, routing.bind, qualification.hook],
+        lane_hooks=[attach_renderer, limits.attach, routing.bind, qualification.hook, kv_events.lane_changed],
         finishers=[conversations.turn_end, aftermath],  # the head first: the next turn may come at once
     )
     qualification.reload_index()  # at start-up, before serving: blocking is fine here
@@ -191,17 +201,20 @@ def build(settings: Settings) -> Gateway:
                         policies=[limits, conversations.policy, routing.step])
     status = Status(runtime, settings, security)
     health = HealthService(HealthProber(runtime))
-    admin = AdminAPI(runtime, status, aftermath, records, conversations.analyzer)
+    admin = AdminAPI(runtime, status, aftermath, records, conversations.analyzer, store)
     export = MetricsExport(metrics, registry, LiveCollector(runtime, aftermath, conversations.analyzer, records))
+    kv_admin = KVEventsAdmin(kv_events)
+    registry.register(kv_admin)
     # Started in this order, stopped in reverse: the store outlives everything that writes to it.
     services: tuple[Service, ...] = (
-        StoreService(store), RenderPreload(runtime), LimitsWarmup(runtime), conversations, routing,
+        StoreService(store), RenderPreload(runtime), LimitsWarmup(runtime), conversations, routing, kv_events,
         records_service, qualification, health,
     )
     return Gateway(settings=settings, runtime=runtime, store=store, security=security, status=status,
                    conversations=conversations, routing=routing, limits=limits, qualification=qualification,
                    metrics=metrics, records=records, aftermath=aftermath, pipeline=pipeline, health=health,
-                   admin=admin, openapi=OpenAPI(runtime, security), metrics_export=export, services=services)
+                   admin=admin, openapi=OpenAPI(runtime, security), metrics_export=export, kv_events=kv_events,
+                   kv_admin=kv_admin, services=services)
 
 
 __all__ = ["Gateway", "Service", "StartupError", "build"]

@@ -106,6 +106,57 @@ class Affinity(_Strict):
                                                         "about this many seconds (0: the instant count alone)")
     prefix_min_share: float = Field(0.5, ge=0, le=1, description="a new conversation follows a known prefix only "
                                                                 "when it covers this share of its messages")
+    prefix_source: Literal["messages", "kv_events"] = Field(
+        "messages", description="where a new conversation's prefix is looked up: the gateway's own record of "
+                                "what each replica served (messages), or the engines' KV events (kv_events: "
+                                "what each pool actually holds; re-homing then prefers the pool with room)")
+
+
+# -- KV-cache events (issue 20: gateway/kvevents) ------------------------------------------------------
+
+
+class KVEventsPublisher(_Strict):
+    """One replica's KV-event publisher: vLLM `--kv-events-config` (`endpoint`, `replay_endpoint`, `topic`)
+    or SGLang's equivalent, as the gateway reaches it."""
+
+    endpoint: str = Field(description="the engine's ZMQ PUB socket, e.g. tcp://10.0.0.5:5557 (with `bind`: "
+                                      "the address the gateway binds for the engine to connect to)")
+    bind: bool = Field(False, description="the engine's publisher connects to the gateway (vLLM connects when its "
+                                          "endpoint has no `*`, e.g. tcp://gateway-host:5557); default: the engine "
+                                          "binds (tcp://*:5557) and the gateway connects")
+    replay: str | None = Field(None, description="its replay (ROUTER) socket, e.g. tcp://10.0.0.5:5558; "
+                                                 "without it a gap in the stream is lost for good")
+    topic: str = Field("", description="the topic the engine publishes on ('' = vLLM's default)")
+    pool_tokens: int | None = Field(None, gt=0, description="the KV pool in tokens; default: read from the "
+                                                            "engine's /metrics (vllm:cache_config_info)")
+
+    @field_validator("endpoint", "replay")
+    @classmethod
+    def _zmq(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        scheme, sep, rest = value.partition("://")
+        if not sep or scheme not in ("tcp", "ipc") or not rest or "*" in rest:
+            raise ValueError(f"{value!r} is not a ZMQ address to connect to (tcp://host:port or ipc://path)")
+        return value
+
+
+class KVEvents(_Strict):
+    """The lane's KV-event streams, one per replica (keyed by the replica URL as listed under `replicas`)."""
+
+    replicas: dict[str, KVEventsPublisher] = Field(min_length=1)
+    max_blocks: int = Field(500_000, ge=1024, description="per replica: blocks kept in the index (and as many "
+                                                          "removal records), ~500 bytes each: 250 MB at most by "
+                                                          "default; at least the pool's blocks (SGLang with "
+                                                          "page_size 1: one block per token)")
+    half_life_s: float = Field(900.0, gt=0, description="working set: a prefix idle this long counts half")
+    live_for_s: float = Field(3600.0, gt=0, description="a conversation idle longer leaves the working set")
+    rate_window_s: float = Field(300.0, gt=0, description="new tokens per second are measured over this")
+
+    @field_validator("replicas")
+    @classmethod
+    def _urls(cls, replicas: dict[str, KVEventsPublisher]) -> dict[str, KVEventsPublisher]:
+        return {url.rstrip("/"): pub for url, pub in replicas.items()}
 
 
 class Override(_Strict):
@@ -137,6 +188,7 @@ class Lane(_Strict):
     qualification: Literal["required", "not_required"] = "required"
     override: Override | None = None
     emulator: EmulatedUpstream | None = None
+    kv_events: KVEvents | None = None  # issue 20: the replicas' KV-cache event streams
 
     @field_validator("replicas")
     @classmethod
@@ -151,6 +203,16 @@ class Lane(_Strict):
             raise ValueError("the same replica URL is listed twice")
         return out
 
+    @model_validator(mode="after")
+    def _kv_events_replicas(self) -> "Lane":
+        if self.kv_events is not None:
+            for url in self.kv_events.replicas:
+                if url not in self.replicas:
+                    raise ValueError(f"kv_events.replicas.{url}: not one of the lane's replicas")
+        if self.affinity.prefix_source == "kv_events" and self.kv_events is None:
+            raise ValueError("affinity.prefix_source: kv_events needs the lane's kv_events")
+        return self
+
     def upstream_api_key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
 
@@ -162,11 +224,45 @@ class ClientKeys(_Strict):
     hashed_file: str | None = Field(None, description="file of sha256 hex digests, one per line")
 
 
+class RecordsConfig(_Strict):
+    """Where request records go. Default: a SQLite file per host (`<data-dir>/records.sqlite3`).
+
+    `postgres` (or an env var holding the URL, `postgres_env`, to keep a password out of this file;
+    libpq's PGPASSWORD and ~/.pgpass work too): every gateway of a fleet writes to and reads from
+    one database, so the admin page, `gateway stats` and `gateway drift` show the whole fleet.
+    """
+
+    postgres: str | None = Field(None, description="postgresql://user@host:5432/dbname")
+    postgres_env: str | None = Field(None, description="env var holding the postgresql:// URL")
+    max_age_days: float = Field(30.0, gt=0, description="PostgreSQL retention: delete older records")
+    max_rows: int = Field(10_000_000, gt=0, description="PostgreSQL retention: keep at most this many")
+    max_queue: int = Field(100_000, gt=0, description="records held in memory while the database is away")
+
+    @field_validator("postgres")
+    @classmethod
+    def _postgres_url(cls, v: str | None) -> str | None:
+        if v is not None and urlsplit(v).scheme not in ("postgresql", "postgres"):
+            raise ValueError("not a postgresql:// URL")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "RecordsConfig":
+        if self.postgres and self.postgres_env:
+            raise ValueError("give postgres or postgres_env, not both")
+        return self
+
+    def postgres_url(self) -> str | None:
+        if self.postgres_env:
+            return os.environ.get(self.postgres_env) or None
+        return self.postgres
+
+
 class GatewaySection(_Strict):
     max_request_bytes: int = Field(32 * 1024 * 1024, gt=0)
     conversation_header: str = "X-Conversation-Id"
     client_keys: ClientKeys | None = None
     admin_key_env: str | None = None
+    records: RecordsConfig = Field(default_factory=RecordsConfig)
 
 
 class RoutesConfig(_Strict):

@@ -270,3 +270,48 @@ async def test_redis_failures_are_counted_not_raised() -> None:
     await stream.flush()
     assert stream.errors == 1 and stream.dropped == 2 and stream.written == 0
     await client.aclose()
+
+
+# -- who is costing us prefill -------------------------------------------------------------------
+
+def test_costs_rank_causes_clients_tenants_and_conversations() -> None:
+    from gateway.records.stats import costs, format_costs
+
+    now = 1_800_000_000.0
+    def r(ts, verdict, cause, tokens, client, tenant="default", conv="c1"):
+        return {"ts": now - ts, "verdict": verdict, "cause": cause, "tokens_lost": tokens, "seconds_lost": tokens / 4000,
+                "client": client, "tenant": tenant, "conversation": conv, "lane": "a"}
+    rows = [r(3000, "drift", "tools_changed", 40_000, "opencode", conv="c1"),
+            r(2000, "drift", "tools_changed", 20_000, "opencode", conv="c2"),
+            r(1000, "eviction", None, 30_000, "aider", tenant="acme", conv="c3"),
+            r(500, "cold", "rehomed", 5_000, "aider", tenant="acme", conv="c3"),
+            r(100, "hit", None, 0, "aider"), r(50, "drift", "history_edited", 0, "x")]
+    c = costs(rows, 3600, buckets=6, now=now)
+    assert c["total"] == {"tokens": 95_000, "seconds": 23.75, "turns": 4}
+    assert [(x["cause"], x["tokens"]) for x in c["by_cause"]] == [("tools_changed", 60_000), ("eviction", 30_000),
+                                                                 ("rehomed", 5_000)]
+    assert [(x["client"], x["tokens"], x["conversations"], x["top_cause"]) for x in c["by_client"]] == [
+        ("opencode", 60_000, 2, "tools_changed"), ("aider", 35_000, 1, "eviction")]
+    assert c["by_tenant"][0]["tenant"] == "default" and c["by_tenant"][1]["tenant"] == "acme"
+    top = c["top_conversations"][0]
+    assert top["conversation"] == "c1" and top["client"] == "opencode" and top["lane"] == "a"
+    assert sum(c["by_cause"][0]["series"]) == 60_000 and len(c["t"]) == c["buckets"]
+    text = format_costs(c)
+    assert "95.0K tokens" in text and "top clients" in text and "opencode" in text and "mostly tools_changed" in text
+    assert format_costs(costs([], 3600, now=now)) == "no prefill lost in this window"
+
+
+def test_a_newer_reader_on_an_older_file_reads_missing_columns_as_null(tmp_path: Path) -> None:
+    """`gateway stats` upgraded before the gateway: the file lacks tenant/client; nothing fails."""
+    conn = sqlite3.connect(tmp_path / FILENAME)
+    conn.execute("CREATE TABLE records (id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL, lane TEXT, verdict TEXT)")
+    conn.execute("INSERT INTO records (ts, lane, verdict) VALUES (?, 'legacy', 'hit')", (time.time(),))
+    conn.commit()
+    conn.close()
+    from gateway.records.query import Filters
+
+    reader = RecordReader(tmp_path / FILENAME, readonly=True)
+    rows = reader.rows(time.time() - 60)
+    assert len(rows) == 1 and rows[0]["lane"] == "legacy" and rows[0]["client"] is None
+    assert reader.rows(filters=Filters(client="opencode", since=time.time() - 60)) == []
+    assert compute_stats(rows, 60)["lanes"]["legacy"]["requests"] == 1

@@ -71,8 +71,9 @@ class TurnEnd:
 
 class Analyzer:
     def __init__(self, store: StateStore, alerts: AlertBook, ttl_s: float, threads: int = 1,
-                 process: AnalysisProcess | None = None) -> None:
+                 process: AnalysisProcess | None = None, kv_events: Any = None) -> None:
         self.store = store
+        self.kv_events = kv_events  # issue 20: gateway.kvevents.service.KVEventsService, or None
         self.alerts = alerts
         self.ttl_s = ttl_s
         self.process = process  # None: analyse in threads of this process
@@ -105,6 +106,13 @@ class Analyzer:
                 log.exception("analysis of %s failed", ex.request_id)
                 ex.cache = _unknown("analysis failed")
                 return
+            # -- issue 20: ground truth from the engine's KV-cache events (gateway/kvevents) -------------
+            if self.kv_events is not None:
+                try:
+                    self.kv_events.judge(ex, lane, found.state, outcome)
+                except Exception:  # the count-based verdict stands
+                    log.exception("kv-event verdict of %s failed", ex.request_id)
+            # ----------------------------------------------------------------------------------------------
             ex.cache = outcome.cache
             await self._save(ex, lane, found.state.id, outcome)
         self.analysed += 1
@@ -147,6 +155,7 @@ def make_job(ex: Exchange, lane: LaneRuntime, found: Found, in_process: bool = T
         rehomed=isinstance(routing, dict) and bool(routing.get("expected_cold")),
         repinned=found.repinned, state=found.state,
         prompt_token_ids=ex.generated.prompt_token_ids, generated_token_ids=ex.generated.token_ids or None,
+        kv_block_size=cfg.cache.block_size if cfg.kv_events is not None else None,
     )
 
 
@@ -159,12 +168,15 @@ def analyse_job(job: Job, renderer: Renderer | None, estimator: Any) -> Outcome:
         if fresh.turn >= state.turn:
             state = fresh
     body = orjson.loads(job.body) if isinstance(job.body, bytes) else job.body
-    new_state, cache, divergence, snippets = analyse(job, body, state, renderer, estimator)
-    return Outcome(cache, new_state.turn, new_state.to_bytes(), divergence, snippets)
+    out: dict[str, Any] = {}
+    new_state, cache, divergence, snippets = analyse(job, body, state, renderer, estimator, out)
+    return Outcome(cache, new_state.turn, new_state.to_bytes(), divergence, snippets, out.get("kv_keys"),
+                   out.get("kv_ends"))
 
 
 def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: Renderer | None,
-            estimator: Any) -> tuple[ConversationState, dict[str, Any], Divergence | None, tuple[str, str] | None]:
+            estimator: Any, out: dict[str, Any] | None = None,
+            ) -> tuple[ConversationState, dict[str, Any], Divergence | None, tuple[str, str] | None]:
     options = job.options
     generated_msg = job.generated
     rendered: Rendered | None = None
@@ -247,6 +259,9 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
     elif job.usage and isinstance(job.usage.get("prompt_tokens"), int) and rendered.exact:
         cache["render_check"] = "count"  # the engine gave no ids: a same-length difference would pass unseen
         cache["render_matches_engine"] = job.usage["prompt_tokens"] == n
+    if out is not None and job.kv_block_size and rendered.exact:
+        out["kv_keys"] = _block_keys(rendered, generated, job.kv_block_size)
+        out["kv_ends"] = _message_ends(rendered, len(body.get("messages") or ()))
     last = turn_print(new, rendered, generated, generated_msg, request_tail(body.get("messages") or [], job.engine),
                       _kv_tokens(job, rendered), job.engine)
     last.retokenized_at = _retokenized_at(job, rendered, generated)
@@ -310,6 +325,35 @@ def _retokenized_at(job: Job, rendered: Rendered, generated: Segment | None) -> 
         return None
     k = common_prefix(ids, list(generated.token_ids))
     return None if k >= min(len(ids), len(generated.token_ids)) else rendered.n_tokens + k
+
+
+def _block_keys(rendered: Rendered, generated: Segment | None, block_size: int) -> bytes:
+    """Issue 20: the engine's blocks of this turn (prompt, then the output as the next turn will render
+    it) named as the KV-event index names them. ~10 ms for 480K tokens (gateway/kvevents/chain.py)."""
+    from array import array
+
+    from ..kvevents.chain import keys
+
+    ids = rendered.token_array
+    if generated is not None and rendered.exact:
+        ids.extend(generated.token_ids if isinstance(generated.token_ids, array) else array("I", generated.token_ids))
+    return array("Q", keys(ids, block_size)).tobytes()
+
+
+def _message_ends(rendered: Rendered, n_messages: int) -> bytes:
+    """Issue 20: render tokens through each request message (for routing by the KV-event index)."""
+    from array import array
+
+    ends = array("I", bytes(4 * n_messages))
+    total = 0
+    for seg in rendered.segments:
+        total += seg.n_tokens
+        for m in seg.message_indices or (seg.message_index,):
+            if 0 <= m < n_messages:
+                ends[m] = total
+    for i in range(1, n_messages):  # a message rendered as nothing ends where the one before it did
+        ends[i] = max(ends[i], ends[i - 1])
+    return ends.tobytes()
 
 
 def _kv_tokens(job: Job, rendered: Rendered) -> int | None:

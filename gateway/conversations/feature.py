@@ -4,7 +4,7 @@ the analyzer (after the response, in a worker process by default) and the drift 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.requests import Request
@@ -14,6 +14,8 @@ from ..errors import GatewayError, invalid_request
 from ..store import StateStore
 from .alerts import AlertBook
 from .analyzer import Analyzer, TurnEnd
+from .identity import DEFAULT_TENANT
+from .lookup import candidate_ids
 from .policy import ConversationPolicy
 from .worker import AnalysisProcess
 
@@ -29,13 +31,14 @@ def _json(data: object, status: int = 200) -> Response:
 
 
 class Conversations:
-    def __init__(self, store: StateStore, runtime: "Runtime", settings: "Settings") -> None:
+    def __init__(self, store: StateStore, runtime: "Runtime", settings: "Settings", kv_events: Any = None) -> None:
         self.store = store
         self.runtime = runtime
         header = runtime.snapshot.config.gateway.conversation_header
         self.alerts = AlertBook(store)
         self.process = AnalysisProcess() if settings.analysis != "thread" else None
-        self.analyzer = Analyzer(store, self.alerts, TTL_S, threads=settings.analysis_threads, process=self.process)
+        self.analyzer = Analyzer(store, self.alerts, TTL_S, threads=settings.analysis_threads, process=self.process,
+                                 kv_events=kv_events)  # issue 20: the KV-event verdicts (gateway/kvevents)
         self.policy = ConversationPolicy(store, header, TTL_S)
         self.turn_end = TurnEnd(store, TTL_S)
 
@@ -67,11 +70,18 @@ class Conversations:
     async def conversation(self, request: Request) -> Response:
         from .state import ConversationState
 
-        raw = await self.store.get("conv:" + request.path_params["cid"])
+        asked = request.path_params["cid"]
+        raw = cid = None
+        # The gateway's id, or the client's own key hashed within the tenant (?tenant=, default "default").
+        for cid in candidate_ids(asked, request.query_params.get("tenant") or DEFAULT_TENANT):
+            raw = await self.store.get("conv:" + cid)
+            if raw is not None:
+                break
         if raw is None:
             raise GatewayError(404, "no such conversation", param="cid", code="not_found")
         st = ConversationState.from_bytes(raw)
-        return _json({"id": st.id, "source": st.source, "lane": st.lane, "turn": st.turn,
+        return _json({"id": st.id, "looked_up_as": asked if cid != asked else None, "source": st.source,
+                      "lane": st.lane, "turn": st.turn,
                       "pinned_effort": st.pinned_effort, "pinned_thinking": st.pinned_thinking,
                       "parent": st.parent, "replica": st.replica, "created": st.created,
                       "updated": st.updated, "state_bytes": len(raw),

@@ -37,6 +37,7 @@ class Job:
     stored: bytes | None = None  # the freshest stored state (another worker or process may have moved on)
     prompt_token_ids: list[int] | None = None  # what the engine prefilled (vLLM return_token_ids), if it said
     generated_token_ids: list[int] | None = None  # what the engine generated, if it said
+    kv_block_size: int | None = None  # issue 20: the lane has KV events; key the render's blocks this size
 
 
 @dataclass
@@ -46,3 +47,5 @@ class Outcome:
     data: bytes  # the new state, encoded
     divergence: Divergence | None
     snippets: tuple[str, str] | None
+    kv_keys: bytes | None = None  # issue 20: block keys of the render + output (array('Q'), gateway/kvevents)
+    kv_ends: bytes | None = None  # issue 20: render tokens through each request message (array('I'))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
+from typing import Callable
 
 import xxhash
 
@@ -50,6 +51,10 @@ class PrefixCache:
         self._children: dict[int, dict[int, None]] = {}
         self.used_blocks = 0
         self.evictions = 0  # blocks evicted since the last reset
+        # KV-cache events (kvevents.py): given the events of each operation, in order. Only when pages
+        # are the engine's blocks; a finer cache has no block-level events to give.
+        self.listener: Callable[[list[dict]], None] | None = None
+        self._events: list[dict] | None = None
 
     # -- hashing -----------------------------------------------------------------------------------
     def hashes(self, data: bytes, seed: int = 0, known: list[int] | None = None) -> list[int]:
@@ -106,6 +111,8 @@ class PrefixCache:
             th = _xxh3(data[start * 4 : (start + tail) * 4], parent)
             entries.append((th, parent, start, tail))
         nodes = self._nodes
+        events = self._begin()
+        new_blocks: list[tuple[int, int, int, int]] = []
         # Touch in reverse so the head of the sequence ends most recently used: under pressure the
         # pool loses a conversation's tail first, like vLLM's free-block queue.
         for h, par, start, length in reversed(entries):
@@ -121,15 +128,41 @@ class PrefixCache:
                     continue
             nodes[h] = _Node(par, chunk, length // bs)
             self.used_blocks += length // bs
+            if events is not None:
+                new_blocks.append((h, par, start, length))
             if self._fine:
                 self._add_child(par, h, chunk or b"")
+        if events is not None:
+            from .kvevents import stored
+
+            for h, par, start, length in reversed(new_blocks):  # parents first, as the engine stores them
+                tokens = array("I", data[start * 4:(start + length) * 4]).tolist()
+                events.append(stored(h, None if par == seed else par, tokens, bs))
         self._evict()
+        self._end()
 
     def resize(self, capacity_blocks: int) -> None:
         self.capacity = capacity_blocks
+        self._begin()
         self._evict()
+        self._end()
+
+    def _begin(self) -> list[dict] | None:
+        if self.listener is None or self._fine:
+            return None
+        self._events = []
+        return self._events
+
+    def _end(self) -> None:
+        events, self._events = self._events, None
+        if events and self.listener is not None:
+            self.listener(events)
 
     def clear(self) -> None:
+        if self.listener is not None and not self._fine and self._nodes:
+            from .kvevents import cleared
+
+            self.listener([cleared()])
         self._nodes.clear()
         self._children.clear()
         self.used_blocks = 0
@@ -161,6 +194,10 @@ class PrefixCache:
 
     def _drop(self, h: int) -> None:
         node = self._nodes.pop(h)
+        if self._events is not None:
+            from .kvevents import removed
+
+            self._events.append(removed([h]))
         self.used_blocks -= node.nblocks
         if self._fine:
             kids = self._children.get(node.parent)

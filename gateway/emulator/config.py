@@ -62,6 +62,13 @@ class EmulatorConfig:
     max_images: int | None = None
     max_top_logprobs: int | None = None  # None = flavour default
 
+    # KV-cache events as vLLM publishes them (kvevents.py; the cache's block_size must be >= 16). Ports on
+    # the emulator's host; fixed at start-up (a config change does not move them).
+    kv_events_port: int | None = None
+    kv_events_replay_port: int | None = None
+    kv_events_topic: str = "kv"
+    kv_events_host: str = "127.0.0.1"
+
     # bookkeeping
     recent_requests: int = 64  # request records kept for GET /emulator/stats
 

@@ -74,7 +74,25 @@ class Emulator:
         r.add_get("/emulator/config", self.get_config)
         r.add_post("/emulator/config", self.post_config)
         app[EMULATOR_KEY] = self
+        app.on_startup.append(self._start_kv_events)
+        app.on_cleanup.append(self._stop_kv_events)
         return app
+
+    # -- KV-cache events (kvevents.py) ------------------------------------------------------------------
+    async def _start_kv_events(self, app: web.Application) -> None:
+        cfg = self.config
+        self.kv_publisher = None
+        if cfg.kv_events_port:
+            from .kvevents import KVEventPublisher
+
+            self.kv_publisher = KVEventPublisher(cfg.kv_events_host, cfg.kv_events_port, cfg.kv_events_replay_port,
+                                                 cfg.kv_events_topic)
+            self.kv_publisher.start()
+            self.cache.listener = self.kv_publisher.publish
+
+    async def _stop_kv_events(self, app: web.Application) -> None:
+        if getattr(self, "kv_publisher", None) is not None:
+            await self.kv_publisher.close()
 
     def set_config(self, config: EmulatorConfig) -> None:
         config.validate()
@@ -85,7 +103,11 @@ class Emulator:
             hooks = tokenizers_for(config.tokenizer, lambda: self.config.default_thinking, config.flavour)
         self.config = config
         if config.eff_block_size != old.eff_block_size:
-            self.cache = PrefixCache(config.eff_block_size, config.cache_blocks)  # old hashes mean nothing now
+            listener = self.cache.listener
+            if listener is not None:
+                self.cache.clear()  # subscribers hear AllBlocksCleared: old hashes mean nothing now
+            self.cache = PrefixCache(config.eff_block_size, config.cache_blocks)
+            self.cache.listener = listener
         elif config.cache_blocks != old.cache_blocks:
             self.cache.resize(config.cache_blocks)
         if config.recent_requests != old.recent_requests:

@@ -1,5 +1,7 @@
 """Install per-request records: an aftermath sink feeding SQLite (default) and a Redis stream.
 
+With `gateway: {records: {postgres: ...}}` in routes.yaml the records of every gateway go to one
+PostgreSQL table instead of the local file (read once at start-up: changing it needs a restart).
 Knobs (environment): GATEWAY_RECORDS_SQLITE (1), GATEWAY_RECORDS_MAX_AGE ("7d"),
 GATEWAY_RECORDS_MAX_ROWS (1000000), GATEWAY_RECORDS_STREAM ("gateway:records"),
 GATEWAY_RECORDS_STREAM_MAXLEN (100000), GATEWAY_CAPTURE=1 with GATEWAY_CAPTURE_MAX_BYTES (16384).
@@ -11,16 +13,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import time
 from typing import TYPE_CHECKING, Any
 
 from ..exchange import Exchange
+from .query import Filters, matches
 from .record import build_record
-from .stats import compute_stats, decode_histogram, lost_by_cause, parse_window, series
+from .stats import STATS_COLUMNS, compute_stats, costs, decode_histogram, lost_by_cause, parse_window, series
+from .store_postgres import PostgresStore, redact
 from .store_redis import DEFAULT_KEY, RedisRecordStream
+from .store_sql import MAX_ROWS
 from .store_sqlite import SQLiteStore
 
 if TYPE_CHECKING:
+    from ..config import RecordsConfig
     from ..runtime import LaneRuntime
     from ..settings import Settings
 
@@ -28,15 +35,32 @@ log = logging.getLogger("gateway.records")
 
 
 class Records:
-    """Where finished exchanges become records, and where they are read back."""
+    """Where finished exchanges become records, and where they are read back.
 
-    def __init__(self, sqlite: SQLiteStore | None, stream: RedisRecordStream | None,
-                 capture_max_bytes: int = 0) -> None:
-        self.sqlite = sqlite
+    `db` is the SQL store (SQLite by default, PostgreSQL when routes.yaml names one); `stream` the
+    optional bounded Redis stream. Readers ask the SQL store when there is one.
+    """
+
+    def __init__(self, db: SQLiteStore | PostgresStore | None, stream: RedisRecordStream | None,
+                 capture_max_bytes: int = 0, gateway_id: str | None = None) -> None:
+        self.db = db
         self.stream = stream
         self.capture_max_bytes = capture_max_bytes
+        self.gateway_id = gateway_id
         self.built = 0
         self.failed = 0
+
+    @property
+    def sqlite(self) -> SQLiteStore | None:  # older callers
+        return self.db if isinstance(self.db, SQLiteStore) else None
+
+    @property
+    def backend(self) -> str:
+        if isinstance(self.db, PostgresStore):
+            return "postgres"
+        if self.db is not None:
+            return "sqlite"
+        return "redis" if self.stream is not None else "none"
 
     def sink(self, ex: Exchange, lane: "LaneRuntime | None") -> None:
         try:
@@ -45,49 +69,94 @@ class Records:
             self.failed += 1
             log.exception("building the record of %s failed", ex.request_id)
             return
+        rec["gateway"] = self.gateway_id
         self.built += 1
-        if self.sqlite is not None:
-            self.sqlite.put(rec)
+        if self.db is not None:
+            self.db.put(rec)
         if self.stream is not None:
             self.stream.put(rec)
 
     # -- queries (async: disk and network work runs off the event loop) ----------------------
 
     async def recent(self, limit: int = 100, lane: str | None = None, since: float | None = None,
-                     conversation: str | None = None) -> list[dict[str, Any]]:
-        if self.sqlite is not None:
-            return await asyncio.to_thread(self.sqlite.recent, limit, lane, since, conversation)
+                     conversation: str | None = None, filters: Filters | None = None) -> list[dict[str, Any]]:
+        f = _merge(filters, lane, since, conversation)
+        if self.db is not None:
+            return await asyncio.to_thread(self.db.recent, limit, filters=f)
         if self.stream is not None:
-            return await self.stream.recent(limit, lane, since, conversation)
+            return [r for r in await self.stream.recent(50_000, f.lane, f.since) if matches(r, f)][:limit]
         return []
 
-    async def rows(self, window_s: float, lane: str | None = None) -> list[dict[str, Any]]:
-        since = time.time() - window_s
-        if self.sqlite is not None:
-            return await asyncio.to_thread(self.sqlite.rows, since, lane)
+    async def rows(self, window_s: float, lane: str | None = None, filters: Filters | None = None,
+                   columns: tuple[str, ...] = STATS_COLUMNS, now: float | None = None) -> list[dict[str, Any]]:
+        now = time.time() if now is None else now
+        f = _merge(filters, lane, None, None)
+        if f.since is None:
+            f = f.with_(since=now - window_s)
+        if self.db is not None:
+            return await asyncio.to_thread(self.db.rows, filters=f, columns=columns)
         if self.stream is not None:
-            rows = await self.stream.recent(50_000, lane, since)
+            rows = [r for r in await self.stream.recent(50_000, f.lane, f.since) if matches(r, f)]
             rows.reverse()
             return rows
         return []
 
-    async def stats(self, window_s: float = 3600.0, lane: str | None = None) -> dict[str, Any]:
-        return compute_stats(await self.rows(window_s, lane), window_s)
-
-    async def charts(self, window_s: float = 3600.0, buckets: int = 60) -> dict[str, Any]:
-        rows = await self.rows(window_s)
+    async def stats(self, window_s: float = 3600.0, lane: str | None = None,
+                    filters: Filters | None = None) -> dict[str, Any]:
         now = time.time()
-        return {
-            "stats": compute_stats(rows, window_s, now),
-            "series": series(rows, window_s, buckets, now, fit=True),
-            "decode_histogram": decode_histogram(rows),
-            "lost_by_cause": lost_by_cause(rows),
-        }
+        rows = await self.rows(window_s, lane, filters, now=now)
+        # Summaries are pure Python over up to MAX_ROWS rows (50K drift rows: compute_stats ~0.75 s,
+        # costs ~1.8 s, measured at load average 17 on the shared 2-core machine): in a thread, so
+        # the event loop keeps relaying streams meanwhile.
+        out = await asyncio.to_thread(_stats_of, rows, window_s, now)
+        out["source"] = self.source()
+        out["rows_capped"] = len(rows) >= MAX_ROWS  # the summary covers only the newest MAX_ROWS records
+        return out
+
+    async def charts(self, window_s: float = 3600.0, buckets: int = 60,
+                     filters: Filters | None = None) -> dict[str, Any]:
+        now = time.time()
+        rows = await self.rows(window_s, filters=filters, now=now)
+        out = await asyncio.to_thread(_charts_of, rows, window_s, buckets, now)
+        out["source"] = self.source()
+        out["rows_capped"] = len(rows) >= MAX_ROWS
+        return out
+
+    async def conversation(self, cid: str, limit: int = 2000) -> list[dict[str, Any]]:
+        """Every record of one conversation, oldest first."""
+        rows = await self.recent(limit, filters=Filters(conversation=cid))
+        rows.reverse()
+        return rows
+
+    async def triage(self) -> list[dict[str, Any]]:
+        if self.db is None:
+            return []
+        return await asyncio.to_thread(self.db.triage_list)
+
+    async def triage_add(self, rule: dict[str, Any]) -> dict[str, Any]:
+        if self.db is None:
+            raise RuntimeError("acknowledge and mute need a records database (SQLite or PostgreSQL)")
+        return await asyncio.to_thread(self.db.triage_add, rule)
+
+    async def triage_delete(self, rule_id: str) -> bool:
+        if self.db is None:
+            return False
+        return await asyncio.to_thread(self.db.triage_delete, rule_id)
+
+    def source(self) -> dict[str, Any]:
+        """Where these figures come from: this process, this machine, or the whole fleet."""
+        if isinstance(self.db, PostgresStore):
+            return {"backend": "postgres", "scope": "fleet", "database": redact(self.db.dsn),
+                    "connected": self.db.connected, "queued": self.db.queued, "dropped": self.db.dropped,
+                    "last_error": self.db.last_error}
+        if self.db is not None:
+            return {"backend": "sqlite", "scope": "host", "database": str(self.db.path)}
+        return {"backend": self.backend, "scope": "fleet" if self.stream is not None else "none"}
 
     async def flush(self, timeout: float = 5.0) -> bool:
         ok = True
-        if self.sqlite is not None:
-            ok = await asyncio.to_thread(self.sqlite.flush, timeout)
+        if self.db is not None:
+            ok = await asyncio.to_thread(self.db.flush, timeout)
         if self.stream is not None:
             await self.stream.flush()
         return ok
@@ -95,12 +164,39 @@ class Records:
     def counters(self) -> dict[str, float]:
         """Store health for /metrics."""
         out: dict[str, float] = {"built": self.built, "build_failed": self.failed}
-        for name, store in (("sqlite", self.sqlite), ("redis", self.stream)):
+        for name, store in ((self.backend if self.db is not None else "db", self.db), ("redis", self.stream)):
             if store is not None:
                 out[f"{name}_written"] = store.written
                 out[f"{name}_dropped"] = store.dropped
                 out[f"{name}_errors"] = store.errors
         return out
+
+
+def _stats_of(rows: list[dict[str, Any]], window_s: float, now: float) -> dict[str, Any]:
+    out = compute_stats(rows, window_s, now)
+    out["costs"] = costs(rows, window_s, now=now)
+    return out
+
+
+def _charts_of(rows: list[dict[str, Any]], window_s: float, buckets: int, now: float) -> dict[str, Any]:
+    return {
+        "stats": compute_stats(rows, window_s, now),
+        "series": series(rows, window_s, buckets, now, fit=True),
+        "decode_histogram": decode_histogram(rows),
+        "lost_by_cause": lost_by_cause(rows),
+        "costs": costs(rows, window_s, buckets=min(buckets, 48), now=now),
+    }
+
+
+def _merge(filters: Filters | None, lane: str | None, since: float | None, conversation: str | None) -> Filters:
+    f = filters or Filters()
+    if lane:
+        f = f.with_(lane=lane)
+    if since is not None:
+        f = f.with_(since=since)
+    if conversation:
+        f = f.with_(conversation=conversation)
+    return f
 
 
 def _env(name: str, default: str) -> str:
@@ -109,23 +205,24 @@ def _env(name: str, default: str) -> str:
 
 
 class RecordsLifecycle:
-    """Opens the SQLite file and the Redis stream at start; flushes and closes them at stop (after the
-    aftermath queue drained, so the last records are in the stores' queues)."""
+    """Opens the records database and the Redis stream at start; flushes and closes them at stop (after
+    the aftermath queue drained, so the last records are in the stores' queues)."""
 
     def __init__(self, records: Records, data_dir: Any, own_client: list[Any]) -> None:
         self.records = records
         self.data_dir = data_dir
         self._own_client = own_client
-        self._sqlite = records.sqlite
 
     async def start(self) -> None:
-        sqlite = self._sqlite
-        if sqlite is not None:
+        db = self.records.db
+        if db is not None:
             try:
-                await asyncio.to_thread(sqlite.open)
+                # SQLite: opens the file. PostgreSQL: starts the writer, which connects in the
+                # background; a database that is down now never stops the gateway from serving.
+                await asyncio.to_thread(db.open)
             except Exception:  # serving matters more than records: keep going, say why loudly
                 log.exception("cannot open the records file under %s; records are not stored", self.data_dir)
-                self.records.sqlite = None
+                self.records.db = None
         if self.records.stream is not None:
             self.records.stream.start()
 
@@ -135,16 +232,26 @@ class RecordsLifecycle:
             await stream.stop()
             for client in self._own_client:
                 await client.aclose()
-        if self.records.sqlite is not None:
-            await asyncio.to_thread(self.records.sqlite.flush, 5.0)
-            await asyncio.to_thread(self.records.sqlite.close)
+        db = self.records.db
+        if db is not None:
+            await asyncio.to_thread(db.flush, 5.0)
+            await asyncio.to_thread(db.close)
 
 
-def build_records(settings: "Settings", shared_client: Any = None) -> tuple[Records, RecordsLifecycle]:
-    """Records per the environment knobs above; `shared_client` is the state store's Redis client when it has one."""
-    sqlite = None
-    if _env("GATEWAY_RECORDS_SQLITE", "1") == "1":
-        sqlite = SQLiteStore(
+def build_records(settings: "Settings", shared_client: Any = None,
+                  config: "RecordsConfig | None" = None) -> tuple[Records, RecordsLifecycle]:
+    """Records per routes.yaml's `gateway.records` (`config`) and the environment knobs above;
+    `shared_client` is the state store's Redis client when it has one."""
+    db: SQLiteStore | PostgresStore | None = None
+    url = config.postgres_url() if config is not None else None
+    if config is not None and config.postgres_env and not url:
+        log.error("gateway.records.postgres_env names %s, which is not set: records go to the local file",
+                  config.postgres_env)
+    if url and config is not None:
+        db = PostgresStore(url, max_age_s=config.max_age_days * 86400, max_rows=config.max_rows,
+                           max_queue=config.max_queue)
+    elif _env("GATEWAY_RECORDS_SQLITE", "1") == "1":
+        db = SQLiteStore(
             settings.data_dir,
             max_age_s=parse_window(_env("GATEWAY_RECORDS_MAX_AGE", "7d")),
             max_rows=int(_env("GATEWAY_RECORDS_MAX_ROWS", "1000000")),
@@ -167,5 +274,5 @@ def build_records(settings: "Settings", shared_client: Any = None) -> tuple[Reco
         stream = RedisRecordStream(redis_client, key=_env("GATEWAY_RECORDS_STREAM", DEFAULT_KEY),
                                    maxlen=int(_env("GATEWAY_RECORDS_STREAM_MAXLEN", "100000")))
     capture = int(_env("GATEWAY_CAPTURE_MAX_BYTES", "16384")) if settings.capture_bodies else 0
-    records = Records(sqlite, stream, capture)
+    records = Records(db, stream, capture, gateway_id=f"{socket.gethostname()}:{settings.port}")
     return records, RecordsLifecycle(records, settings.data_dir, own_client)

@@ -18,6 +18,9 @@ from ..exchange import Exchange
 FIELDS: dict[str, str] = {
     "ts": "REAL",  # wall-clock start, epoch seconds
     "request_id": "TEXT",
+    "gateway": "TEXT",  # which gateway process wrote it (host:port): the fleet view tells them apart
+    "client": "TEXT",  # the client program: the user-agent's first product name, without version
+    "user_agent": "TEXT",  # the whole User-Agent header, cut to 200 characters
     "path": "TEXT",
     "tenant": "TEXT",  # the client key's tenant id (never the key)
     "model": "TEXT",  # the public model name the client asked for
@@ -39,6 +42,10 @@ FIELDS: dict[str, str] = {
     "cause": "TEXT",
     "divergence_message_index": "INTEGER",
     "divergence_field": "TEXT",
+    # ~32 tokens of each render around a drift's break (the alert's snippets), NULL otherwise: the
+    # only prompt text kept, so a reviewer can see the difference turn by turn.
+    "diff_before": "TEXT",
+    "diff_after": "TEXT",
     "tokens_lost": "INTEGER",
     "seconds_lost": "REAL",
     "rendered_prompt_tokens": "INTEGER",
@@ -67,6 +74,7 @@ FIELDS: dict[str, str] = {
     "finish_reason": "TEXT",
     "analysis": "TEXT",  # why analysis did not run, when it did not (e.g. queue_full)
     "capture": "TEXT",  # opt-in debugging capture (JSON, size-capped); NULL by default
+    "kv": "TEXT",  # issue 20: the KV-event verdict (JSON: cause, held tokens, displacing conversations...)
 }
 
 VERDICTS = ("hit", "drift", "eviction", "cold", "unknown")
@@ -84,9 +92,14 @@ def build_record(ex: Exchange, capture_max_bytes: int = 0) -> dict[str, Any]:
     gap_p50, gap_p99 = gap_percentiles(ex.token_chunk_times)
     output = _output_text(ex)
     messages = body.get("messages")
+    headers = ex.request_headers or {}
+    user_agent = _str(headers.get("user-agent")) if hasattr(headers, "get") else None
     rec: dict[str, Any] = {
         "ts": ex.started_wall,
         "request_id": ex.request_id,
+        "gateway": None,  # set by the store's owner (Records), which knows its address
+        "client": client_of(user_agent),
+        "user_agent": user_agent,
         "path": ex.path,
         "tenant": ex.tenant,
         "model": ex.public_model,
@@ -108,6 +121,8 @@ def build_record(ex: Exchange, capture_max_bytes: int = 0) -> dict[str, Any]:
         "cause": _str(cache.get("cause")),
         "divergence_message_index": _int(cache.get("divergence_message_index")),
         "divergence_field": _str(cache.get("divergence_field")),
+        "diff_before": _snippet(cache.get("snippet_before")) if cache.get("verdict") == "drift" else None,
+        "diff_after": _snippet(cache.get("snippet_after")) if cache.get("verdict") == "drift" else None,
         "tokens_lost": _int(cache.get("tokens_lost")) or 0,
         "seconds_lost": _float(cache.get("seconds_lost")) or 0.0,
         "rendered_prompt_tokens": _int(cache.get("rendered_prompt_tokens")),
@@ -136,8 +151,26 @@ def build_record(ex: Exchange, capture_max_bytes: int = 0) -> dict[str, Any]:
         "finish_reason": gen.finish_reason,
         "analysis": _str(ex.analysis_skipped),
         "capture": _capture(ex, capture_max_bytes) if capture_max_bytes > 0 else None,
+        "kv": orjson.dumps(cache["kv"]).decode() if isinstance(cache.get("kv"), dict) else None,
     }
     return rec
+
+
+def client_of(user_agent: str | None) -> str:
+    """The client program from its User-Agent: `OpenAI/Python 1.2.3` -> `OpenAI/Python`,
+    `opencode/0.5.1 ai-sdk/4` -> `opencode`, `curl/8.5.0` -> `curl`; "unknown" without one.
+
+    Versions are dropped so that a reviewer mutes or ranks a program, not each of its releases
+    (the full header stays in `user_agent`).
+    """
+    if not user_agent or not user_agent.strip():
+        return "unknown"
+    first = user_agent.strip().split(" ")[0]
+    name, _, version = first.partition("/")
+    if version and not any(c.isdigit() for c in version[:1]):
+        # `OpenAI/Python 1.2.3`: the slash separates two words of the name, the version follows.
+        return first[:60]
+    return (name or first)[:60]
 
 
 def decode_speed(t_first: float | None, t_last: float | None, completion_tokens: int | None,
@@ -212,6 +245,10 @@ def _capture(ex: Exchange, cap: int) -> str:
         "output_truncated": len(out) > cap,
     }
     return orjson.dumps(doc).decode()
+
+
+def _snippet(v: Any) -> str | None:
+    return v[:200] if isinstance(v, str) and v else None
 
 
 def _since(start: float, t: float | None) -> float | None:

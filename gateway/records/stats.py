@@ -17,7 +17,9 @@ STATS_COLUMNS = (
     "ts", "lane", "status", "cancelled", "stream", "ttfb_s", "ttft_s", "decode_tps", "gateway_s", "total_s",
     "prompt_tokens", "cached_tokens", "predicted_cached_tokens", "completion_tokens", "reasoning_tokens",
     "verdict", "cause", "tokens_lost", "seconds_lost", "effort_action", "limits_fired",
+    "tenant", "client", "conversation",
 )
+LOSS_VERDICTS = ("drift", "eviction", "cold")  # cold with tokens lost: re-homed away from its cache
 
 Row = dict[str, Any]
 
@@ -233,6 +235,95 @@ def lost_by_cause(rows: list[Row]) -> Row:
     order = sorted(tokens, key=lambda c: -sum(tokens[c].values()))
     return {"causes": [{"cause": c, "tokens": sum(tokens[c].values()), "seconds": seconds[c],
                         "by_lane": dict(tokens[c])} for c in order]}
+
+
+def loss_cause(row: Row) -> str:
+    v = row.get("verdict")
+    if v == "eviction":
+        return "eviction"
+    if v == "cold":
+        return row.get("cause") or "rehomed"
+    return row.get("cause") or "unknown"
+
+
+def costs(rows: list[Row], window_s: float, buckets: int = 24, now: float | None = None, top: int = 10) -> Row:
+    """Who is costing us prefill: tokens and seconds lost by cause, client, tenant and conversation,
+    over time and in total, largest first. Only turns that lost tokens count."""
+    now = time.time() if now is None else now
+    lost = [r for r in rows if r.get("verdict") in LOSS_VERDICTS and (r.get("tokens_lost") or 0) > 0]
+    start = now - window_s
+    if lost:
+        oldest = min(r["ts"] for r in lost)
+        start = max(start, oldest - max(1.0, 0.02 * (now - oldest)))
+    buckets = max(1, min(buckets, 240, max(1, int(now - start))))
+    width = (now - start) / buckets
+
+    def group(key) -> dict[str, Row]:
+        out: dict[str, Row] = {}
+        for r in lost:
+            k = key(r)
+            g = out.get(k)
+            if g is None:
+                g = out[k] = {"tokens": 0, "seconds": 0.0, "turns": 0, "conversations": set(), "causes": defaultdict(int),
+                              "series": [0] * buckets}
+            t = r.get("tokens_lost") or 0
+            g["tokens"] += t
+            g["seconds"] += r.get("seconds_lost") or 0.0
+            g["turns"] += 1
+            if r.get("conversation"):
+                g["conversations"].add(r["conversation"])
+            g["causes"][loss_cause(r)] += t
+            i = int((r["ts"] - start) / width)
+            if 0 <= i < buckets:
+                g["series"][i] += t
+        return out
+
+    def ranked(groups: dict[str, Row], name: str, n: int) -> list[Row]:
+        items = sorted(groups.items(), key=lambda kv: (-kv[1]["tokens"], kv[0]))[:n]
+        return [{name: k, "tokens": g["tokens"], "seconds": round(g["seconds"], 3), "turns": g["turns"],
+                 "conversations": len(g["conversations"]),
+                 "top_cause": max(g["causes"].items(), key=lambda kv: kv[1])[0] if g["causes"] else None,
+                 "series": g["series"]} for k, g in items]
+
+    by_cause = ranked(group(loss_cause), "cause", 50)
+    by_client = ranked(group(lambda r: r.get("client") or "unknown"), "client", top)
+    by_tenant = ranked(group(lambda r: r.get("tenant") or "default"), "tenant", top)
+    convs = group(lambda r: r.get("conversation") or "-")
+    conv_meta = {}
+    for r in lost:
+        conv_meta[r.get("conversation") or "-"] = (r.get("tenant") or "default", r.get("client") or "unknown",
+                                                   r.get("lane"))
+    top_convs = ranked(convs, "conversation", top)
+    for c in top_convs:
+        c["tenant"], c["client"], c["lane"] = conv_meta.get(c["conversation"], (None, None, None))
+        c.pop("series")
+    return {
+        "window_s": window_s, "start": start, "width_s": width, "buckets": buckets,
+        "t": [start + i * width for i in range(buckets)],
+        "total": {"tokens": sum(r.get("tokens_lost") or 0 for r in lost),
+                  "seconds": round(sum(r.get("seconds_lost") or 0.0 for r in lost), 3), "turns": len(lost)},
+        "by_cause": by_cause, "by_client": by_client, "by_tenant": by_tenant, "top_conversations": top_convs,
+    }
+
+
+def format_costs(c: Row, top: int = 5) -> str:
+    """The "who is costing us prefill" part of `gateway stats`."""
+    if not c["total"]["turns"]:
+        return "no prefill lost in this window"
+    lines = [f"prefill lost: {_tokens(c['total']['tokens'])} tokens, {_secs(c['total']['seconds'])} "
+             f"over {c['total']['turns']} turns"]
+    for title, key, rows in (("by cause", "cause", c["by_cause"]), ("top clients", "client", c["by_client"]),
+                             ("top tenants", "tenant", c["by_tenant"]),
+                             ("top conversations", "conversation", c["top_conversations"])):
+        if not rows:
+            continue
+        lines.append(f"\n{title}:")
+        for r in rows[:top]:
+            extra = f"  mostly {r['top_cause']}" if key != "cause" and r.get("top_cause") else ""
+            who = f"{r[key]} ({r['client']}, {r['tenant']})" if key == "conversation" else r[key]
+            lines.append(f"  {str(who)[:48]:<48} {_tokens(r['tokens']):>9} tokens {_secs(r['seconds']):>9} "
+                         f"{r['turns']:>5} turns{extra}")
+    return "\n".join(lines)
 
 
 def format_table(stats: Row) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .record import FIELDS
-from .stats import STATS_COLUMNS
+from .store_sql import TRIAGE_DDL, SQLReader
 
 log = logging.getLogger("gateway.records.sqlite")
 
@@ -45,11 +45,15 @@ def ensure_schema(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX IF NOT EXISTS records_ts ON records(ts)")
     conn.execute("CREATE INDEX IF NOT EXISTS records_lane_ts ON records(lane, ts)")
     conn.execute("CREATE INDEX IF NOT EXISTS records_conversation ON records(conversation)")
+    conn.execute("CREATE INDEX IF NOT EXISTS records_verdict_ts ON records(verdict, ts)")
+    conn.execute(TRIAGE_DDL.format(real="REAL"))
     conn.commit()
 
 
-class RecordReader:
+class RecordReader(SQLReader):
     """Queries over a records file. Safe from any thread (one connection per thread)."""
+
+    MARK = "?"
 
     def __init__(self, path: Path, readonly: bool = False) -> None:
         self.path = path
@@ -62,36 +66,22 @@ class RecordReader:
             conn = self._local.conn = connect(self.path, readonly=self._readonly)
         return conn
 
-    def recent(self, limit: int = 100, lane: str | None = None, since: float | None = None,
-               conversation: str | None = None) -> list[dict[str, Any]]:
-        where, args = _filters(lane, since, conversation)
-        sql = f"SELECT * FROM records{where} ORDER BY id DESC LIMIT ?"
-        rows = self._conn().execute(sql, (*args, max(1, min(int(limit), 10_000)))).fetchall()
-        return [dict(r) for r in rows]
+    def _query(self, sql: str, args: Any) -> list[dict[str, Any]]:
+        if self._readonly and "triage" in sql and not self._has_triage():
+            return []  # a file written by an older gateway
+        return [dict(r) for r in self._conn().execute(sql, tuple(args)).fetchall()]
 
-    def rows(self, since: float, lane: str | None = None) -> list[dict[str, Any]]:
-        """The columns summaries need, for every record since `since`."""
-        where, args = _filters(lane, since, None)
-        cols = ", ".join(f'"{c}"' for c in STATS_COLUMNS)
-        rows = self._conn().execute(f"SELECT {cols} FROM records{where} ORDER BY ts", args).fetchall()
-        return [dict(r) for r in rows]
+    def _exec(self, sql: str, args: Any) -> None:
+        conn = self._conn()
+        conn.execute(sql, tuple(args))
+        conn.commit()
 
-    def count(self) -> int:
-        return int(self._conn().execute("SELECT COUNT(*) FROM records").fetchone()[0])
+    def _table_columns(self) -> set[str]:
+        return {row[1] for row in self._conn().execute("PRAGMA table_info(records)")}
 
-
-def _filters(lane: str | None, since: float | None, conversation: str | None) -> tuple[str, tuple]:
-    clauses, args = [], []
-    if lane:
-        clauses.append("lane = ?")
-        args.append(lane)
-    if since is not None:
-        clauses.append("ts >= ?")
-        args.append(float(since))
-    if conversation:
-        clauses.append("conversation = ?")
-        args.append(conversation)
-    return (" WHERE " + " AND ".join(clauses) if clauses else ""), tuple(args)
+    def _has_triage(self) -> bool:
+        return bool(self._conn().execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'triage'").fetchone())
 
 
 class SQLiteStore(RecordReader):

@@ -54,6 +54,7 @@ class Hint:
     prefix: dict[str, tuple[float, int]] = field(default_factory=dict)  # replica URL -> (share, characters) held
     head: int | None = None  # prefix-index seed of this request
     drift: str | None = None  # "thinking" | "effort" | "tools": the render's head changed since the last turn
+    from_kv: bool = False  # `prefix` came from the KV-event indexes (prefix_source: kv_events)
 
 
 class ConversationAffinity:
@@ -84,14 +85,19 @@ class ConversationAffinity:
         if isinstance(messages, list) and messages:
             hint.head = prefix_index.seed(self.lane, ex.thinking_applied, ex.effort_applied, body.get("tools"))
             hint.drift = _head_drift(state, ex, body)
+        wants_prefix = state is None or getattr(found, "is_new", True) or state.replica is None or hint.drift
+        kv = self._kv()
+        if kv is not None and wants_prefix and hint.head is not None:
+            # prefix_source: kv_events: what each pool actually holds, from the engines' own events (in memory).
+            hint.prefix = kv.prefix_hint(self.lane, messages, hint.head, [r.url for r in lane.upstream.replicas])
+            hint.from_kv = True
         if self.shared.store is None:
             return
         keys: list[str] = []
         if state is not None:
             keys.append(HOME_PREFIX + state.id)
         lookup = None
-        wants_prefix = state is None or getattr(found, "is_new", True) or state.replica is None or hint.drift
-        if wants_prefix and hint.head is not None:
+        if wants_prefix and hint.head is not None and not hint.from_kv:
             lookup = prefix_index.Lookup(messages, hint.head, [r.url for r in lane.upstream.replicas])
             keys += lookup.keys
         if not keys:
@@ -156,7 +162,7 @@ class ConversationAffinity:
             else:
                 others = [x for x in live if x.url != home] or live
                 reason = "rehomed_unhealthy" if r is None else "rehomed_overload"
-                chosen, cold = least_loaded(others), True
+                chosen, cold = self._rehome(others, least_loaded, state, extra), True
                 extra["load"] = {"home": load.get(home), "mean": round(mean, 2), "bound": round(bound, 2)}
         else:
             chosen, reason, share = self._place(live, hint, load, over, conversation=state is not None)
@@ -170,6 +176,25 @@ class ConversationAffinity:
         note(ex, self.name, chosen, replicas, reason, cold, **extra)
         rest = sorted((r for r in live if r is not chosen), key=lambda r: (over(r), load[r.url]))
         return [chosen, *rest]
+
+    def _kv(self) -> Any:
+        return self.shared.kv if self.settings.prefix_source == "kv_events" else None
+
+    def _rehome(self, others: list[Replica], least_loaded, state: Any, extra: dict[str, Any]) -> Replica:
+        """With KV events: a re-homed conversation goes where the pool has room for its prefix (least
+        loaded among those), else where it has the most room; without them, the least loaded."""
+        kv = self._kv()
+        if kv is None or state is None:
+            return least_loaded(others)
+        need = kv.tokens_of(self.lane, state.id) or getattr(getattr(state, "last", None), "prompt_tokens", 0) or 0
+        room = {r.url: kv.room(self.lane, r.url) for r in others}
+        known = [r for r in others if room[r.url] is not None]
+        if not known:
+            return least_loaded(others)
+        fits = [r for r in known if room[r.url] >= need]
+        chosen = least_loaded(fits) if fits else max(known, key=lambda r: room[r.url])
+        extra["room"] = {"needed": need, "chosen": room[chosen.url]}
+        return chosen
 
     def _place(self, live: list[Replica], hint: Hint, load: dict[str, float], over,
                conversation: bool = True) -> tuple[Replica, str, float | None]:

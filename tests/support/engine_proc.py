@@ -47,10 +47,20 @@ MAX_MODEL_LEN = (POOL_BLOCKS - 1) * BLOCK_SIZE  # one sequence must fit the pool
 START_TIMEOUT_S = float(os.environ.get("ENGINE_START_TIMEOUT", "240"))
 
 
-def engine_args() -> list[str]:
-    return ["--chat-template", str(TEMPLATE),
+KV_TOPIC = "kv"
+
+
+def engine_args(kv_port: int | None = None, kv_replay_port: int | None = None) -> list[str]:
+    args = ["--chat-template", str(TEMPLATE),
             "--enable-auto-tool-choice", "--tool-call-parser", "deepseek_v41", "--reasoning-parser", "deepseek_v41",
             "--num-gpu-blocks-override", str(POOL_BLOCKS)]
+    if kv_port is not None:
+        # KV-cache events (issue 20). vLLM binds its PUB socket only for a `*` address; on loopback it
+        # connects to kv_port, which the gateway binds (`bind: true`); the replay socket it always binds.
+        args += ["--kv-events-config", json.dumps({
+            "enable_kv_cache_events": True, "publisher": "zmq", "topic": KV_TOPIC,
+            "endpoint": f"tcp://127.0.0.1:{kv_port}", "replay_endpoint": f"tcp://127.0.0.1:{kv_replay_port}"})]
+    return args
 
 
 def engine_env() -> dict[str, str]:
@@ -60,8 +70,8 @@ def engine_env() -> dict[str, str]:
     return env
 
 
-def engine_command(port: int) -> list[str]:
-    return [str(ENGINE_DIR / "serve.sh"), str(port), *engine_args()]
+def engine_command(port: int, kv_port: int | None = None, kv_replay_port: int | None = None) -> list[str]:
+    return [str(ENGINE_DIR / "serve.sh"), str(port), *engine_args(kv_port, kv_replay_port)]
 
 
 def unavailable_reason() -> str | None:
@@ -97,6 +107,8 @@ class EngineProc:
     proc: subprocess.Popen | None = None  # None: an engine we did not start (ENGINE_URL)
     log_path: Path | None = None
     started_s: float = 0.0  # how long it took to answer /v1/models
+    kv_endpoint: str | None = None  # its KV-event publisher (PUB), tcp://127.0.0.1:PORT
+    kv_replay: str | None = None  # and replay (ROUTER) sockets
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     model = MODEL
@@ -176,13 +188,15 @@ def _ready(url: str) -> bool:
 
 
 def start_engine(timeout: float = START_TIMEOUT_S) -> EngineProc:
-    port = free_port()
+    port, kv_port, kv_replay_port = free_port(), free_port(), free_port()
     log_path = Path(tempfile.mkdtemp(prefix="engine-test-")) / "engine.log"
     t0 = time.monotonic()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(engine_command(port), env=engine_env(), stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(engine_command(port, kv_port, kv_replay_port), env=engine_env(), stdout=log,
+                                stderr=subprocess.STDOUT,
                                 start_new_session=True)  # its own process group: stop() ends all of it
-    eng = EngineProc(f"http://127.0.0.1:{port}", proc, log_path)
+    eng = EngineProc(f"http://127.0.0.1:{port}", proc, log_path, kv_endpoint=f"tcp://127.0.0.1:{kv_port}",
+                     kv_replay=f"tcp://127.0.0.1:{kv_replay_port}")
     atexit.register(eng.stop)
     while time.monotonic() - t0 < timeout:
         if proc.poll() is not None:
@@ -211,7 +225,9 @@ def session_engine() -> EngineProc:
             raise RuntimeError(_session_error)
         url = os.environ.get("ENGINE_URL")
         if url:
-            eng = EngineProc(url.rstrip("/"))
+            # ENGINE_KV_EVENTS=tcp://host:PUB,tcp://host:REPLAY when that engine publishes KV events.
+            kv = (os.environ.get("ENGINE_KV_EVENTS") or "").split(",")
+            eng = EngineProc(url.rstrip("/"), kv_endpoint=kv[0] or None, kv_replay=kv[1] if len(kv) > 1 else None)
             if not _ready(eng.url):
                 _session_error = f"ENGINE_URL={url} does not answer GET /v1/models"
                 raise RuntimeError(_session_error)

@@ -5,7 +5,7 @@
 const Charts = (() => {
   const NS = "http://www.w3.org/2000/svg";
   const H = 240;
-  const PAD = { l: 52, r: 14, t: 12, b: 28 };
+  const PAD = { l: 56, r: 16, t: 22, b: 30 };
 
   function el(name, attrs, parent) {
     const n = document.createElementNS(NS, name);
@@ -20,15 +20,48 @@ const Charts = (() => {
     return t;
   }
 
-  // Round tick values that cover [lo, hi] in about `n` steps.
+  // Round tick values from at or below `lo` to at or above `hi` in about `n` steps: the top gridline
+  // is never below the tallest value.
   function ticks(lo, hi, n) {
     if (!(hi > lo)) hi = lo + 1;
     const raw = (hi - lo) / n;
     const mag = Math.pow(10, Math.floor(Math.log10(raw)));
     const step = [1, 2, 2.5, 5, 10].map((m) => m * mag).find((s) => s >= raw) || 10 * mag;
     const out = [];
-    for (let v = Math.floor(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(+v.toFixed(10));
+    let v = Math.floor(lo / step + 1e-9) * step;
+    for (; v < hi - step * 1e-9; v += step) out.push(+v.toFixed(10));
+    out.push(+v.toFixed(10));
     return out;
+  }
+
+  // 1234 -> "1.2K", 800000 -> "800K", 2.5e6 -> "2.5M": axis labels stay short enough to fit.
+  function compact(v) {
+    const a = Math.abs(v);
+    const trim = (x) => String(+x.toFixed(a >= 1e7 || (a >= 1e4 && a < 1e6) ? 0 : 1));
+    if (a >= 1e6) return `${trim(v / 1e6)}M`;
+    if (a >= 1e4) return `${trim(v / 1e3)}K`;
+    if (a >= 100 || Number.isInteger(v)) return String(Math.round(v));
+    return String(+v.toFixed(2));
+  }
+
+  // Keep every text inside the drawing: measured after layout, nudged in from the edges.
+  function fitTexts(svg, w, h) {
+    for (const t of svg.querySelectorAll("text")) {
+      let b;
+      try { b = t.getBBox(); } catch (e) { continue; }
+      let dx = 0;
+      if (b.x < 1) dx = 1 - b.x;
+      else if (b.x + b.width > w - 1) dx = w - 1 - (b.x + b.width);
+      if (dx) t.setAttribute("x", Number(t.getAttribute("x")) + dx);
+      if (b.y < 0) t.setAttribute("y", Number(t.getAttribute("y")) - b.y);
+      else if (h && b.y + b.height > h) t.setAttribute("y", Number(t.getAttribute("y")) - (b.y + b.height - h));
+    }
+  }
+
+  // Units: the y axis's above its labels, the x axis's at the right end of its labels' row.
+  function units(g, f, yUnit, xUnit) {
+    if (yUnit) text(g, 4, 12, yUnit, { class: "unit", "text-anchor": "start" });
+    if (xUnit) text(g, f.w - 2, H - 1, xUnit, { class: "unit", "text-anchor": "end" });
   }
 
   function frame(container) {
@@ -86,7 +119,7 @@ const Charts = (() => {
     const yMin = opts.yMin !== undefined ? opts.yMin : Math.min(0, ...all);
     let yMax = opts.yMax !== undefined ? opts.yMax : Math.max(...all) * 1.1;
     if (!(yMax > yMin)) yMax = yMin + 1;
-    const yt = ticks(yMin, yMax, 4).filter((v) => v <= yMax + 1e-9);
+    const yt = ticks(yMin, yMax, 4);
     const top = Math.max(yMax, yt[yt.length - 1]);
     const n = opts.t.length;
     const step = opts.t.length > 1 ? opts.t[1] - opts.t[0] : 60;
@@ -100,7 +133,7 @@ const Charts = (() => {
       const label = step >= 3600 ? d.toLocaleString([], { month: "short", day: "numeric", hour: "2-digit", hourCycle: "h23" })
         : step < 30 ? d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23" })
           : d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", hourCycle: "h23" });
-      text(g, x(i), H - 8, label, { "text-anchor": "middle" });
+      text(g, x(i), H - 12, label, { "text-anchor": "middle" });
     }
     for (const s of series) {
       let d = "";
@@ -131,10 +164,12 @@ const Charts = (() => {
       showTip(evt, `<div>${when}</div>${rows.join("")}`);
     });
     hit.addEventListener("mouseleave", () => { cross.setAttribute("visibility", "hidden"); hideTip(); });
+    units(g, f, opts.yUnit, opts.xUnit);
+    fitTexts(g, f.w, H);
     legend(container, series);
   }
 
-  // Grouped histogram. opts: {edges: [n+1], series: [{name, color, values: [n]}], xFormat}
+  // Grouped histogram. opts: {edges: [n+1], series: [{name, color, values: [n]}], xFormat, unit, yUnit}
   function histogram(container, opts) {
     const series = opts.series.filter((s) => s.values.some((v) => v > 0));
     if (!series.length || opts.edges.length < 2) return empty(container, opts.emptyText);
@@ -142,15 +177,19 @@ const Charts = (() => {
     const g = f.svg;
     const n = opts.edges.length - 1;
     const max = Math.max(...series.flatMap((s) => s.values));
-    const yt = ticks(0, max, 4);
+    const yt = ticks(0, Math.max(max, 1), Math.min(4, Math.max(1, max)));
     const top = yt[yt.length - 1] || 1;
     const y = (v) => PAD.t + f.ih - (v / top) * f.ih;
-    yAxis(g, f, yt, y, (v) => String(v));
+    yAxis(g, f, yt, y, (v) => compact(v));
     const bw = f.iw / n;
     const inner = Math.max(1, (bw - 4) / series.length);
-    const xf = opts.xFormat || ((v) => String(v));
-    const every = Math.max(1, Math.ceil((n + 1) / Math.max(2, Math.floor(f.iw / 56))));
-    for (let i = 0; i <= n; i += every) text(g, PAD.l + i * bw, H - 8, xf(opts.edges[i]), { "text-anchor": "middle" });
+    const xf = opts.xFormat || compact;
+    const every = Math.max(1, Math.ceil((n + 1) / Math.max(2, Math.floor(f.iw / 64))));
+    for (let i = 0; i <= n; i += every) {
+      // The outermost labels are anchored inwards so that neither is cut at the chart's edge.
+      const anchor = i === 0 ? "start" : i === n ? "end" : "middle";
+      text(g, PAD.l + i * bw, H - 12, xf(opts.edges[i]), { "text-anchor": anchor });
+    }
     series.forEach((s, k) => {
       s.values.forEach((v, i) => {
         if (!v) return;
@@ -161,28 +200,109 @@ const Charts = (() => {
         r.addEventListener("mouseleave", hideTip);
       });
     });
+    units(g, f, opts.yUnit || "requests", opts.unit);
+    fitTexts(g, f.w, H);
     legend(container, series);
   }
 
-  // Horizontal stacked bars. opts: {rows: [{label, parts: [{name, color, value}]}], format, note}
+  // Stacked columns over time. opts: {t: [epoch s], width_s, series: [{name, color, values}], format, yUnit}
+  function columns(container, opts) {
+    const series = opts.series.filter((s) => s.values.some((v) => v > 0));
+    if (!series.length) return empty(container, opts.emptyText);
+    const f = frame(container);
+    const g = f.svg;
+    const n = opts.t.length;
+    const totals = opts.t.map((_, i) => series.reduce((a, s) => a + (s.values[i] || 0), 0));
+    const yt = ticks(0, Math.max(...totals, 1), 4);
+    const top = yt[yt.length - 1] || 1;
+    const y = (v) => PAD.t + f.ih - (v / top) * f.ih;
+    const fmt = opts.format || compact;
+    yAxis(g, f, yt, y, fmt);
+    const bw = f.iw / n;
+    const every = Math.max(1, Math.ceil(n / Math.max(2, Math.floor(f.iw / 90))));
+    const step = opts.width_s || (n > 1 ? opts.t[1] - opts.t[0] : 60);
+    for (let i = 0; i < n; i += every) {
+      const d = new Date((opts.t[i] + step / 2) * 1000);
+      const label = step >= 3600 ? d.toLocaleString([], { month: "short", day: "numeric", hour: "2-digit", hourCycle: "h23" })
+        : step * every < 60 ? d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23" })
+          : d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", hourCycle: "h23" });
+      text(g, PAD.l + (i + 0.5) * bw, H - 12, label, { "text-anchor": "middle" });
+    }
+    for (let i = 0; i < n; i++) {
+      let acc = 0;
+      for (const s of series) {
+        const v = s.values[i] || 0;
+        if (!(v > 0)) continue;
+        const r = el("rect", { x: PAD.l + i * bw + Math.min(2, bw * 0.1), y: y(acc + v), width: Math.max(1, bw - Math.min(4, bw * 0.2)),
+          height: y(acc) - y(acc + v), fill: s.color }, g);
+        r.addEventListener("mousemove", (evt) => showTip(evt, `${esc(s.name)}: <b>${fmt(v)}</b> ${opts.yUnit || ""}`));
+        r.addEventListener("mouseleave", hideTip);
+        acc += v;
+      }
+    }
+    units(g, f, opts.yUnit, opts.xUnit);
+    fitTexts(g, f.w, H);
+    legend(container, series);
+  }
+
+  // Horizontal stacked bars. opts: {rows: [{label, note, parts: [{name, color, value}]}], format, legend, unit}
   function stacked(container, opts) {
     const rows = opts.rows.filter((r) => r.parts.some((p) => p.value > 0));
     if (!rows.length) return empty(container, opts.emptyText);
     container.innerHTML = "";
     const w = Math.max(320, container.clientWidth || 600);
     const rowH = 30;
-    const labelW = Math.min(200, Math.max(110, w * 0.28));
-    const h = Math.max(120, rows.length * rowH + 20);
+    const h = Math.max(120, rows.length * rowH + 34);
     const svg = el("svg", { viewBox: `0 0 ${w} ${h}`, role: "img" }, container);
     svg.style.height = `${h}px`;
+    const fmt = opts.format || compact;
+    // Label and value columns as wide as their longest text (measured), labels cut with an
+    // ellipsis only past 45% of the width: no cause name is clipped by the chart's edge.
+    const measure = (s, style) => {
+      const t = text(svg, 0, 0, s, { style });
+      const wd = t.getComputedTextLength();
+      t.remove();
+      return wd;
+    };
+    const labelStyle = "fill:#1b2330;font-size:12px";
+    const smallStyle = "fill:#1b2330;font-size:11px";
+    const valueStyle = "fill:#334155;font-weight:600";
+    const valueText = (r) => fmt(r.parts.reduce((a, p) => a + (p.value > 0 ? p.value : 0), 0)) + (r.note ? ` · ${r.note}` : "");
+    const labelW = Math.min(w * 0.45, Math.max(60, ...rows.map((r) => measure(r.label, labelStyle))) + 14);
+    const valueW = Math.max(...rows.map((r) => measure(valueText(r), valueStyle))) + 12;
+    const bar = Math.max(40, w - labelW - valueW - 4);
     const max = Math.max(...rows.map((r) => r.parts.reduce((a, p) => a + p.value, 0)));
-    const bar = w - labelW - 90;
-    const fmt = opts.format || ((v) => String(v));
     rows.forEach((r, i) => {
-      const y0 = 10 + i * rowH;
-      text(svg, labelW - 8, y0 + 15, r.label, { "text-anchor": "end", style: "fill:#1b2330;font-size:12px" });
+      const y0 = 8 + i * rowH;
+      // A label too long for its column goes on two lines (split at the word that balances them);
+      // only a single word longer than the column is cut, with the whole label as its tooltip.
+      const room = labelW - 12;
+      let lines = [r.label];
+      if (measure(r.label, labelStyle) > room) {
+        const words = r.label.split(" ");
+        let best = null;
+        for (let k = 1; k < words.length; k++) {
+          const a = words.slice(0, k).join(" "), b = words.slice(k).join(" ");
+          const wmax = Math.max(measure(a, smallStyle), measure(b, smallStyle));
+          if (!best || wmax < best[0]) best = [wmax, [a, b]];
+        }
+        lines = best ? best[1] : [r.label];
+      }
+      const cut = (s, st) => {
+        if (measure(s, st) <= room) return s;
+        while (s.length > 4 && measure(s + "…", st) > room) s = s.slice(0, -1);
+        return s + "…";
+      };
+      if (lines.length === 1) {
+        const lt = text(svg, labelW - 8, y0 + 15, cut(lines[0], labelStyle), { "text-anchor": "end", style: labelStyle });
+        if (lt.textContent !== r.label) { const tt = el("title", {}, lt); tt.textContent = r.label; }
+      } else {
+        lines.forEach((ln, k) => {
+          const lt = text(svg, labelW - 8, y0 + 9 + k * 12, cut(ln, smallStyle), { "text-anchor": "end", style: smallStyle });
+          const tt = el("title", {}, lt); tt.textContent = r.label;
+        });
+      }
       let x0 = labelW;
-      let total = 0;
       for (const p of r.parts) {
         if (!(p.value > 0)) continue;
         const bw = (p.value / max) * bar;
@@ -190,10 +310,15 @@ const Charts = (() => {
         rect.addEventListener("mousemove", (evt) => showTip(evt, `${esc(r.label)} · ${esc(p.name)}: <b>${fmt(p.value)}</b>`));
         rect.addEventListener("mouseleave", hideTip);
         x0 += bw;
-        total += p.value;
       }
-      text(svg, x0 + 6, y0 + 15, fmt(total) + (r.note ? ` · ${r.note}` : ""), { style: "fill:#334155;font-weight:600" });
+      text(svg, x0 + 6, y0 + 15, valueText(r), { style: valueStyle });
     });
+    // The value axis: 0 at the bars' start, the unit at its end.
+    const axisY = 8 + rows.length * rowH + 4;
+    el("line", { x1: labelW, x2: labelW + bar, y1: axisY, y2: axisY, class: "axis" }, svg);
+    text(svg, labelW, axisY + 14, "0", { "text-anchor": "start" });
+    text(svg, labelW + bar, axisY + 14, `${fmt(max)} ${opts.unit || ""}`.trim(), { "text-anchor": "end", class: "unit" });
+    fitTexts(svg, w, h);
     if (opts.legend) legend(container, opts.legend);
   }
 
@@ -201,5 +326,5 @@ const Charts = (() => {
     return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
   }
 
-  return { line, histogram, stacked, esc };
+  return { line, histogram, stacked, columns, compact, esc };
 })();

@@ -1,0 +1,101 @@
+"""Issue 20 on the real engine: vLLM publishes its KV-cache events (--kv-events-config), the gateway
+subscribes, and two conversations that do not fit the 127-block pool together take turns.
+
+Required, on every turn of both: the cached tokens the engine reported equal what the gateway's index
+of the engine's events says was held when the turn was sent; every eviction verdict names the other
+conversation as the one whose stored blocks pushed the prefix out; and the pool-pressure forecast
+warned about a conversation before its first miss. Figures go to tests/artifacts/kvevents-engine.json.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.engine_proc import KV_TOPIC, REPO, EngineProc, engine_fixture, engine_lane
+from tests.support.gateway_proc import run_gateway
+from tests.test_engine_cache import Agent, filler
+
+pytestmark = pytest.mark.engine
+
+ARTIFACT = REPO / "tests" / "artifacts" / "kvevents-engine.json"
+
+
+@pytest.fixture(scope="session")
+def engine() -> EngineProc:
+    return engine_fixture()
+
+
+def kv_routes(engine: EngineProc) -> dict[str, Any]:
+    if engine.kv_endpoint is None:
+        pytest.skip("this engine does not publish KV events (ENGINE_URL without ENGINE_KV_EVENTS)")
+    lane = engine_lane(engine.url, kv_events={"replicas": {engine.url: {
+        "endpoint": engine.kv_endpoint, "bind": True, "replay": engine.kv_replay, "topic": KV_TOPIC}}})
+    return {"lanes": {"vllm-cpu-kv": lane}, "models": {"ds": "vllm-cpu-kv"}}
+
+
+def record(gw, cid: str, turn: int, timeout: float = 20.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = httpx.get(f"{gw.url}/admin/api/records", params={"conversation": cid, "limit": 50}).json()["records"]
+        for row in rows:
+            if row.get("turn") == turn and row.get("kv"):
+                row = dict(row)
+                row["kv"] = json.loads(row["kv"]) if isinstance(row["kv"], str) else row["kv"]
+                return row
+        time.sleep(0.05)
+    raise AssertionError(f"no record with a kv verdict for turn {turn} of {cid}\n{gw.log()[-3000:]}")
+
+
+def test_two_conversations_that_do_not_fit_the_pool(engine):
+    with run_gateway(kv_routes(engine)) as gw:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # subscribed and the pool size read from the engine's /metrics
+            view = httpx.get(f"{gw.url}/admin/api/kv").json()["replicas"][0]
+            if view["stream"]["state"] == "live" and view["pool_tokens"]:
+                break
+            time.sleep(0.1)
+        assert view["stream"]["state"] == "live", view
+        pool = (engine.pool_blocks - 1) * engine.block_size
+        assert view["pool_tokens"] == pool and view["pool_source"] == "engine"
+
+        agents = {name: Agent(gw, f"kv-{name}", user=f"kv-{name}", opening="\n" + filler(f"kv-{name}", 50))
+                  for name in ("a", "b")}
+        rows: list[dict[str, Any]] = []
+        for rnd in range(5):
+            for name, ag in agents.items():
+                ag.turn(next_user=f"Round {rnd + 1}. More context:\n" + filler(f"{name}{rnd}", 20))
+                rec = record(gw, ag.cid, ag.turns)
+                rows.append({"conversation": name, "cid": ag.cid, "turn": ag.turns, "ts": rec["ts"],
+                             "prompt_tokens": rec["rendered_prompt_tokens"], "verdict": rec["verdict"],
+                             "cause": rec["cause"], "predicted": rec["predicted_cached_tokens"],
+                             "reported": rec["cached_tokens"], "kv": rec["kv"]})
+        view = httpx.get(f"{gw.url}/admin/api/kv").json()
+        metrics = httpx.get(f"{gw.url}/metrics").text
+
+    ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
+    ARTIFACT.write_text(json.dumps({"pool_tokens": pool, "turns": rows, "kv": view}, indent=1, default=str))
+    names = {ag.cid: name for name, ag in agents.items()}
+    for r in rows:  # the index matches the engine's own prefix cache on every turn
+        assert r["kv"]["stream"] == "live", r
+        assert r["kv"]["held_tokens"] == r["reported"] and r["kv"]["agrees"] is True, r
+    misses = [r for r in rows if r["verdict"] == "eviction"]
+    assert misses, f"no eviction: the two conversations fit the pool\n{json.dumps(rows, indent=1)}"
+    for r in misses:  # ground truth: evicted by pool pressure, displaced by the other conversation
+        assert r["cause"] == "pool_pressure" and r["kv"]["cause"] == "pool_pressure", r
+        displacers = r["kv"]["displaced_by"]
+        assert displacers and names.get(displacers[0]["conversation"]) not in (None, r["conversation"]), r
+        assert r["kv"]["removed_at"] is not None and r["kv"]["removed_at"] < r["ts"], r
+    first = misses[0]
+    warned = [w for w in view["warnings"] if w["kind"] == "forecast_eviction" and w["conversation"] == first["cid"]]
+    assert warned and warned[0]["at"] < first["ts"], (first, view["warnings"])
+    alerts = [w for w in view["warnings"] if w["kind"] == "working_set_exceeds_pool"]
+    assert alerts and alerts[0]["at"] < first["ts"], view["warnings"]
+    replica = view["replicas"][0]
+    assert replica["stream"]["gaps"] == 0 or replica["stream"]["unfilled"] == 0, replica["stream"]
+    assert f'gateway_kv_stream_up{{lane="vllm-cpu-kv",replica="{engine.url}"}} 1.0' in metrics
+    assert "gateway_kv_working_set_tokens" in metrics and "gateway_kv_forecast_evictions" in metrics

@@ -1,0 +1,185 @@
+"""The gateway with a lane whose replica's KV events come from a real ZMQ publisher on loopback
+(speaking as vLLM does): GET /admin/api/kv and metrics show the stream, its loss, and its return."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.support.emulator_proc import run_emulator
+from tests.support.gateway_proc import run_gateway
+from tests.support.kv_publisher import Publisher, stored
+
+
+def until(fn, timeout: float = 15.0, what: str = ""):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out: {what}")
+
+
+@pytest.fixture
+def publisher():
+    pub = Publisher(topic="kv")
+    yield pub
+    pub.terminate()
+
+
+def test_stream_state_is_visible_and_loss_degrades(publisher):
+    with run_emulator(flavour="vllm", tokenizer="dsv41", block_size=16) as emu:
+        lane = {"engine": "vllm", "replicas": [emu.url], "upstream_model": "deepseek-v4-flash",
+                "qualification": "not_required", "cache": {"block_size": 16},
+                "kv_events": {"replicas": {emu.url: {"endpoint": publisher.endpoint, "replay": publisher.replay_endpoint,
+                                                     "topic": "kv", "pool_tokens": 4096}}}}
+        with run_gateway({"lanes": {"ds": lane}, "models": {"ds": "ds"}}) as gw:
+            def replica():
+                return httpx.get(f"{gw.url}/admin/api/kv").json()["replicas"][0]
+
+            until(lambda: replica()["stream"]["state"] == "live", what="live")
+
+            def applied():
+                publisher.publish([stored([b"h1", b"h2"], None, list(range(32)), 16)])
+                return replica()["held_tokens"] == 32
+
+            until(applied, what="events applied")
+            r = replica()
+            assert r["pool_tokens"] == 4096 and r["pool_source"] == "config" and r["occupancy"] == round(32 / 4096, 4)
+            assert r["index"]["held_blocks"] == 2 and r["index"]["approx_bytes"] > 0
+            metrics = httpx.get(f"{gw.url}/metrics").text
+            assert f'gateway_kv_stream_up{{lane="ds",replica="{emu.url}"}} 1.0' in metrics
+            assert f'gateway_kv_held_tokens{{lane="ds",replica="{emu.url}"}} 32.0' in metrics
+
+            publisher.close()  # the engine goes away
+            until(lambda: replica()["stream"]["state"] == "lost", what="lost")
+            metrics = httpx.get(f"{gw.url}/metrics").text
+            assert f'gateway_kv_stream_up{{lane="ds",replica="{emu.url}"}} 0.0' in metrics
+            # Requests still work, with today's count-based verdicts and a note saying why.
+            out = httpx.post(f"{gw.url}/v1/chat/completions", timeout=30,
+                             json={"model": "ds", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+            assert out.status_code == 200
+
+            def kv_note():
+                rows = httpx.get(f"{gw.url}/admin/api/records", params={"limit": 5}).json()["records"]
+                return next((row["kv"] for row in rows if row.get("kv")), None)
+
+            note = until(kv_note, what="a record with the kv note")
+            assert '"stream":"lost"' in note and "counts only" in note
+            stats = subprocess.run([sys.executable, "-m", "gateway.cli", "stats", "--url", gw.url],
+                                   capture_output=True, text=True, timeout=60)
+            assert stats.returncode == 0, stats.stderr
+            assert "KV pools" in stats.stdout and "! stream lost" in stats.stdout, stats.stdout
+
+            publisher.bind()  # back on the same ports
+            until(lambda: replica()["stream"]["state"] == "live", what="live again")
+            assert replica()["stream"]["disconnects"] >= 1
+
+
+def test_emulated_replica_publishes_events_and_verdicts_name_the_displacer():
+    """The emulator publishes its prefix cache's events as vLLM does; two conversations that do not fit its
+    pool together take turns: the index matches its cached-token reports and evictions name the other one."""
+    from tests.support.gateway_proc import free_port
+
+    port, replay = free_port(), free_port()
+    knobs = dict(flavour="vllm", tokenizer="dsv41", block_size=16, cache_blocks=160, output_tokens=8,
+                 reasoning_tokens=0, kv_events_port=port, kv_events_replay_port=replay)
+    with run_emulator(**knobs) as emu:
+        lane = {"engine": "vllm", "replicas": [emu.url], "upstream_model": "deepseek-v4-flash",
+                "qualification": "not_required", "cache": {"block_size": 16},
+                "render": {"template": "deepseek_v4.1", "thinking": False},
+                "kv_events": {"replicas": {emu.url: {"endpoint": f"tcp://127.0.0.1:{port}",
+                                                     "replay": f"tcp://127.0.0.1:{replay}", "pool_tokens": 160 * 16}}}}
+        with run_gateway({"lanes": {"ds": lane}, "models": {"ds": "ds"}}) as gw:
+            until(lambda: httpx.get(f"{gw.url}/admin/api/kv").json()["replicas"][0]["stream"]["state"] == "live",
+                  what="live")
+            history = {name: [{"role": "system", "content": f"[{name}] " + " ".join(f"w{name}{i}" for i in range(300))}]
+                       for name in ("a", "b")}
+            rows = []
+            for rnd in range(4):
+                for name, msgs in history.items():
+                    msgs.append({"role": "user", "content": f"round {rnd}: " + " ".join(f"x{name}{rnd}{i}" for i in range(120))})
+                    r = httpx.post(f"{gw.url}/v1/chat/completions", timeout=30, headers={"X-Conversation-Id": name},
+                                   json={"model": "ds", "messages": msgs, "max_tokens": 8})
+                    assert r.status_code == 200, r.text
+                    msgs.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]})
+                    turn = int(r.headers["x-gateway-conversation"].split("turn=")[1].split(";")[0])
+                    cid = r.headers["x-gateway-conversation"].split(";")[0]
+
+                    def rec():
+                        rows_ = httpx.get(f"{gw.url}/admin/api/records", params={"conversation": cid}).json()["records"]
+                        return next((x for x in rows_ if x["turn"] == turn and x.get("kv")), None)
+
+                    row = until(rec, what=f"record of {name} turn {turn}")
+                    rows.append((name, cid, row, json.loads(row["kv"])))
+            names = {cid: name for name, cid, _, _ in rows}
+            for name, cid, row, kv in rows:
+                assert kv["held_tokens"] == row["cached_tokens"], (name, row, kv)
+            misses = [(name, row, kv) for name, _, row, kv in rows if row["verdict"] == "eviction"]
+            assert misses, [(n, r["verdict"], r["cached_tokens"], r["predicted_cached_tokens"]) for n, _, r, _ in rows]
+            for name, row, kv in misses:
+                assert kv["cause"] == "pool_pressure" and row["cause"] == "pool_pressure", kv
+                assert names[kv["displaced_by"][0]["conversation"]] != name, kv
+
+
+def test_routing_follows_what_the_pools_actually_hold():
+    """prefix_source: kv_events: a new conversation sharing another's prefix goes to the replica whose pool
+    holds it; once that pool lets it go (a reset), a newcomer is placed by load, not by a stale record.
+    (The prefix is long: a replica already home to more than its share takes only a long one.)"""
+    import contextlib
+
+    from tests.support.gateway_proc import free_port
+
+    with contextlib.ExitStack() as stack:
+        emus, kv = [], {}
+        for _ in range(2):
+            port, replay = free_port(), free_port()
+            emu = stack.enter_context(run_emulator(flavour="vllm", tokenizer="dsv41", block_size=16, output_tokens=8,
+                                                   reasoning_tokens=0, kv_events_port=port,
+                                                   kv_events_replay_port=replay))
+            emus.append(emu)
+            kv[emu.url] = {"endpoint": f"tcp://127.0.0.1:{port}", "replay": f"tcp://127.0.0.1:{replay}",
+                           "pool_tokens": 1 << 20}
+        lane = {"engine": "vllm", "replicas": [e.url for e in emus], "upstream_model": "deepseek-v4-flash",
+                "qualification": "not_required", "cache": {"block_size": 16},
+                "render": {"template": "deepseek_v4.1", "thinking": False},
+                "routing": "conversation_affinity", "affinity": {"prefix_source": "kv_events"},
+                "kv_events": {"replicas": kv}}
+        with run_gateway({"lanes": {"ds": lane}, "models": {"ds": "ds"}}) as gw:
+            until(lambda: all(r["stream"]["state"] == "live"
+                              for r in httpx.get(f"{gw.url}/admin/api/kv").json()["replicas"]), what="live")
+            shared = [{"role": "system", "content": "You are a careful agent. " + " ".join(f"s{i}" for i in range(6000))},
+                      {"role": "user", "content": "Read the repository and summarise it. " + " ".join(f"u{i}" for i in range(200))}]
+
+            def ask(cid: str, messages: list) -> tuple[str, int, dict]:
+                r = httpx.post(f"{gw.url}/v1/chat/completions", timeout=30, headers={"X-Conversation-Id": cid},
+                               json={"model": "ds", "messages": messages, "max_tokens": 8})
+                assert r.status_code == 200, r.text
+                reason, replica = r.headers["x-gateway-route"].split(";")[:2]
+                ids[cid] = r.headers["x-gateway-conversation"].split(";")[0]
+                return reason, int(replica.split("=")[1]), r.json()["choices"][0]["message"]
+
+            ids: dict[str, str] = {}
+
+            def analysed(cid: str) -> bool:
+                rows = httpx.get(f"{gw.url}/admin/api/records", params={"conversation": ids[cid]}).json()["records"]
+                return any(x.get("kv") for x in rows)
+
+            _, home, answer = ask("first", shared)
+            until(lambda: analysed("first"), what="first turn analysed")
+            follow = shared + [answer, {"role": "user", "content": "Now a different question."}]
+            reason, replica, _ = ask("second", follow)
+            assert (reason, replica) == ("prefix", home)
+            until(lambda: analysed("second"), what="second analysed")
+
+            httpx.post(f"{emus[home].url}/emulator/reset", timeout=10)  # that pool lets everything go
+            until(lambda: next(r for r in httpx.get(f"{gw.url}/admin/api/kv").json()["replicas"]
+                               if r["replica"] == emus[home].url)["held_tokens"] == 0, what="cleared")
+            reason, _, _ = ask("third", shared + [answer, {"role": "user", "content": "Yet another question."}])
+            assert reason == "least_loaded"
