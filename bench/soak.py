@@ -11,7 +11,7 @@ carries a client key (the key check is on the path). Requests are half streaming
 a few hundred distinct conversations, so the conversation state reaches a steady size.
 
 What it prints: requests, errors by kind (only the injected ones may fail, and they must fail
-cleanly: a 500 in OpenAI's error shape, or an error event then [DONE]), p50/p99 latency, and the
+cleanly: a 502 (the engine's 500) in OpenAI's error shape, or an error event then [DONE]), p50/p99 latency, and the
 gateway's RSS at start, after warm-up and at the end. Exit status 1 when an uninjected error
 happened or RSS grew by 10% or more after warm-up.
 """
@@ -106,7 +106,7 @@ def classify_error_body(status: int, text: str, dying: bool) -> tuple[str, str]:
         shaped = set(err) == {"message", "type", "param", "code"}
     except (ValueError, KeyError, TypeError):
         return f"unexpected: HTTP {status}, not OpenAI-shaped", text
-    if status == 500 and "Emulated engine failure" in str(err.get("message")) and shaped:
+    if status == 502 and "Emulated engine failure" in str(err.get("message")) and shaped:
         return "injected: engine 500 (fail_rate)", ""
     if dying and status == 502 and err.get("code") == "upstream_error" and shaped:
         return "injected: engine died before its first event reached the gateway", ""

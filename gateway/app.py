@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from . import gc_tuning
 from .compose import Gateway, build
+from .cors import CorsGate
 from .errors import GatewayError, error_body
 from .runtime import watch_routes
 from .settings import Settings
@@ -46,7 +47,11 @@ async def _gateway_error(request: Request, exc: Exception) -> Response:
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    return _error_response(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code)
+    path = request.url.path
+    message = f"{request.method} {path[:200]}: {exc.detail}"
+    if exc.status_code == 404 and len(path) > 1 and path.endswith("/"):
+        message += f" (no trailing slash: {path.rstrip('/')[:200]})"  # instead of an empty 307
+    return _error_response(exc.status_code, message, code)
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
@@ -107,8 +112,9 @@ def create_app(settings: Settings | None = None) -> "FastPath":
         exception_handlers={GatewayError: _gateway_error, HTTPException: _http_error, Exception: _unexpected},
     )
     app.state.gateway = gw
-    return FastPath(app, {"/v1/chat/completions": protected["/v1/chat/completions"],
-                          "/v1/completions": protected["/v1/completions"]})
+    app.router.redirect_slashes = False  # a trailing slash answered an empty 307; now a JSON 404
+    return CorsGate(FastPath(app, {"/v1/chat/completions": protected["/v1/chat/completions"],
+                                   "/v1/completions": protected["/v1/completions"]}), gw.runtime)
 
 
 class FastPath:

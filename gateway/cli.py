@@ -40,12 +40,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from .config import ConfigError, load_routes
 
+    from .serving import BODY_TIMEOUT_ENV, HEADER_TIMEOUT_ENV
+
     try:
-        load_routes(args.routes)
+        config = load_routes(args.routes)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     _export_env(args)
+    http = config.gateway.http
+    # Read by gateway.serving when it is imported (here and in every worker process).
+    os.environ[HEADER_TIMEOUT_ENV] = repr(http.header_timeout_s)
+    os.environ[BODY_TIMEOUT_ENV] = repr(http.body_timeout_s)
     uvicorn.run(
         "gateway.app:create_app",
         factory=True,
@@ -53,10 +59,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=args.port,
         workers=args.workers,
         loop="uvloop",
-        http="httptools",
+        http="gateway.serving:DeadlineHttpToolsProtocol",
         log_level=args.log_level,
         access_log=False,
         timeout_graceful_shutdown=30,
+        timeout_keep_alive=http.keep_alive_s,
     )
     return 0
 

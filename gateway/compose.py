@@ -4,9 +4,10 @@ Every part gets what it needs through its constructor; nothing registers itself 
 below is the order of dependence, and it is the order of the request path:
 
     gates       qualification (refuse an unqualified lane)
-    policies    limits -> conversation (identity, effort pin) -> routing lookups
+    policies    limits -> conversation (identity, effort pin) -> heal (drift repairs) -> routing lookups
     forward     proxy.forward
-    finishers   turn end (head and anchors at once) -> aftermath (analysis, then metrics and records)
+    finishers   turn end (head and anchors at once) -> heal turn end (the message as relayed)
+                -> aftermath (analysis, then metrics and records)
 
 and `endpoints()` is the one route table, with who may call each route (access.py: admin unless
 declared otherwise). A part that cannot be built or started stops the gateway with a message that
@@ -23,7 +24,10 @@ from .access import Access, Endpoint
 from .aftermath import Aftermath
 from .admin.feature import AdminAPI
 from .config import ConfigError, load_routes
-from .conversations.feature import Conversations
+from .conversations.feature import TTL_S, Conversations
+from .heal.book import RelayedBook
+from .heal.policy import HealPolicy
+from .heal.turn_end import HealTurnEnd
 from .health import HealthProber, HealthService
 from .kvevents.feature import KVEventsAdmin
 from .kvevents.service import KVEventsService
@@ -189,16 +193,19 @@ def build(settings: Settings) -> Gateway:
     conversations = _part("conversations", lambda: Conversations(store, runtime, settings, kv_events))
     metrics, registry = _part("metrics", build_metrics)
     records, records_service = _part("records", lambda: build_records(settings, redis_client, config.gateway.records))
+    book = RelayedBook(store, TTL_S)
+    heal = HealPolicy(book)
     aftermath = Aftermath(analyzers=[conversations.analyzer], sinks=[metrics.observe, records.sink])
     runtime.wire(
         lane_hooks=[attach_renderer, limits.attach, routing.bind, qualification.hook, kv_events.lane_changed],
-        finishers=[conversations.turn_end, aftermath],  # the head first: the next turn may come at once
+        # The head first: the next turn may come at once (and may need the relayed message to be healed).
+        finishers=[conversations.turn_end, HealTurnEnd(book, store, TTL_S), aftermath],
     )
     qualification.reload_index()  # at start-up, before serving: blocking is fine here
     runtime.rerun_lane_hooks()
     qualification.ensure_token_file()
     pipeline = Pipeline(runtime, gates=[qualification.gate],
-                        policies=[limits, conversations.policy, routing.step])
+                        policies=[limits, conversations.policy, heal, routing.step])
     status = Status(runtime, settings, security)
     health = HealthService(HealthProber(runtime))
     admin = AdminAPI(runtime, status, aftermath, records, conversations.analyzer, store)

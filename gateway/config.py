@@ -28,6 +28,10 @@ class Timeouts(_Strict):
     connect: float = Field(2.0, gt=0, description="seconds to open a TCP connection to a replica")
     first_byte: float = Field(120.0, gt=0, description="seconds until the upstream's response headers")
     idle: float = Field(60.0, gt=0, description="seconds allowed between two chunks of a stream")
+    keep_alive: float = Field(4.0, gt=0, description="seconds an idle pooled connection to a replica is kept; "
+                                                     "below the engines' own (vLLM and SGLang run uvicorn with "
+                                                     "5 s), so the gateway never sends on a connection the "
+                                                     "engine is closing")
 
 
 class RenderConfig(_Strict):
@@ -170,6 +174,10 @@ class EmulatedUpstream(_Strict):
     knobs: dict[str, Any] = Field(default_factory=dict)
 
 
+FailoverTrigger = Literal["connect", "timeout"] | int
+HealKind = Literal["arguments", "reasoning", "content", "tool_result_order", "reasoning_field"]
+
+
 class Lane(_Strict):
     engine: Literal["sglang", "vllm", "openai"] = "vllm"
     replicas: list[str] = Field(min_length=1)
@@ -189,6 +197,32 @@ class Lane(_Strict):
     override: Override | None = None
     emulator: EmulatedUpstream | None = None
     kv_events: KVEvents | None = None  # issue 20: the replicas' KV-cache event streams
+    failover_on: tuple[FailoverTrigger, ...] = Field(
+        ("connect", 502, 503, 504),
+        description="what makes a request try the next replica, before the first byte reaches the client: "
+                    "'connect' (refused, reset, bad HTTP), 'timeout' (no answer within first_byte), "
+                    "or an HTTP status (429 or 5xx)")
+
+    @field_validator("failover_on")
+    @classmethod
+    def _failover(cls, triggers: tuple) -> tuple:
+        for i, t in enumerate(triggers):
+            if isinstance(t, int) and not (t == 429 or 500 <= t <= 599):
+                raise ValueError(f"failover_on.{i}: {t} is not 429 or a 5xx status")
+        if len(set(triggers)) != len(triggers):
+            raise ValueError("failover_on: the same trigger is listed twice")
+        return triggers
+
+    # -- drift healing (issue 18; gateway/heal/) --------------------------------------------------
+    heal: list[HealKind] = Field(default_factory=list, description="client edits the gateway repairs "
+                                 "before forwarding (same meaning, the bytes it relayed); off by default")
+
+    @field_validator("heal")
+    @classmethod
+    def _heal_kinds(cls, kinds: list[str]) -> list[str]:
+        if len(set(kinds)) != len(kinds):
+            raise ValueError("the same heal kind is listed twice")
+        return kinds
 
     @field_validator("replicas")
     @classmethod
@@ -222,6 +256,42 @@ class ClientKeys(_Strict):
 
     env: str | None = Field(None, description="env var with comma-separated keys")
     hashed_file: str | None = Field(None, description="file of sha256 hex digests, one per line")
+
+
+# -- the gateway's own HTTP server and browser access (issue 14 items 6-7) ------------------------
+
+
+class HttpServer(_Strict):
+    """Deadlines of the gateway's HTTP server. Read when the server starts (not on reload)."""
+
+    header_timeout_s: float = Field(10.0, gt=0, description="a connection must send a request's headers within "
+                                                            "this many seconds of starting it (else 408, closed)")
+    body_timeout_s: float = Field(60.0, gt=0, description="the whole request body must arrive within this many "
+                                                          "seconds of the headers (else 408, closed)")
+    keep_alive_s: float = Field(75.0, gt=0, description="an idle client connection is kept this long; above "
+                                                        "the clients' own pools (httpx 5 s, aiohttp 15 s, "
+                                                        "undici 4 s) so the client, not the gateway, closes it")
+
+
+class Cors(_Strict):
+    """Browsers on these origins may call the API (`*` = any origin; credentials are never allowed)."""
+
+    allow_origins: list[str] = Field(min_length=1)
+    allow_headers: list[str] = Field(default_factory=lambda: ["*"])
+    expose_headers: list[str] = Field(default_factory=lambda: ["X-Request-Id"])
+    max_age_s: int = Field(600, ge=0)
+
+    @field_validator("allow_origins")
+    @classmethod
+    def _origins(cls, origins: list[str]) -> list[str]:
+        for i, origin in enumerate(origins):
+            if origin == "*":
+                continue
+            parts = urlsplit(origin)
+            if parts.scheme not in ("http", "https") or not parts.hostname or parts.path or parts.query \
+                    or parts.fragment or origin.endswith("/"):
+                raise ValueError(f"allow_origins.{i}: {origin!r} is not an origin like https://app.example.com")
+        return origins
 
 
 class RecordsConfig(_Strict):
@@ -262,6 +332,8 @@ class GatewaySection(_Strict):
     conversation_header: str = "X-Conversation-Id"
     client_keys: ClientKeys | None = None
     admin_key_env: str | None = None
+    http: HttpServer = Field(default_factory=HttpServer)
+    cors: Cors | None = None
     records: RecordsConfig = Field(default_factory=RecordsConfig)
 
 

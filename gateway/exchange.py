@@ -50,6 +50,17 @@ class GeneratedOutput:
 
 
 @dataclass
+class Healed:
+    """Drift healing's repairs of one kind: the messages it repaired (indices, ascending) and, after the
+    analysis, the cached prompt tokens they saved (the prefix kept beyond what the client's own bytes
+    would have kept)."""
+
+    kind: str
+    indices: list[int]
+    tokens_saved: int | None = None
+
+
+@dataclass
 class LimitNotes:
     """What the lane limits did to this request (rewrites, refusals, the exact count near the window)."""
 
@@ -111,6 +122,7 @@ class Exchange:
     routing_hint: Any = None  # what the affinity router read from the store before choosing
     routing_urls: list[str] = field(default_factory=list)  # replicas in the order they were tried
     cache: dict[str, Any] | None = None  # the analysis verdict: predicted/reported, verdict, cause
+    healed: "list[Healed]" = field(default_factory=list)  # drift healing's repairs (gateway/heal/)
     analysis_ms: float | None = None
     analysis_skipped: str | None = None  # why this turn got no analysis (e.g. "queue_full")
     state_bytes: int | None = None

@@ -104,6 +104,11 @@ class Metrics:
                                         ["lane", "limit"], registry=r)
         self.upstream_errors = Counter("gateway_upstream_errors", "Upstream failures and error answers",
                                        ["lane", "replica", "status_class"], registry=r)
+        self.heals = Counter("gateway_heals", "Drifted messages the gateway repaired before forwarding",
+                             ["lane", "kind"], registry=r)
+        self.healed_tokens = Counter("gateway_healed_tokens", "Cached prompt tokens kept by drift healing "
+                                     "(the prefix kept beyond what the client's bytes would have kept)",
+                                     ["lane", "kind"], registry=r)
         self.retries = Counter("gateway_upstream_retries", "Failovers to another replica before the first byte",
                                L, registry=r)
         self.ttft = Histogram("gateway_ttft_seconds", "Time to first content byte (streaming, successful)",
@@ -167,6 +172,10 @@ class Metrics:
             self._c(self.upstream_errors, lane, self._replica(ex.replica or "none"), sc).inc()
         if ex.retries:
             self._c(self.retries, lane).inc(ex.retries)
+        for healed in ex.healed:  # kinds are the config's fixed names
+            self._c(self.heals, lane, healed.kind).inc(len(healed.indices))
+            if healed.tokens_saved:
+                self._c(self.healed_tokens, lane, healed.kind).inc(healed.tokens_saved)
         self._observe_timing(ex, lane, ok, completion if isinstance(completion, int) else None)
 
     def _observe_cache(self, lane: str, cache: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any, AsyncIterator, Callable
 
@@ -11,11 +12,18 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive
 
+from .encoding import DecodeError, decoder_for
 from .errors import GatewayError, error_body
 from .exchange import Exchange
 from .runtime import LaneRuntime
-from .sse import DONE, EventSplitter, StreamObserver, error_event, observe_completion
+from .sse import DONE, BadStream, EventSplitter, StreamObserver, error_event, observe_completion
 from .upstream import UpstreamFailure
+from .upstream_errors import MAX_ERROR_BODY, client_status, normalise_error
+from .wellformed import completion_problem
+
+log = logging.getLogger("gateway.proxy")
+MAX_BODY_BYTES = 64 * 1024 * 1024  # a whole (non-streamed) answer; the largest real ones are a few MB
+_NOT_JSON = object()
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -28,7 +36,12 @@ async def forward(
     receive: Receive,
     on_end: Callable[[], None],
 ) -> Response:
-    """Send `body` to the lane and return the client's response. `on_end` runs once, when it is over."""
+    """Send `body` to the lane and return the client's response. `on_end` runs once, when it is over.
+
+    Whatever the upstream does (any status, any body, any encoding, a stream cut anywhere), the
+    client gets either the upstream's answer, checked to be well formed, or an OpenAI-shaped error:
+    as a status before the first byte, as a final error event and [DONE] after it.
+    """
     upstream = lane.upstream
     order = lane.router.order(upstream.replicas, ex)
     ex.t_forwarded = time.perf_counter()
@@ -47,63 +60,170 @@ async def forward(
     lane.router.served(replica, ex)
     ex.t_first_byte = time.perf_counter()
 
-    if resp.status >= 400:
+    status = resp.status
+    if not 200 <= status < 300:
         return await _relay_error(ex, lane, replica, resp, on_end)
-    if ex.stream and resp.content_type == "text/event-stream":
-        return await _relay_stream(ex, lane, replica, resp, receive, on_end)
-    return await _relay_whole(ex, lane, replica, resp, receive, on_end)
+    try:
+        decoder = decoder_for(resp.headers.get("Content-Encoding"), MAX_BODY_BYTES)
+    except DecodeError as exc:
+        resp.close()
+        _done(replica, lane, ok=False, why=str(exc))
+        raise _bad_response(ex, str(exc)) from None
+    if ex.stream:
+        return await _relay_stream(ex, lane, replica, resp, decoder, receive, on_end)
+    return await _relay_whole(ex, lane, replica, resp, decoder, receive, on_end)
 
 
-async def _relay_whole(ex, lane, replica, resp, receive, on_end) -> Response:
+async def _read_all(resp: aiohttp.ClientResponse, decoder: Any, have: bytes = b"",
+                    limit: int = MAX_BODY_BYTES) -> bytes:
+    """The rest of the body, decoded, at most `limit` bytes (DecodeError beyond)."""
+    parts = [have] if have else []
+    size = len(have)
+    while True:
+        raw = await resp.content.readany()
+        data = decoder.feed(raw) if raw else decoder.finish()
+        if data:
+            size += len(data)
+            if size > limit:
+                raise DecodeError(f"the upstream's answer is larger than {limit} bytes")
+            parts.append(data)
+        if not raw:
+            return b"".join(parts)
+
+
+async def _relay_whole(ex, lane, replica, resp, decoder, receive, on_end, have: bytes = b"") -> Response:
     try:
         async with asyncio.timeout(lane.upstream.timeouts.first_byte):
-            data = await _race_disconnect(resp.read(), receive, ex)
+            data = await _race_disconnect(_read_all(resp, decoder, have), receive, ex)
     except TimeoutError:
         resp.close()
         _done(replica, lane, ok=False, why="timeout reading the body")
         raise GatewayError(504, "the upstream did not finish its answer in time", code="upstream_timeout") from None
-    except aiohttp.ClientError as exc:
+    except (aiohttp.ClientError, OSError) as exc:
+        resp.close()
+        _done(replica, lane, ok=False, why=type(exc).__name__)
+        raise GatewayError(502, f"the upstream connection failed: {type(exc).__name__}", code="upstream_error") from None
+    except DecodeError as exc:
         resp.close()
         _done(replica, lane, ok=False, why=str(exc))
-        raise GatewayError(502, f"the upstream connection failed: {type(exc).__name__}", code="upstream_error") from None
+        raise _bad_response(ex, str(exc)) from None
     except BaseException:
         resp.close()
         replica.inflight -= 1
         raise
+    resp.release()
+    try:
+        parsed = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        parsed = _NOT_JSON
+    if type(parsed) is dict and parsed.get("error") is not None:
+        # An error inside a 2xx (some proxies and engines): an error all the same.
+        _done(replica, lane, ok=False, why="error object in a 2xx answer")
+        body = normalise_error(502, parsed, lane.upstream.scrubber)
+        return _error_response(ex, 502, body, on_end)
+    if ex.stream:
+        _done(replica, lane, ok=False, why="no stream")
+        raise _bad_response(ex, "the upstream answered a streaming request without a stream")
+    problem = "it is not JSON" if parsed is _NOT_JSON else completion_problem(parsed)
+    if problem is not None:
+        _done(replica, lane, ok=False, why="malformed answer")
+        raise _bad_response(ex, f"the upstream's answer is malformed: {problem}")
     _done(replica, lane, ok=True)
-    ex.status = resp.status
+    ex.status = 200
     now = time.perf_counter()
     ex.t_first_token = ex.t_last_token = now
-    observe_completion(ex, data)
-    response = Response(data, status_code=resp.status, media_type=resp.content_type or "application/json")
+    observe_completion(ex, parsed)
+    response = Response(data, status_code=200, media_type="application/json")
     on_end()
     return response
 
 
 async def _relay_error(ex, lane, replica, resp, on_end) -> Response:
+    data = b""
+    complete = False
     try:
-        data = await resp.read()
-    except aiohttp.ClientError:
-        data = b""
-    finally:
-        resp.release()
-    _done(replica, lane, ok=resp.status < 500, why=f"HTTP {resp.status}")
-    body = normalise_error(resp.status, data)
-    ex.fail(resp.status, str(body["error"].get("code")), str(body["error"].get("message"))[:500])
-    ex.upstream_error = ex.error_message
-    response = Response(orjson.dumps(body), status_code=resp.status, media_type="application/json")
+        async with asyncio.timeout(lane.upstream.timeouts.first_byte):
+            decoder = decoder_for(resp.headers.get("Content-Encoding"), MAX_ERROR_BODY)
+            while len(data) < MAX_ERROR_BODY:
+                raw = await resp.content.readany()
+                data += decoder.feed(raw) if raw else decoder.finish()
+                if not raw:
+                    complete = True
+                    break
+    except (aiohttp.ClientError, OSError, TimeoutError, DecodeError):
+        pass  # what arrived is all there is to say
+    except BaseException:
+        resp.close()
+        replica.inflight -= 1
+        raise
+    if complete:
+        resp.release()  # read to the end: the connection can serve the next request
+    else:
+        resp.close()
+    upstream_status = resp.status
+    status, imposed = client_status(upstream_status)
+    _done(replica, lane, ok=upstream_status < 500 and imposed is None, why=f"HTTP {upstream_status}")
+    body = normalise_error(upstream_status, data[:MAX_ERROR_BODY], lane.upstream.scrubber)
+    headers = {}
+    if imposed == "upstream_auth_failed":
+        ex.upstream_error = f"HTTP {upstream_status}: {body['error']['message']}"
+        body = error_body("the upstream rejected the gateway's credentials for this model; "
+                          "the gateway's operator has to fix the lane's key", type="api_error",
+                          code="upstream_auth_failed")
+    elif imposed is not None:
+        ex.upstream_error = f"HTTP {upstream_status}: {body['error']['message']}"
+        body["error"]["code"] = body["error"]["code"] if imposed == "upstream_error" and body["error"]["code"] \
+            else imposed
+        body["error"]["type"] = "api_error"
+        if imposed == "upstream_bad_response":
+            body["error"]["message"] = f"the upstream answered HTTP {upstream_status}: {body['error']['message']}"
+    retry_after = resp.headers.get("Retry-After", "")
+    if status in (429, 503) and retry_after.isdigit() and len(retry_after) <= 5:
+        headers["Retry-After"] = retry_after
+    return _error_response(ex, status, body, on_end, headers)
+
+
+def _error_response(ex: Exchange, status: int, body: dict[str, Any], on_end: Callable[[], None],
+                    headers: dict[str, str] | None = None) -> Response:
+    err = body["error"]
+    ex.fail(status, str(err.get("code")), str(err.get("message")))
+    if ex.upstream_error is None:
+        ex.upstream_error = ex.error_message
+    response = Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
     on_end()
     return response
 
 
-async def _relay_stream(ex, lane, replica, resp, receive, on_end) -> Response:
-    observer = StreamObserver(ex, drop_usage_chunk=not ex.client_wants_usage)
+def _bad_response(ex: Exchange, why: str) -> GatewayError:
+    ex.upstream_error = why
+    return GatewayError(502, why, code="upstream_bad_response", type="upstream_error")
+
+
+_SSE_STARTS = (b"data:", b":", b"event:", b"id:", b"retry:")
+
+
+def _looks_like_sse(resp: aiohttp.ClientResponse, first: bytes) -> bool:
+    if resp.content_type == "text/event-stream":
+        return True
+    return first.lstrip().startswith(_SSE_STARTS)
+
+
+async def _relay_stream(ex, lane, replica, resp, decoder, receive, on_end) -> Response:
+    observer = StreamObserver(ex, drop_usage_chunk=not ex.client_wants_usage, scrubber=lane.upstream.scrubber)
     timeouts = lane.upstream.timeouts
-    # Wait for the first event before answering, so a stalled or dead upstream still gets a clean
+    # Wait for the first data before answering, so a stalled or dead upstream still gets a clean
     # 504/502 status; the client's first byte leaves the moment the upstream's arrives.
+    first = b""
     try:
         async with asyncio.timeout(timeouts.first_byte):
-            first = await _race_disconnect(resp.content.readany(), receive, ex)
+            # Enough to tell SSE from JSON when the Content-Type does not say (see _looks_like_sse).
+            need = 1 if resp.content_type == "text/event-stream" else 8
+            while len(first.lstrip()) < need and len(first) < 65536:
+                raw = await _race_disconnect(resp.content.readany(), receive, ex)
+                if not raw:
+                    first += decoder.finish()
+                    break
+                first += decoder.feed(raw)
     except TimeoutError:
         resp.close()
         _done(replica, lane, ok=False, why="first-byte timeout")
@@ -111,9 +231,13 @@ async def _relay_stream(ex, lane, replica, resp, receive, on_end) -> Response:
                            code="upstream_timeout") from None
     except (aiohttp.ClientError, OSError) as exc:
         resp.close()
-        _done(replica, lane, ok=False, why=str(exc))
+        _done(replica, lane, ok=False, why=type(exc).__name__)
         raise GatewayError(502, f"the upstream connection failed: {type(exc).__name__}",
                            code="upstream_error") from None
+    except DecodeError as exc:
+        resp.close()
+        _done(replica, lane, ok=False, why=str(exc))
+        raise _bad_response(ex, str(exc)) from None
     except BaseException:
         resp.close()
         replica.inflight -= 1
@@ -122,7 +246,10 @@ async def _relay_stream(ex, lane, replica, resp, receive, on_end) -> Response:
         resp.close()
         _done(replica, lane, ok=False, why="empty stream")
         raise GatewayError(502, "the upstream closed the stream without sending anything", code="upstream_error")
-    ex.status = resp.status
+    if not _looks_like_sse(resp, first):
+        # A JSON answer (an engine that ignored `stream`, or an error in a 200): judged whole.
+        return await _relay_whole(ex, lane, replica, resp, decoder, receive, on_end, have=first)
+    ex.status = 200
 
     started = False
 
@@ -138,40 +265,67 @@ async def _relay_stream(ex, lane, replica, resp, receive, on_end) -> Response:
         nonlocal started
         started = True
         splitter = EventSplitter()
-        ok = False
+        ok = clean = False
         why = ""
         data: bytes = first
         watchdog = IdleWatchdog(resp, timeouts.idle)
+        failure: tuple[int, str, str] | None = None
         try:
-            while data:
-                out = [e for e in splitter.feed(data) if observer.observe(e)]
-                if out:
-                    yield b"".join(out) if len(out) > 1 else out[0]
-                # The idle timeout covers only the wait for the upstream, never a slow client.
-                watchdog.waiting()
-                data = await resp.content.readany()
-                watchdog.got_data()
-            if watchdog.fired:
-                raise TimeoutError
-            if observer.done:
-                ok = True
-            else:
-                why = "the upstream closed the stream before it ended"
-                ex.fail(502, "upstream_disconnected", why)
-                yield error_event(why, "upstream_disconnected") + DONE
-        except TimeoutError:
-            why = f"no data from the upstream for {timeouts.idle:g}s"
-            ex.fail(504, "upstream_idle_timeout", why)
-            yield error_event(why, "upstream_idle_timeout") + DONE
-        except (aiohttp.ClientError, OSError) as exc:
-            if watchdog.fired:  # the watchdog closed the connection: an idle timeout, not a failure
-                why = f"no data from the upstream for {timeouts.idle:g}s"
-                ex.fail(504, "upstream_idle_timeout", why)
-                yield error_event(why, "upstream_idle_timeout") + DONE
-                return
-            why = f"the upstream connection failed mid-stream: {type(exc).__name__}"
-            ex.fail(502, "upstream_disconnected", why)
-            yield error_event(why, "upstream_disconnected") + DONE
+            try:
+                raw = first
+                while True:
+                    out = []
+                    for event in splitter.feed(data, final=not raw):
+                        piece = observer.relay(event)
+                        if piece is not None:
+                            out.append(piece)
+                        if observer.done:
+                            break
+                    if out:
+                        yield b"".join(out) if len(out) > 1 else out[0]
+                    if observer.done or not raw:
+                        break  # whatever an upstream sends after [DONE] is not for the client
+                    # The idle timeout covers only the wait for the upstream, never a slow client.
+                    watchdog.waiting()
+                    raw = await resp.content.readany()
+                    watchdog.got_data()
+                    data = decoder.feed(raw) if raw else decoder.finish()
+                if watchdog.fired:
+                    raise TimeoutError
+                tail = splitter.rest().strip()
+                if not observer.done and tail[:5] == b"data:" and tail[5:].strip() == b"[DONE]":
+                    observer.done = True  # the final blank line was cut off: the answer is complete
+                    yield DONE
+                if observer.done:
+                    ok = True
+                    clean = await _drain(resp)
+                else:
+                    failure = (502, "upstream_disconnected", "the upstream closed the stream before it ended")
+            except TimeoutError:
+                failure = (504, "upstream_idle_timeout", f"no data from the upstream for {timeouts.idle:g}s")
+            except BadStream as exc:
+                failure = (502, "upstream_bad_response", exc.message)
+            except DecodeError as exc:
+                failure = (502, "upstream_bad_response", str(exc))
+            except (aiohttp.ClientError, OSError) as exc:
+                if watchdog.fired:  # the watchdog closed the connection: an idle timeout, not a failure
+                    failure = (504, "upstream_idle_timeout", f"no data from the upstream for {timeouts.idle:g}s")
+                else:
+                    failure = (502, "upstream_disconnected",
+                               f"the upstream connection failed mid-stream: {type(exc).__name__}")
+            except Exception:
+                # A fault of the gateway's own: the client still gets a well-formed end of the stream.
+                log.exception("request %s: relaying the stream failed", ex.request_id)
+                failure = (500, "internal_error", "internal gateway error while relaying the stream")
+            if failure is not None:
+                status, code, why = failure
+                if code != "internal_error":
+                    ex.upstream_error = ex.upstream_error or why
+                if observer.error is None:
+                    ex.fail(status, code, why)
+                    yield error_event(why, code) + DONE
+                else:  # the upstream's own error event already told the client what went wrong
+                    yield DONE
         except BaseException:
             # The client went away (closing the response cancels the upstream). After [DONE] that is
             # just a client hanging up early on a finished answer, not a cancelled request.
@@ -183,16 +337,17 @@ async def _relay_stream(ex, lane, replica, resp, receive, on_end) -> Response:
             raise
         finally:
             watchdog.stop()
-            if ok and not ex.cancelled:
-                resp.release()
+            if clean and not ex.cancelled:
+                resp.release()  # back to the pool
             else:
                 resp.close()
             if observer.error is not None and ex.error_code is None:
                 ex.fail(ex.status, str(observer.error.get("code")), str(observer.error.get("message"))[:500])
+                ex.upstream_error = ex.error_message
             _done(replica, lane, ok=ok or ex.cancelled, why=why)
             on_end()
 
-    return RelayResponse(relay(), abandon, status_code=resp.status, media_type="text/event-stream",
+    return RelayResponse(relay(), abandon, status_code=200, media_type="text/event-stream",
                          headers=dict(SSE_HEADERS))
 
 
@@ -202,6 +357,30 @@ class RelayResponse(StreamingResponse):
     def __init__(self, content: AsyncIterator[bytes], abandon: Callable[[], None], **kw: Any) -> None:
         super().__init__(content, **kw)
         self.abandon = abandon
+
+
+async def _drain(resp: aiohttp.ClientResponse, wait_s: float = 1.0, limit: int = 65536) -> bool:
+    """After [DONE]: read to the end of the response so its connection can be pooled again.
+
+    An engine's last chunk-terminator follows [DONE] within a millisecond; an upstream that keeps
+    talking or stalls is cut off after `wait_s` or `limit` bytes (the client already has its answer).
+    """
+    content = resp.content
+    if content.at_eof():
+        return True
+    seen = 0
+    try:
+        async with asyncio.timeout(wait_s):
+            while not content.at_eof():
+                raw = await content.readany()
+                if not raw:
+                    return True
+                seen += len(raw)
+                if seen > limit:
+                    return False
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        return False
+    return True
 
 
 class IdleWatchdog:
@@ -279,29 +458,3 @@ async def _wait_disconnect(receive: Receive) -> None:
         message = await receive()
         if message["type"] == "http.disconnect":
             return
-
-
-def normalise_error(status: int, data: bytes) -> dict[str, Any]:
-    """Any engine's error body → OpenAI's `{"error": {message, type, param, code}}`."""
-    try:
-        parsed = orjson.loads(data) if data else None
-    except orjson.JSONDecodeError:
-        parsed = None
-    err: dict[str, Any] | None = None
-    if isinstance(parsed, dict):
-        if isinstance(parsed.get("error"), dict):
-            err = parsed["error"]
-        elif "message" in parsed:  # SGLang and old vLLM: flat {"object": "error", ...}
-            err = parsed
-        elif isinstance(parsed.get("detail"), (str, list)):  # FastAPI's default
-            err = {"message": str(parsed["detail"])}
-    if err is None:
-        text = data.decode("utf-8", "replace").strip()[:500] if data else ""
-        err = {"message": text or f"upstream answered HTTP {status}"}
-    code = err.get("code")
-    return error_body(
-        str(err.get("message", "")),
-        type=str(err.get("type") or ("invalid_request_error" if status < 500 else "api_error")),
-        param=err.get("param") if isinstance(err.get("param"), str) else None,
-        code=code if isinstance(code, str) else None,
-    )

@@ -12,24 +12,53 @@ from typing import Any
 import orjson
 
 from .exchange import Exchange
+from .scrub import Scrubber
+from .upstream_errors import normalise_error
+from .wellformed import chunk_problem
 
 DONE = b"data: [DONE]\n\n"
+_NO_SECRETS = Scrubber()
+
+
+MAX_EVENT_BYTES = 8 * 1024 * 1024  # one event (a chunk of a stream); engines send well under 64 KB
+
+
+class BadStream(Exception):
+    """The upstream's stream cannot be relayed further; the client gets an error event and [DONE]."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
 
 
 class EventSplitter:
-    """Reassembles SSE events (separated by a blank line) from arbitrary network reads."""
+    """Reassembles SSE events (separated by a blank line) from arbitrary network reads.
 
-    __slots__ = ("_buf",)
+    Any of the three line endings the SSE spec allows (CRLF, LF, CR), cut anywhere; an event
+    growing past `max_bytes` without ending is refused (a hostile upstream must not fill memory).
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_buf", "max_bytes")
+
+    def __init__(self, max_bytes: int = MAX_EVENT_BYTES) -> None:
         self._buf = b""
+        self.max_bytes = max_bytes
 
-    def feed(self, data: bytes) -> list[bytes]:
+    def feed(self, data: bytes, final: bool = False) -> list[bytes]:
+        """The events completed by `data`; `final` at the end of the stream (a last CR ends a line)."""
         buf = self._buf + data if self._buf else data
-        if b"\r\n" in buf:
-            buf = buf.replace(b"\r\n", b"\n")
+        hold = b""
+        if b"\r" in buf:
+            if buf[-1:] == b"\r" and not final:  # maybe the first half of a CRLF: decide with the next read
+                buf, hold = buf[:-1], b"\r"
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         events = buf.split(b"\n\n")
-        self._buf = events.pop()
+        rest = events.pop()
+        if len(rest) > self.max_bytes:
+            self._buf = b""
+            raise BadStream("upstream_bad_response",
+                            f"the upstream sent an event larger than {self.max_bytes} bytes")
+        self._buf = rest + hold if hold else rest
         return [e + b"\n\n" for e in events if e.strip()]
 
     def rest(self) -> bytes:
@@ -38,33 +67,57 @@ class EventSplitter:
 
 
 class StreamObserver:
-    """Looks at every event of a chat-completion stream on its way to the client."""
+    """Looks at every event of a chat-completion stream on its way to the client.
 
-    __slots__ = ("ex", "drop_usage_chunk", "done", "error")
+    Decides what the client sees: the event's own bytes (the usual case, no copy), a clean copy
+    (an event with several fields or lines becomes one `data:` line; an upstream error is scrubbed
+    and reshaped), nothing (the usage chunk the client did not ask for), or the end of the stream
+    (`BadStream`: an event that is not a completion chunk must not reach the client's parser).
+    """
 
-    def __init__(self, ex: Exchange, drop_usage_chunk: bool) -> None:
+    __slots__ = ("ex", "drop_usage_chunk", "done", "error", "scrubber")
+
+    def __init__(self, ex: Exchange, drop_usage_chunk: bool, scrubber: Scrubber | None = None) -> None:
         self.ex = ex
         self.drop_usage_chunk = drop_usage_chunk
         self.done = False
         self.error: dict[str, Any] | None = None
+        self.scrubber = scrubber or _NO_SECRETS
 
     def observe(self, event: bytes) -> bool:
-        """Record what the event says; return False when the client must not see it."""
-        payload = _data_of(event)
-        if payload is None:
-            return True
+        """Record what the event says; return False when the client must not see it (tolerant)."""
+        try:
+            return self.relay(event) is not None
+        except BadStream as exc:
+            if self.error is None:
+                self.error = {"message": exc.message, "code": exc.code}
+            return False
+
+    def relay(self, event: bytes) -> bytes | None:
+        """The bytes the client gets for this event (None: nothing). Raises BadStream."""
+        simple = event[:5] == b"data:" and event.find(b"\n", 0, len(event) - 2) == -1
+        if simple:
+            payload = event[5:].strip()
+        else:
+            payload = _data_of(event)
+            if payload is None:
+                return b":\n\n"  # a comment (keep-alive): harmless, and without the upstream's text
         if payload == b"[DONE]":
             self.done = True
-            return True
+            return DONE
+        if not payload:
+            return None  # an empty data field: the SSE spec dispatches nothing
         try:
             chunk = orjson.loads(payload)
         except orjson.JSONDecodeError:
-            return True
-        if not isinstance(chunk, dict):
-            return True
-        if "error" in chunk:
-            self.error = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
-            return True
+            raise BadStream("upstream_bad_response", "the upstream sent a stream event that is not JSON") from None
+        if type(chunk) is dict and chunk.get("error") is not None:
+            body = normalise_error(502, chunk, self.scrubber)
+            self.error = body["error"]
+            return b"data: " + orjson.dumps(body) + b"\n\n"
+        problem = chunk_problem(chunk)
+        if problem is not None:
+            raise BadStream("upstream_bad_response", f"the upstream sent a malformed stream event: {problem}")
         usage = chunk.get("usage")
         if usage:
             self.ex.usage = usage
@@ -74,9 +127,12 @@ class StreamObserver:
         choices = chunk.get("choices")
         if not choices:
             # The usage-only chunk: the gateway asked for it; hide it unless the client did too.
-            return not (usage and self.drop_usage_chunk)
-        self._observe_choice(choices[0])
-        return True
+            if usage and self.drop_usage_chunk:
+                return None
+        else:
+            self._observe_choice(choices[0])
+        # Several data lines joined may hold newlines (pretty-printed JSON): one line again.
+        return event if simple else b"data: " + orjson.dumps(chunk) + b"\n\n"
 
     def _observe_choice(self, choice: dict[str, Any]) -> None:
         delta = choice.get("delta") or {}
@@ -108,12 +164,16 @@ class StreamObserver:
             self.ex.token_chunk_times.append(now)
 
 
-def observe_completion(ex: Exchange, body: bytes) -> None:
-    """Non-streaming response: read usage and the generated message from the JSON body."""
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return
+def observe_completion(ex: Exchange, body: bytes | dict[str, Any]) -> None:
+    """Non-streaming response: read usage and the generated message from the JSON body (or the
+    already parsed body: the proxy parses it once to check its shape)."""
+    if isinstance(body, dict):
+        data: Any = body
+    else:
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return
     if not isinstance(data, dict):
         return
     if isinstance(data.get("usage"), dict):
@@ -123,6 +183,8 @@ def observe_completion(ex: Exchange, body: bytes) -> None:
         return
     choice = choices[0]
     msg = choice.get("message") or {}
+    if not isinstance(msg, dict):
+        return
     gen = ex.generated
     if isinstance(data.get("prompt_token_ids"), list):
         gen.prompt_token_ids = data["prompt_token_ids"]
@@ -131,9 +193,12 @@ def observe_completion(ex: Exchange, body: bytes) -> None:
     reasoning = msg.get("reasoning_content") or msg.get("reasoning")
     if reasoning:
         gen.reasoning.append(reasoning)
-    if msg.get("content"):
-        gen.content.append(msg["content"])
+    content = msg.get("content")
+    if isinstance(content, str) and content:
+        gen.content.append(content)
     for i, call in enumerate(msg.get("tool_calls") or []):
+        if not isinstance(call, dict):
+            continue
         gen.tool_calls[i] = {
             "id": call.get("id"),
             "type": "function",
@@ -151,10 +216,16 @@ def error_event(message: str, code: str, type: str = "api_error") -> bytes:
 
 
 def _data_of(event: bytes) -> bytes | None:
-    # Events from engines are a single `data: ...` line; tolerate comments and other fields.
-    if event.startswith(b"data:"):
-        return event[5:].strip()
+    """The event's data as the SSE spec defines it: every `data` field, joined by newlines.
+
+    Comments (`:...`) and other fields (`event`, `id`, `retry`) are dropped: the openai client
+    treats a named event as something else than a chunk, so the client only ever sees `data:`.
+    """
+    data: list[bytes] = []
     for line in event.split(b"\n"):
-        if line.startswith(b"data:"):
-            return line[5:].strip()
-    return None
+        if not line or line[:1] == b":":
+            continue
+        name, _, value = line.partition(b":")
+        if name == b"data":
+            data.append(value[1:] if value[:1] == b" " else value)
+    return b"\n".join(data).strip() if data else None

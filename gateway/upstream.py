@@ -15,6 +15,7 @@ import aiohttp
 
 from .config import Lane, Timeouts
 from .errors import GatewayError
+from .scrub import Scrubber
 
 
 @dataclass
@@ -73,6 +74,10 @@ class UpstreamFailure(Exception):
         return GatewayError(self.status, self.message, code=self.code, type="upstream_error")
 
 
+# Lane.failover_on's default: statuses that mean "not this replica, not now", and refused connections.
+_DEFAULT_FAILOVER = frozenset(("connect", 502, 503, 504))
+
+
 @dataclass
 class Upstream:
     """The replicas of one lane and the session that talks to them. Survives reloads when unchanged."""
@@ -81,23 +86,33 @@ class Upstream:
     timeouts: Timeouts
     api_key: str | None = None
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
+    failover_on: frozenset = _DEFAULT_FAILOVER
     _session: aiohttp.ClientSession | None = None
+    scrubber: Scrubber = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.scrubber = Scrubber([self.api_key])
 
     @classmethod
     def for_lane(cls, lane: Lane) -> "Upstream":
         breaker = BreakerSettings(lane.breaker.failures, lane.breaker.cool_down_s)
-        return cls([Replica(u) for u in lane.replicas], lane.timeouts, lane.upstream_api_key(), breaker)
+        return cls([Replica(u) for u in lane.replicas], lane.timeouts, lane.upstream_api_key(), breaker,
+                   frozenset(lane.failover_on))
 
     def identity(self) -> tuple:
-        return (tuple(r.url for r in self.replicas), self.timeouts, self.api_key, self.breaker)
+        return (tuple(r.url for r in self.replicas), self.timeouts, self.api_key, self.breaker, self.failover_on)
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
+            # keepalive_timeout below the engines' 5 s (see Timeouts.keep_alive): at 60 s the pool
+            # could hand out a connection in the very moment the engine closes it as idle.
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300,
+                                             keepalive_timeout=self.timeouts.keep_alive)
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=aiohttp.ClientTimeout(total=None, connect=self.timeouts.connect,
                                               sock_connect=self.timeouts.connect),
+                # The gateway decodes itself (encoding.py), bounded; it asks for identity anyway.
                 auto_decompress=False,
                 skip_auto_headers=("User-Agent",),
             )
@@ -108,7 +123,9 @@ class Upstream:
             await self._session.close()
 
     def headers(self, request_id: str) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+        # identity: aiohttp would otherwise ask for gzip/deflate, which engines behind a compressing
+        # proxy then send; relaying those bytes as JSON was the bug (issue 14).
+        headers = {"Content-Type": "application/json", "Accept-Encoding": "identity", "X-Request-Id": request_id}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         return headers
@@ -116,16 +133,17 @@ class Upstream:
     async def send(
         self, order: list[Replica], path: str, body: bytes, request_id: str, on_retry=None
     ) -> tuple[Replica, aiohttp.ClientResponse]:
-        """POST to the first replica that answers; connection failures move on to the next one.
+        """POST to the first replica that answers; what counts as "not this one, try the next" is the
+        lane's `failover_on` (default: connection failures and 502/503/504).
 
-        Waits for the response headers within the lane's first-byte timeout. A replica answering
-        502/503/504 also hands over to the next one while one is left (nothing reached the client
-        yet). Raises UpstreamFailure: 503 at once when every replica's breaker is open, 502 when
-        nobody could be reached, 504 on a first-byte timeout.
+        Waits for the response headers within the lane's first-byte timeout. Nothing has reached the
+        client yet, so handing over is safe. Raises UpstreamFailure: 503 at once when every
+        replica's breaker is open, 502 when nobody could be reached, 504 on a first-byte timeout.
         """
         last = "no replica answered"
         session = self.session()
         headers = self.headers(request_id)
+        failover = self.failover_on
         tried = 0
         for i, replica in enumerate(order):
             if not replica.acquire(time.monotonic()):
@@ -137,25 +155,34 @@ class Upstream:
             replica.requests += 1
             try:
                 async with asyncio.timeout(self.timeouts.first_byte):
-                    resp = await session.post(replica.url + path, data=body, headers=headers)
+                    resp = await session.post(replica.url + path, data=body, headers=headers,
+                                              allow_redirects=False)
             except TimeoutError:
                 replica.inflight -= 1
                 self.record_failure(replica, "first-byte timeout")
+                last = f"no answer within {self.timeouts.first_byte:g}s"
+                if "timeout" in failover and self._another(order, i):
+                    continue
                 raise UpstreamFailure(
                     504, "upstream_timeout",
                     f"the upstream did not answer within {self.timeouts.first_byte:g}s",
                 ) from None
-            except (aiohttp.ClientConnectionError, OSError) as exc:
+            except (aiohttp.ClientError, OSError, ValueError) as exc:
+                # Refused, reset, or an answer that is not HTTP (bad status line, huge header):
+                # aiohttp raises ClientResponseError for the latter, which is no connection error.
                 replica.inflight -= 1
-                last = f"{type(exc).__name__}: {exc}"
+                last = self.scrubber.text(f"{type(exc).__name__}: {exc}", 200)
                 self.record_failure(replica, last)
-                continue
+                if "connect" in failover:
+                    continue
+                raise UpstreamFailure(502, "upstream_unavailable",
+                                      f"the upstream could not be reached ({last})") from None
             except BaseException:  # cancelled: the client went away
                 replica.inflight -= 1
                 replica.probing = False  # the probe never finished: the next request may probe
                 raise
-            if resp.status in _HAND_OVER and any(r.available(time.monotonic()) for r in order[i + 1:]):
-                resp.release()
+            if resp.status in failover and self._another(order, i):
+                resp.close()  # its body is of no interest; do not wait to drain it
                 replica.inflight -= 1
                 last = f"HTTP {resp.status}"
                 self.record_failure(replica, last)
@@ -166,6 +193,11 @@ class Upstream:
         if not tried:
             raise UpstreamFailure(503, "no_healthy_replica", "every replica of this lane is failing; try again shortly")
         raise UpstreamFailure(502, "upstream_unavailable", f"no replica of this lane could be reached ({last})")
+
+    @staticmethod
+    def _another(order: list[Replica], i: int) -> bool:
+        now = time.monotonic()
+        return any(r.available(now) for r in order[i + 1:])
 
     def record_failure(self, replica: Replica, why: str) -> None:
         """Passive health: a connection failure, timeout or 5xx of real traffic (or an active probe)."""
@@ -191,5 +223,3 @@ class Upstream:
             replica.open_until = min(replica.open_until, time.monotonic())
 
 
-# Statuses that mean "not this replica, not now": try the next one before anything reached the client.
-_HAND_OVER = frozenset((502, 503, 504))

@@ -12,7 +12,10 @@ import orjson
 
 from .errors import invalid_request
 
-ROLES = frozenset({"system", "user", "assistant", "tool", "developer", "function"})
+# The roles every lane's renderer knows (render/renderer.py ROLES: the DeepSeek-V4.1 template, and
+# the estimator of template-less lanes). OpenAI's deprecated "function" role is not among them: it
+# used to pass here and then fail the analysis with a traceback per request.
+ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 PART_TYPES = frozenset({"text", "image_url", "image", "input_image", "input_text", "input_audio", "video_url", "file"})
 
 _NUMBER_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
@@ -107,7 +110,8 @@ def _check_message(i: int, msg: Any) -> None:
         raise invalid_request(f"messages[{i}].role is required and must be a string", param=f"messages[{i}].role",
                               code="invalid_type")
     if role not in ROLES:
-        raise invalid_request(f"messages[{i}].role {role[:40]!r} is not one of {sorted(ROLES)}",
+        raise invalid_request(f"messages[{i}].role {role[:40]!r} is not one of {sorted(ROLES)} (the roles this "
+                              "gateway's chat templates render)",
                               param=f"messages[{i}].role", code="invalid_value")
     content = msg.get("content")
     kind = type(content)

@@ -13,6 +13,7 @@ conversation page shows the turns as a timeline with the diff at the drift. Need
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -146,10 +147,23 @@ def browser():
             b.close()
 
 
+def wait_js(page, expression: str, timeout_s: float = 30.0) -> None:
+    """Poll until `expression` is true in the page. page.wait_for_function compiles its predicate
+    with `new Function`, which the admin page's CSP (no 'unsafe-eval') forbids; evaluate is not
+    subject to the page's CSP."""
+    deadline = time.monotonic() + timeout_s
+    while not page.evaluate(expression):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never true in the page: {expression}")
+        page.wait_for_timeout(50)
+
+
 def open_page(browser, url: str, width: int):
     page = browser.new_page(viewport={"width": width, "height": 900})
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
+    # The admin page's Content-Security-Policy must not block anything it uses.
+    page.on("console", lambda msg: errors.append(msg.text) if "Content Security Policy" in msg.text else None)
     page.goto(url)
     page.wait_for_selector("body[data-loaded='1']", timeout=30_000)
     page.wait_for_timeout(300)  # fonts and the second layout pass
@@ -198,7 +212,7 @@ def test_overview_reads_well_and_every_alert_says_what_to_do(site, browser, widt
         assert page.evaluate(TOP_JS) == []
         # A filter narrows everything, and lives in the link.
         page.select_option("#filters select[name=severity]", "minor")
-        page.wait_for_function("location.hash.includes('severity=minor')")
+        wait_js(page, "location.hash.includes('severity=minor')")
         page.wait_for_timeout(800)
         sev = page.locator("#drift .alert .badge.sev").all_inner_texts()
         assert all(s == "minor" for s in sev)
@@ -228,14 +242,14 @@ def test_conversation_page_from_an_alert_and_by_client_key(site, browser, width:
         assert page.evaluate(OVERFLOWS_JS) == []
         # ... and found by the client's own session key.
         page.goto(gw.url + "/admin#conversation=repin-conv")
-        page.wait_for_function("(document.querySelector('#conversation .conv-meta') || {}).innerText"
+        wait_js(page, "(document.querySelector('#conversation .conv-meta') || {}).innerText"
                                "?.includes('repin-conv')")
         meta = page.locator("#conversation .conv-meta").inner_text()
         assert "repin-conv" in meta and "opencode" in meta
         assert page.locator("#conversation .badge.repin").count() == 1
         page.fill("#find-key", "no-such-session")
         page.click("#find")
-        page.wait_for_function("document.querySelector('#conversation').innerText.includes('no conversation')")
+        wait_js(page, "document.querySelector('#conversation').innerText.includes('no conversation')")
     finally:
         page.close()
     assert not errors, errors
@@ -283,7 +297,7 @@ def test_mute_from_the_page_hides_the_alert_until_removed(site, browser) -> None
         card = page.locator("#drift .alert[data-cause='reasoning_dropped_by_template']")
         assert card.count() == 1
         card.locator("button[data-kind='mute']").click()
-        page.wait_for_function(
+        wait_js(page, 
             "!document.querySelector(\"#drift .alert[data-cause='reasoning_dropped_by_template']\")")
         rules = page.locator("#rules table.rules tbody tr")
         assert rules.count() == 1 and "known: aider" in rules.first.inner_text()

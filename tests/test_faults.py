@@ -298,7 +298,7 @@ def test_half_open_lets_exactly_one_probe_through() -> None:
         with run_gateway(cfg, env=ENV) as gw:
             url = gw.url + "/v1/chat/completions"
             emu.configure(fail_rate=1.0)
-            assert httpx.post(url, json=body("m", False)).status_code == 500  # opens the breaker
+            assert httpx.post(url, json=body("m", False)).status_code == 502  # engine 500; opens the breaker
             emu.configure(fail_rate=0.0, stall_before_first_byte_s=3.0)
             r = httpx.post(url, json=body("m", False))
             assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_replica"

@@ -150,7 +150,7 @@ def test_upstream_error_is_relayed_in_openai_shape(gw, emu):
     emu.configure(fail_rate=1.0)
     try:
         r = httpx.post(gw.url + "/v1/chat/completions", json=chat())
-        err = _error(r, 500)
+        err = _error(r, 502)  # the engine's 500: the gateway itself did not fail
         assert err["message"]
     finally:
         emu.configure(fail_rate=0.0)

@@ -19,6 +19,7 @@ import orjson
 import xxhash
 
 from ..exchange import Exchange
+from ..heal.saved import tokens_saved
 from ..render.normalize import template_response_format, template_tools
 from ..render.options import options_for_lane
 from ..render.renderer import Rendered, RenderError, Renderer, RenderOptions, Segment, effective_effort
@@ -114,6 +115,9 @@ class Analyzer:
                     log.exception("kv-event verdict of %s failed", ex.request_id)
             # ----------------------------------------------------------------------------------------------
             ex.cache = outcome.cache
+            saved = outcome.cache.get("healed_tokens") or {}
+            for healed in ex.healed:
+                healed.tokens_saved = saved.get(healed.kind, 0)
             await self._save(ex, lane, found.state.id, outcome)
         self.analysed += 1
         self.last_ms = (time.perf_counter() - t0) * 1000
@@ -153,7 +157,7 @@ def make_job(ex: Exchange, lane: LaneRuntime, found: Found, in_process: bool = T
         rewritten=ex.limits.history_rewritten, replica=ex.replica,
         # The router says this turn runs away from the conversation's cache (see routing/base.py).
         rehomed=isinstance(routing, dict) and bool(routing.get("expected_cold")),
-        repinned=found.repinned, state=found.state,
+        repinned=found.repinned, state=found.state, healed=tuple((h.kind, i) for h in ex.healed for i in h.indices),
         prompt_token_ids=ex.generated.prompt_token_ids, generated_token_ids=ex.generated.token_ids or None,
         kv_block_size=cfg.cache.block_size if cfg.kv_events is not None else None,
     )
@@ -249,6 +253,9 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
         "render": "exact" if rendered.exact else "estimated",
         "repinned": job.repinned,
     }
+    if job.healed:
+        segs = [(s.message_index, len(s.token_ids)) for s in rendered.segments]
+        cache["healed_tokens"] = tokens_saved(segs, predicted, job.healed)  # by kind
     if job.prompt_token_ids is not None and rendered.exact:
         # The engine said which ids it prefilled: compare content, not counts.
         ours = rendered.token_ids

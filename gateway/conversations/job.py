@@ -34,6 +34,7 @@ class Job:
     rehomed: bool  # the router moved the conversation away from its cache for this turn
     repinned: bool
     state: ConversationState  # as the hot path found it
+    healed: tuple[tuple[str, int], ...] = ()  # drift healing's repairs (kind, message index)
     stored: bytes | None = None  # the freshest stored state (another worker or process may have moved on)
     prompt_token_ids: list[int] | None = None  # what the engine prefilled (vLLM return_token_ids), if it said
     generated_token_ids: list[int] | None = None  # what the engine generated, if it said

@@ -38,7 +38,7 @@ from ..runtime import LaneRuntime, Snapshot
 from ..security import Caller
 from .client import replica_revision
 from .identity import lane_identity
-from .records import RecordIndex, RecordStore, Summary, open_store
+from .records import InvalidRecordId, RecordIndex, RecordStore, Summary, check_record_id, open_store
 from .state import evaluate
 
 if TYPE_CHECKING:
@@ -258,15 +258,23 @@ class QualificationService:
                 record = orjson.loads(await request.body())
                 if not isinstance(record, dict) or not record.get("lane") or not record.get("config_hash"):
                     raise ValueError("not a qualification record")
-            except (orjson.JSONDecodeError, ValueError) as exc:
+                if not isinstance(record["lane"], str) or ("id" not in record and (
+                        not isinstance(record.get("identity_hash"), str)
+                        or not isinstance(record.get("at_unix"), (int, float)))):
+                    raise ValueError("lane and identity_hash must be strings and at_unix a number (or give an id)")
+                record_id = await asyncio.to_thread(self.store.save, record)
+            except (orjson.JSONDecodeError, ValueError, OverflowError) as exc:  # InvalidRecordId included
                 raise GatewayError(400, f"bad record: {exc}", code="invalid_record") from None
-            record_id = await asyncio.to_thread(self.store.save, record)
             await asyncio.to_thread(self.reload_index)
             self.refresh()
             lane = self.runtime.snapshot.lanes.get(record["lane"])
             return _json({"id": record_id, "state": lane.qualification if lane else None})
         record_id = request.query_params.get("id")
         if record_id:
+            try:
+                check_record_id(record_id)
+            except InvalidRecordId as exc:
+                raise GatewayError(400, str(exc), param="id", code="invalid_record_id") from None
             rec = await asyncio.to_thread(self.store.load, record_id)
             return _json(rec) if rec else _json({"error": {"message": "no such record", "code": "not_found"}}, 404)
         lane = request.query_params.get("lane")

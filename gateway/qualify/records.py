@@ -25,6 +25,20 @@ SCHEMA = 1
 REDIS_RECORDS_KEY = "gateway:qualify:records"
 REDIS_VERSION_KEY = "gateway:qualify:version"
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
+# `<lane>/<name>`: two plain segments, neither starting with a dot (no `..`, no hidden files), no
+# absolute path, no backslash; what record_id_for makes and nothing a path could be built from.
+_RECORD_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}/[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+
+
+class InvalidRecordId(ValueError):
+    """A record id that is not `<lane>/<name>` of plain characters, or resolves outside the folder."""
+
+
+def check_record_id(record_id: object) -> str:
+    if not isinstance(record_id, str) or not _RECORD_ID.fullmatch(record_id):
+        shown = record_id[:80] if isinstance(record_id, str) else type(record_id).__name__
+        raise InvalidRecordId(f"invalid record id {shown!r}: expected <lane>/<name> of letters, digits, '.', '_', '-'")
+    return record_id
 
 
 @dataclass(frozen=True)
@@ -99,11 +113,23 @@ class DirStore:
             return []
         return sorted(self.root.glob("*/*.json"))
 
+    def _path(self, record_id: str) -> Path:
+        """The record's file, which must resolve inside the folder (a symlinked lane folder may not
+        lead out of it)."""
+        check_record_id(record_id)
+        root = self.root.resolve()
+        path = (root / (record_id + ".json")).resolve()
+        if not path.is_relative_to(root):
+            raise InvalidRecordId(f"record id {record_id[:80]!r} resolves outside the records folder")
+        return path
+
     def save(self, record: dict[str, Any]) -> str:
         record_id = record.get("id") or record_id_for(record["lane"], record["identity_hash"], record["at_unix"])
+        self._path(record_id)  # checked before anything is created
         record["id"] = record_id
-        path = self.root / (record_id + ".json")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        lane_dir = self.root / record_id.split("/")[0]
+        lane_dir.mkdir(parents=True, exist_ok=True)
+        path = self._path(record_id)  # again, now that the lane folder exists (it may be a symlink)
         data = orjson.dumps(record, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
         try:
@@ -118,8 +144,10 @@ class DirStore:
         return record_id
 
     def load(self, record_id: str) -> dict[str, Any] | None:
-        path = self.root / (record_id + ".json")
-        if ".." in Path(record_id).parts:
+        """The record, or None (also for an id that is not one: see check_record_id)."""
+        try:
+            path = self._path(record_id)
+        except InvalidRecordId:
             return None
         try:
             return orjson.loads(path.read_bytes())
@@ -178,7 +206,8 @@ class RedisStore:
         return f"redis {self.url.split('@')[-1]}"
 
     def save(self, record: dict[str, Any]) -> str:
-        record_id = record.get("id") or record_id_for(record["lane"], record["identity_hash"], record["at_unix"])
+        record_id = check_record_id(
+            record.get("id") or record_id_for(record["lane"], record["identity_hash"], record["at_unix"]))
         record["id"] = record_id
         pipe = self.client.pipeline()
         pipe.hset(REDIS_RECORDS_KEY, record_id, orjson.dumps(record, option=orjson.OPT_SORT_KEYS))
@@ -187,6 +216,10 @@ class RedisStore:
         return record_id
 
     def load(self, record_id: str) -> dict[str, Any] | None:
+        try:
+            check_record_id(record_id)
+        except InvalidRecordId:
+            return None
         raw = self.client.hget(REDIS_RECORDS_KEY, record_id)
         return orjson.loads(raw) if raw else None
 

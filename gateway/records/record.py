@@ -49,6 +49,8 @@ FIELDS: dict[str, str] = {
     "tokens_lost": "INTEGER",
     "seconds_lost": "REAL",
     "rendered_prompt_tokens": "INTEGER",
+    "healed": "TEXT",  # drift healing's repairs, JSON {kind: messages repaired}; NULL when none
+    "healed_tokens": "INTEGER",  # cached prompt tokens those repairs kept (after the analysis)
     "render": "TEXT",
     "completion_tokens": "INTEGER",
     "reasoning_tokens": "INTEGER",
@@ -126,6 +128,8 @@ def build_record(ex: Exchange, capture_max_bytes: int = 0) -> dict[str, Any]:
         "tokens_lost": _int(cache.get("tokens_lost")) or 0,
         "seconds_lost": _float(cache.get("seconds_lost")) or 0.0,
         "rendered_prompt_tokens": _int(cache.get("rendered_prompt_tokens")),
+        "healed": orjson.dumps({h.kind: len(h.indices) for h in ex.healed}).decode() if ex.healed else None,
+        "healed_tokens": sum(h.tokens_saved or 0 for h in ex.healed) if ex.healed else None,
         "render": _str(cache.get("render")),
         "completion_tokens": completion_tokens,
         "reasoning_tokens": reasoning_tokens(usage),

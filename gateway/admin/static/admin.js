@@ -389,7 +389,13 @@
       let limits = [];
       try { limits = r.limits_fired ? JSON.parse(r.limits_fired) : []; } catch (e) { /* keep [] */ }
       const limitText = limits.length ? ` <span class="badge warn" title="limits that fired">${limits.map(esc).join(", ")}</span>` : "";
+      let healed = {};
+      try { healed = r.healed ? JSON.parse(r.healed) : {}; } catch (e) { /* keep {} */ }
+      const healedN = Object.values(healed).reduce((a, b) => a + b, 0);
       let verdict = `<span class="badge ${esc(r.verdict)}">${esc(r.verdict)}</span>${r.cause ? ` <span class="muted">${esc(r.cause.replace(/_/g, " "))}</span>` : ""}`;
+      if (healedN) {  // issue 18: drift healing's repairs of this request
+        verdict += ` <span class="badge hit" title="drift healing: ${esc(Object.entries(healed).map(([k, n]) => `${k} ×${n}`).join(", "))}; ${fmtN(r.healed_tokens || 0)} cached tokens kept">healed ${healedN}</span>`;
+      }
       const kv = kvOf(r);
       if (kv && kv.displaced_by && kv.displaced_by.length) {  // issue 20: who pushed the prefix out
         const by = kv.displaced_by.map((d) => `${d.conversation || "unattributed"} (${fmtN(d.tokens)})`).join(", ");

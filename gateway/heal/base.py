@@ -1,0 +1,117 @@
+"""What a heal kind is, and the relayed message every message kind compares the client's version with.
+
+A message kind looks at one assistant message of the request and the message the gateway relayed for
+it (found by `heal_digest`, which ignores exactly what the kinds may repair) and returns the field
+updates that put the relayed bytes back, or None. It must return updates only when the client's
+version means the same as the relayed one; `plan` is a pure function of the two messages, so the
+policy can remember its answer for as long as the client's bytes do not change.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+
+from ..conversations.identity import message_digest
+
+POP = object()  # an update value: remove the field
+REASONING_FIELDS = ("reasoning_content", "reasoning")
+# The name every lane's template reads: SGLang hands messages to the template as they are (and the
+# DeepSeek-V4.1 template reads `reasoning_content`); vLLM copies it to `reasoning` and gives both.
+TEMPLATE_FIELD = "reasoning_content"
+KINDS = ("arguments", "reasoning", "content", "tool_result_order", "reasoning_field")
+
+Updates = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Relayed:
+    """An assistant message exactly as the gateway relayed it to the client."""
+
+    content: str
+    reasoning: str
+    calls: tuple[tuple[str | None, str, str], ...]  # (id, name, arguments string as relayed)
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps({"c": self.content, "r": self.reasoning, "k": [list(c) for c in self.calls]})
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "Relayed":
+        d = orjson.loads(raw)
+        return cls(d["c"], d["r"], tuple((c[0], c[1], c[2]) for c in d["k"]))
+
+    @classmethod
+    def from_message(cls, msg: dict[str, Any]) -> "Relayed":
+        calls = tuple((c.get("id"), c["function"]["name"], c["function"]["arguments"])
+                      for c in msg.get("tool_calls") or ())
+        reasoning = msg.get("reasoning_content") or msg.get("reasoning") or ""
+        return cls(msg.get("content") or "", reasoning, calls)
+
+    def size(self) -> int:
+        return len(self.content) + len(self.reasoning) + sum(len(a) + len(n) + 24 for _, n, a in self.calls) + 64
+
+
+class MessageKind(Protocol):
+    """One kind of repair of an assistant message."""
+
+    name: str
+
+    def plan(self, msg: dict[str, Any], relayed: Relayed) -> Updates | None: ...
+
+
+_U_ESCAPE = re.compile(r"\\u[0-9a-fA-F]{4}(?:\\u[0-9a-fA-F]{4})?")
+
+
+def _unescape(m: re.Match[str]) -> str:
+    units = m.group(0).split("\\u")[1:]
+    data = b"".join(int(u, 16).to_bytes(2, "big") for u in units)
+    try:
+        return data.decode("utf-16-be")
+    except UnicodeDecodeError:  # a lone surrogate: leave the text as it was
+        return m.group(0)
+
+
+def norm_text(text: str) -> str:
+    """The content normalisation: literal \\uXXXX escapes decoded, Unicode NFC, whitespace at the ends
+    trimmed. Text equal under it reads the same to a person; the relayed bytes are what the model wrote."""
+    if "\\u" in text:
+        text = _U_ESCAPE.sub(_unescape, text)
+    return unicodedata.normalize("NFC", text).strip()
+
+
+def canonical_args(value: Any) -> bytes | None:
+    """A JSON value's meaning as bytes (sorted keys, no whitespace); None when not JSON.
+    Types stay distinct: 1, 1.0 and true are three values (the template renders them differently)."""
+    if isinstance(value, str):
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return None
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return None
+
+
+def heal_digest(msg: dict[str, Any]) -> int:
+    """The lineage digest (no reasoning, arguments by meaning) with the content normalised too: a
+    client's trimmed, re-encoded, re-serialised or reasoning-stripped version finds what was relayed."""
+    content = msg.get("content")
+    if isinstance(content, str):
+        norm = norm_text(content)
+        if norm != content:
+            msg = {**msg, "content": norm}
+    return message_digest(msg)
+
+
+def client_reasoning(msg: dict[str, Any]) -> tuple[str | None, str]:
+    """(field, text) of the message's reasoning; (None, "") when it has none."""
+    for name in REASONING_FIELDS:
+        value = msg.get(name)
+        if isinstance(value, str) and value:
+            return name, value
+    return None, ""

@@ -1,0 +1,421 @@
+"""Hostile upstreams (issue 14 item 5): whatever a replica sends, the client gets the upstream's
+answer as a valid response or an OpenAI-shaped error (in a stream: an error event, then [DONE]);
+never a dropped connection or a 500, never the lane's key; and the gateway keeps serving.
+
+One gateway process (uvicorn, real sockets) and one scripted upstream (raw asyncio sockets in this
+process, tests/support/scripted_upstream.py) for the whole module; each hypothesis example sets the
+upstream's script and sends one request through the gateway.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import time
+import zlib
+
+import brotli
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+
+from gateway.wellformed import chunk_problem, completion_problem
+from tests.support.gateway_proc import run_gateway
+from tests.support.scripted_upstream import Script, http_response, scripted_upstream
+
+SECRET = "lane-upstream-key-7f3a9c21b5d04e68aa1"
+ADMIN = "hostile-tests-admin-key-0123456789"
+EXAMPLES = int(os.environ.get("HOSTILE_EXAMPLES", "2000"))
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    with scripted_upstream() as up:
+        yield up
+
+
+@pytest.fixture(scope="module")
+def gateway(upstream):
+    routes = {
+        "gateway": {"admin_key_env": "HOSTILE_ADMIN_KEY"},
+        "lanes": {"hostile": {
+            "engine": "vllm", "replicas": [upstream.url], "upstream_model": "m",
+            "qualification": "not_required", "api_key_env": "HOSTILE_UPSTREAM_KEY",
+            "render": {"template": None},
+            # Generous first byte, short idle; a breaker that never opens (every example must reach it).
+            "timeouts": {"connect": 1, "first_byte": 5, "idle": 2},
+            "breaker": {"failures": 1000000000, "cool_down_s": 0.01},
+        }},
+        "models": {"m": "hostile"},
+    }
+    env = {"HOSTILE_ADMIN_KEY": ADMIN, "HOSTILE_UPSTREAM_KEY": SECRET}
+    with run_gateway(routes, env=env) as gw:
+        yield gw
+
+
+@pytest.fixture(scope="module")
+def client(gateway):
+    with httpx.Client(base_url=gateway.url, timeout=20) as c:
+        yield c
+
+
+# -- what a well-formed answer looks like, and how it can be broken --------------------------------
+
+TEXT = st.text(st.characters(blacklist_categories=("Cs",)), min_size=0, max_size=40)
+
+
+def completion(content: str) -> dict:
+    return {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
+
+
+def chunks(parts: list[str]) -> list[dict]:
+    base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    out = [{**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}]
+    out += [{**base, "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]} for p in parts]
+    out.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    out.append({**base, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
+    return out
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.floats(allow_nan=False, allow_infinity=False) | TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["choices", "delta", "content", "message", "usage", "error", "x", "tool_calls"]),
+        inner, max_size=3),
+    max_leaves=8,
+)
+
+WRONG_SHAPES = st.one_of(
+    JSON,
+    st.sampled_from([
+        {"choices": [1]}, {"choices": "x"}, {"choices": [{"delta": "x"}]},
+        {"choices": [{"delta": {"content": 5}}]}, {"choices": [{"delta": {"tool_calls": [1]}}]},
+        {"choices": [{"message": {"content": ["a"]}}]}, {"choices": [{"finish_reason": 3}]},
+        {"choices": [], "usage": {"prompt_tokens": "many"}}, {"choices": [{"delta": {"tool_calls": [
+            {"function": {"arguments": {}}}]}}]}, [], "x", 3, None,
+    ]),
+)
+
+SECRET_TEXTS = st.sampled_from([
+    f"invalid api key {SECRET}", f"Authorization: Bearer {SECRET}", f"got token={SECRET}&x=1",
+    "bad key sk-proj-abcdefghijklmnop0123", f"<html><body>401 {SECRET[:14]}... refused</body></html>",
+    f"{SECRET}", "Bearer abc.def.ghi rejected",
+])
+
+
+def error_body(draw) -> bytes:
+    message = draw(SECRET_TEXTS | TEXT)
+    shape = draw(st.sampled_from(["openai", "flat", "detail", "text", "str_error", "weird"]))
+    if shape == "openai":
+        return json.dumps({"error": {"message": message, "type": draw(st.sampled_from(["BadRequestError", SECRET])),
+                                     "param": draw(st.none() | st.just(SECRET)),
+                                     "code": draw(st.sampled_from([400, "bad", SECRET, None]))}}).encode()
+    if shape == "flat":
+        return json.dumps({"object": "error", "message": message, "code": 400}).encode()
+    if shape == "detail":
+        return json.dumps({"detail": message}).encode()
+    if shape == "str_error":
+        return json.dumps({"error": message}).encode()
+    if shape == "weird":
+        return json.dumps(draw(JSON)).encode()
+    return message.encode("utf-8", "surrogatepass")
+
+
+def sse(events: list[bytes], eol: bytes, prefix: bytes) -> bytes:
+    out = b""
+    for e in events:
+        out += prefix + e + eol + eol
+    return out
+
+
+@st.composite
+def behaviours(draw):
+    """(stream requested, the upstream's script, the content a valid answer carries or None)."""
+    stream = draw(st.booleans())
+    kind = draw(st.sampled_from(["valid", "valid", "valid", "other_mode", "wrong_shape", "error", "garbage"]))
+    status = draw(st.sampled_from([200, 200, 200, 500, 401, 429, 503]) | st.integers(100, 599))
+    parts = draw(st.lists(TEXT, max_size=4))
+    content = "".join(parts)
+    eol = draw(st.sampled_from([b"\n", b"\r\n", b"\r"]))
+    prefix = draw(st.sampled_from([b"data: ", b"data:"]))
+    expect: str | None = None
+    if kind in ("valid", "other_mode"):
+        as_stream = stream if kind == "valid" else not stream
+        if as_stream:
+            events = [json.dumps(c).encode() for c in chunks(parts)] + [b"[DONE]"]
+            if draw(st.booleans()):
+                events.insert(1, b"")  # becomes an empty data field: dropped as a blank event
+            body = sse(events, eol, prefix)
+            if draw(st.integers(0, 9)) == 0:
+                body = b": keep-alive" + eol + eol + body
+            ctype = "text/event-stream"
+        else:
+            body = json.dumps(completion(content)).encode()
+            ctype = "application/json"
+        expect = content if kind == "valid" else None
+    elif kind == "wrong_shape":
+        bad = json.dumps(draw(WRONG_SHAPES)).encode()
+        if stream and draw(st.booleans()):
+            good = [json.dumps(c).encode() for c in chunks(parts)]
+            at = draw(st.integers(0, len(good)))
+            body = sse(good[:at] + [bad] + good[at:] + [b"[DONE]"], eol, prefix)
+            ctype = "text/event-stream"
+        else:
+            body, ctype = bad, "application/json"
+    elif kind == "error":
+        body = error_body(draw)
+        ctype = "application/json"
+        if stream and status == 200 and draw(st.booleans()):
+            body = sse([b'{"error": {"message": "' + SECRET.encode() + b' expired"}}', b"[DONE]"], eol, prefix)
+            ctype = "text/event-stream"
+    else:
+        body = draw(st.binary(max_size=300))
+        ctype = draw(st.sampled_from(["application/json", "text/event-stream", "text/html"]))
+    # Cut anywhere: the upstream closes cleanly after this many bytes of its body.
+    if draw(st.integers(0, 4)) == 0 and body:
+        body = body[:draw(st.integers(0, len(body) - 1))]
+        expect = None
+    ctype = draw(st.sampled_from([ctype, ctype, ctype, "text/plain", None]))
+    coding = draw(st.sampled_from([None, None, "identity", "gzip", "deflate", "raw-deflate", "br",
+                                   "gzip-mislabelled", "zstd", "gzip-truncated"]))
+    headers = [("Content-Type", ctype)] if ctype else []
+    if coding in (None, "identity"):
+        wire = body
+        if coding:
+            headers.append(("Content-Encoding", coding))
+    elif coding == "gzip":
+        wire, _ = gzip.compress(body), headers.append(("Content-Encoding", "gzip"))
+    elif coding == "deflate":
+        wire, _ = zlib.compress(body), headers.append(("Content-Encoding", "deflate"))
+    elif coding == "raw-deflate":
+        c = zlib.compressobj(wbits=-15)
+        wire, _ = c.compress(body) + c.flush(), headers.append(("Content-Encoding", "deflate"))
+    elif coding == "br":
+        wire, _ = brotli.compress(body), headers.append(("Content-Encoding", "br"))
+    elif coding == "gzip-mislabelled":
+        wire, _ = body, headers.append(("Content-Encoding", "gzip"))
+        expect = None
+    elif coding == "gzip-truncated":
+        full = gzip.compress(body)
+        wire, _ = full[:max(1, len(full) - 5)], headers.append(("Content-Encoding", "gzip"))
+        expect = None
+    else:
+        wire, _ = body, headers.append(("Content-Encoding", coding))
+        expect = None
+    framing = draw(st.sampled_from(["length", "length", "close", "chunked", "short", "chunked_cut"]))
+    if framing in ("short", "chunked_cut"):
+        expect = None
+    if status != 200:
+        expect = None
+    raw = http_response(status, wire, headers, framing)
+    if draw(st.integers(0, 19)) == 0:  # not HTTP at all, or a broken head
+        raw = draw(st.sampled_from([b"", b"garbage\r\n\r\n", b"HTTP/1.1 abc OK\r\n\r\n",
+                                    b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n{}",
+                                    b"HTTP/1.1 200 OK\r\n" + b"X-Long: " + b"a" * 20000 + b"\r\n\r\n",
+                                    b"HTTP/1.1 200 OK\r\nAuthorization: " + SECRET.encode() + b"\r\n"]))
+        expect = None
+    cuts = sorted(draw(st.lists(st.integers(0, max(0, len(raw) - 1)), max_size=3)))
+    pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)]) if raw[a:b]]
+    return stream, Script(pieces or [b""]), expect
+
+
+# -- what the client must get -----------------------------------------------------------------------
+
+def check_answer(resp: httpx.Response, stream: bool, expect: str | None) -> None:
+    text = resp.text
+    assert SECRET not in text and SECRET[:12] not in text, text[:300]
+    assert resp.status_code != 500, text[:300]
+    if resp.status_code != 200:
+        assert resp.headers["content-type"].startswith("application/json"), resp.headers
+        err = resp.json()["error"]
+        assert isinstance(err["message"], str) and err["message"]
+        assert isinstance(err["type"], str)
+        assert err["code"] is None or isinstance(err["code"], str)
+        assert expect is None, f"a valid answer became HTTP {resp.status_code}: {text[:300]}"
+        return
+    if not stream:
+        assert resp.headers["content-type"].startswith("application/json")
+        body = resp.json()
+        assert completion_problem(body) is None, text[:300]
+        if expect is not None:
+            assert body["choices"][0]["message"]["content"] == expect
+        return
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    assert text.endswith("\n\n"), text[-200:]
+    events = [e for e in text.split("\n\n") if e]
+    assert events[-1].replace(" ", "") == "data:[DONE]", events[-3:]
+    got = []
+    for i, event in enumerate(events[:-1]):
+        if event.startswith(":"):
+            continue
+        assert event.startswith("data:") and "\n" not in event, event[:200]  # one data line
+        payload = json.loads(event[5:])
+        if "error" in payload:
+            assert i == len(events) - 2, f"an error event must be the last before [DONE]: {events[-3:]}"
+            assert isinstance(payload["error"]["message"], str)
+            assert expect is None, f"a valid stream ended in an error: {payload}"
+            continue
+        assert chunk_problem(payload) is None, payload
+        for choice in payload["choices"]:
+            got.append((choice.get("delta") or {}).get("content") or "")
+    if expect is not None:
+        assert "".join(got) == expect
+
+
+REQUEST = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+
+
+@settings(max_examples=EXAMPLES, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(behaviours())
+def test_any_upstream_behaviour_gives_a_valid_answer_or_an_openai_error(upstream, client, case):
+    stream, script, expect = case
+    note(f"stream={stream} expect={expect!r} script={script.pieces!r}")
+    upstream.script = script
+    try:
+        resp = client.post("/v1/chat/completions", json={**REQUEST, "stream": stream})
+    except httpx.TransportError as exc:
+        pytest.fail(f"the gateway dropped the connection ({exc!r}) for {script.pieces!r}")
+    check_answer(resp, stream, expect)
+
+
+# -- after the storm -----------------------------------------------------------------------------------
+
+def test_the_gateway_still_serves_and_kept_no_secret(upstream, client, gateway):
+    """Runs after the property test (file order): nothing in flight, nothing logged or recorded
+    with the lane's key, no traceback, and a well-behaved upstream is served normally."""
+    upstream.script = Script([http_response(200, json.dumps(completion("fine")).encode(),
+                                            [("Content-Type", "application/json")])])
+    resp = client.post("/v1/chat/completions", json=REQUEST)
+    assert resp.status_code == 200 and resp.json()["choices"][0]["message"]["content"] == "fine"
+    seen = upstream.requests[-1]
+    assert seen.headers.get("accept-encoding") == "identity"
+    assert seen.headers.get("authorization") == f"Bearer {SECRET}"
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+    deadline = time.monotonic() + 10
+    while True:
+        lanes = client.get("/admin/api/overview?probe=0", headers=headers).json()["lanes"]
+        inflight = [lanes[0]["inflight"]] + [r["inflight"] for r in lanes[0]["replicas"]]
+        if inflight == [0, 0] or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert inflight == [0, 0]
+    records = client.get("/admin/api/records?limit=5000", headers=headers)
+    assert records.status_code == 200 and SECRET not in records.text and SECRET[:12] not in records.text
+    log = gateway.log()
+    assert SECRET not in log and SECRET[:12] not in log
+    assert "Traceback" not in log, log[-3000:]
+
+
+# -- single cases worth naming --------------------------------------------------------------------------
+
+def _ask(client, stream=False):
+    return client.post("/v1/chat/completions", json={**REQUEST, "stream": stream})
+
+
+def test_upstream_401_is_a_502_upstream_auth_failed_without_the_key(upstream, client):
+    upstream.script = Script([http_response(401, json.dumps({"error": {"message": f"bad key {SECRET}"}}).encode())])
+    resp = _ask(client)
+    assert resp.status_code == 502
+    assert resp.json()["error"]["code"] == "upstream_auth_failed"
+    assert SECRET not in resp.text
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "br"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_compressed_answers_are_decoded(upstream, client, coding, stream):
+    if stream:
+        body = sse([json.dumps(c).encode() for c in chunks(["Hel", "lo"])] + [b"[DONE]"], b"\n", b"data: ")
+    else:
+        body = json.dumps(completion("Hello")).encode()
+    wire = {"gzip": gzip.compress, "deflate": zlib.compress, "br": brotli.compress}[coding](body)
+    ctype = "text/event-stream" if stream else "application/json"
+    upstream.script = Script([http_response(200, wire, [("Content-Type", ctype), ("Content-Encoding", coding)],
+                                            "chunked")])
+    resp = _ask(client, stream)
+    check_answer(resp, stream, "Hello")
+
+
+def test_a_huge_line_ends_the_stream_with_an_error_event(upstream, client):
+    good = sse([json.dumps(c).encode() for c in chunks(["a"])[:2]], b"\n", b"data: ")
+    huge = b"data: " + b"x" * (9 * 1024 * 1024)  # no end of line, past the 8 MiB event bound
+    upstream.script = Script([http_response(200, good + huge, [("Content-Type", "text/event-stream")], "close")])
+    resp = _ask(client, True)
+    assert resp.status_code == 200
+    events = [e for e in resp.text.split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[-2][6:])["error"]["code"] == "upstream_bad_response"
+
+
+def test_wrong_shape_chunk_ends_the_stream_cleanly(upstream, client):
+    events = [json.dumps(c).encode() for c in chunks(["a"])]
+    events.insert(2, b'{"choices":[1]}')
+    upstream.script = Script([http_response(200, sse(events + [b"[DONE]"], b"\n", b"data: "),
+                                            [("Content-Type", "text/event-stream")], "chunked")])
+    resp = _ask(client, True)
+    last = [e for e in resp.text.split("\n\n") if e][-2:]
+    assert last[1] == "data: [DONE]" and json.loads(last[0][6:])["error"]["code"] == "upstream_bad_response"
+
+
+def test_wrong_shape_whole_answer_is_a_502(upstream, client):
+    upstream.script = Script([http_response(200, b'{"choices":[1]}', [("Content-Type", "application/json")])])
+    resp = _ask(client)
+    assert resp.status_code == 502 and resp.json()["error"]["code"] == "upstream_bad_response"
+
+
+def test_midstream_error_event_is_scrubbed_and_ends_the_stream(upstream, client):
+    events = [json.dumps(c).encode() for c in chunks(["a"])[:2]]
+    events.append(json.dumps({"error": {"message": f"engine died; key {SECRET}", "type": "BadRequestError",
+                                        "code": 400}}).encode())
+    upstream.script = Script([http_response(200, sse(events, b"\n", b"data: "),
+                                            [("Content-Type", "text/event-stream")], "close")])
+    resp = _ask(client, True)
+    assert SECRET not in resp.text
+    last = [e for e in resp.text.split("\n\n") if e][-2:]
+    assert last[1] == "data: [DONE]" and "engine died" in json.loads(last[0][6:])["error"]["message"]
+
+
+def test_the_final_blank_line_cut_off_still_completes(upstream, client):
+    body = sse([json.dumps(c).encode() for c in chunks(["ok"])], b"\n", b"data: ") + b"data: [DONE]\n"
+    upstream.script = Script([http_response(200, body, [("Content-Type", "text/event-stream")], "close")])
+    check_answer(_ask(client, True), True, "ok")
+
+
+def test_data_after_done_is_not_relayed(upstream, client):
+    body = sse([json.dumps(c).encode() for c in chunks(["ok"])] + [b"[DONE]", b'{"choices":[1]}'],
+               b"\n", b"data: ")
+    upstream.script = Script([http_response(200, body, [("Content-Type", "text/event-stream")], "chunked")])
+    resp = _ask(client, True)
+    check_answer(resp, True, "ok")
+    assert '"choices":[1]' not in resp.text
+
+
+
+def test_an_event_split_over_several_data_lines_reaches_the_client_as_one_line(upstream, client):
+    pretty = json.dumps(chunks(["multi"])[1], indent=1).encode().split(b"\n")
+    event = b"event: message\nid: 7\n" + b"\n".join(b"data: " + line for line in pretty) + b"\n\n"
+    body = event + sse([json.dumps(c).encode() for c in chunks([])[2:]] + [b"[DONE]"], b"\n", b"data: ")
+    upstream.script = Script([http_response(200, body, [("Content-Type", "text/event-stream")], "chunked")])
+    check_answer(_ask(client, True), True, "multi")
+
+
+def test_text_completions_are_checked_too(upstream, client):
+    ok = {"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": "done", "finish_reason": "stop"}]}
+    upstream.script = Script([http_response(200, json.dumps(ok).encode(), [("Content-Type", "application/json")])])
+    resp = client.post("/v1/completions", json={"model": "m", "prompt": "a", "max_tokens": 3})
+    assert resp.status_code == 200 and resp.json()["choices"][0]["text"] == "done"
+    bad = {"choices": [{"index": 0, "text": ["not", "text"]}]}
+    upstream.script = Script([http_response(200, json.dumps(bad).encode(), [("Content-Type", "application/json")])])
+    resp = client.post("/v1/completions", json={"model": "m", "prompt": "a", "max_tokens": 3})
+    assert resp.status_code == 502 and resp.json()["error"]["code"] == "upstream_bad_response"
+    events = [json.dumps({"choices": [{"index": 0, "text": t, "finish_reason": None}]}).encode() for t in ("do", "ne")]
+    upstream.script = Script([http_response(200, sse(events + [b"[DONE]"], b"\n", b"data: "),
+                                            [("Content-Type", "text/event-stream")], "chunked")])
+    resp = client.post("/v1/completions", json={"model": "m", "prompt": "a", "max_tokens": 3, "stream": True})
+    texts = [json.loads(e[5:])["choices"][0]["text"] for e in resp.text.split("\n\n") if e and "[DONE]" not in e]
+    assert texts == ["do", "ne"] and resp.text.endswith("data: [DONE]\n\n")
