@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN = $(VENV)/bin
 
-.PHONY: install run test test-engine test-packaging bench clean
+.PHONY: install run test test-engine test-packaging fuzz-drift bench clean
 
 $(BIN)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ test-engine: install
 # The wheel installed alone into a fresh venv, and docker-compose.yml's services run on loopback (~2 min).
 test-packaging: install
 	$(BIN)/pytest -q -m packaging
+
+# The drift classifier's labelled-mutation fuzzer at length (make test runs 2,000 examples).
+fuzz-drift: install
+	FUZZ_DRIFT_EXAMPLES=$${FUZZ_DRIFT_EXAMPLES:-50000} $(BIN)/pytest -q tests/test_drift_fuzz.py
 
 bench: install
 	$(BIN)/python bench/overhead.py

@@ -35,6 +35,12 @@ def run_check(routes_file: str, *, probe: bool = False, records_dir: str | None 
     print(f"{routes_file}: valid, {len(config.lanes)} lanes, {len(config.models)} models")
     for alias, lane in config.models.items():
         print(f"  {alias} -> {lane} ({config.lanes[lane].engine}, {len(config.lanes[lane].replicas)} replicas)")
+    from .render.told import untold
+
+    # Lane values the engine cannot be told per request: warnings (the lane may well equal the engine).
+    for name, lane_cfg in config.lanes.items():
+        for problem in untold(lane_cfg):
+            print(f"  warning: {where(name, 'render')}: {problem}")
 
     problems: list[str] = []
     status = EXIT_OK

@@ -314,7 +314,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         raise CliError(f"no lane {args.lane!r} in {args.routes} (lanes: {', '.join(config.lanes)})")
     options = options_for_lane(lane) if lane.render.template else None
     try:
-        text = render_command(body, options, args.summary)
+        text = render_command(body, options, args.summary, lane=lane)
     except TemplateNotFound as exc:
         raise CliError(str(exc)) from None
     except (RenderError, ValueError, TypeError) as exc:  # the request is not renderable (the engine would 400)

@@ -22,6 +22,9 @@ class GeneratedOutput:
     content: list[str] = field(default_factory=list)
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     finish_reason: str | None = None
+    # vLLM with `return_token_ids`: the ids the engine prefilled and generated (compared with the render)
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] = field(default_factory=list)
 
     def add_tool_call_delta(self, delta: dict[str, Any]) -> None:
         index = delta.get("index", len(self.tool_calls))

@@ -121,6 +121,9 @@ class StreamObserver:
         usage = chunk.get("usage")
         if usage:
             self.ex.usage = usage
+        pti = chunk.get("prompt_token_ids")  # vLLM return_token_ids: first chunk only
+        if pti:
+            self.ex.generated.prompt_token_ids = pti
         choices = chunk.get("choices")
         if not choices:
             # The usage-only chunk: the gateway asked for it; hide it unless the client did too.
@@ -150,6 +153,9 @@ class StreamObserver:
             produced = True
         if choice.get("finish_reason"):
             gen.finish_reason = choice["finish_reason"]
+        ids = choice.get("token_ids")
+        if ids:
+            gen.token_ids.extend(ids)
         if produced:
             now = time.perf_counter()
             if self.ex.t_first_token is None:
@@ -180,6 +186,10 @@ def observe_completion(ex: Exchange, body: bytes | dict[str, Any]) -> None:
     if not isinstance(msg, dict):
         return
     gen = ex.generated
+    if isinstance(data.get("prompt_token_ids"), list):
+        gen.prompt_token_ids = data["prompt_token_ids"]
+    if isinstance(choice.get("token_ids"), list):
+        gen.token_ids = choice["token_ids"]
     reasoning = msg.get("reasoning_content") or msg.get("reasoning")
     if reasoning:
         gen.reasoning.append(reasoning)

@@ -37,10 +37,11 @@ def test_turn_pair(path: Path) -> None:
     e2 = effective_effort(RenderOptions(thinking=True, reasoning_effort=o2.reasoning_effort))
     old = turn_print(new_turn(b1, o1.thinking, e1), r1, gen, case["assistant_output"], 0)
     r2 = renderer.render(b2, o2)
-    cmp = compare(old, r2, _tokens_of(renderer, o2))
+    tokens_of = _tokens_of(renderer, o2)
+    cmp = compare(old, r2, tokens_of)
     assert cmp.lcp_tokens == case["lcp_tokens"]
     assert cmp.stable == case["stable"]
     if case["stable"]:
         return
-    div = classify(old, new_turn(b2, o2.thinking, e2), r2, cmp, char_offset(r2, cmp, o2))
+    div = classify(old, new_turn(b2, o2.thinking, e2), r2, cmp, char_offset(r2, cmp, o2, old, tokens_of))
     assert (div.message_index, div.cause) == (case["divergence_message_index"], case["cause"])

@@ -64,8 +64,11 @@ def gw(engine: EngineProc):
         "lanes": {
             "vllm-cpu": engine_lane(engine.url),  # effort_policy: pin
             "vllm-cpu-warn": engine_lane(engine.url, effort_policy="warn"),
+            # A lane whose settings differ from the template's defaults: the engine must be told them.
+            "vllm-cpu-told": engine_lane(engine.url, render={"effort_map": {"low": 20, "high": 75, "max": 100},
+                                                             "drop_thinking": False}),
         },
-        "models": {"ds": "vllm-cpu", "ds-warn": "vllm-cpu-warn"},
+        "models": {"ds": "vllm-cpu", "ds-warn": "vllm-cpu-warn", "ds-told": "vllm-cpu-told"},
     }
     with run_gateway(routes) as g:
         yield g
@@ -109,7 +112,7 @@ class Agent:
     """
 
     def __init__(self, gw, tag: str, *, model: str = "ds", tools: bool = True, max_tokens: int = 16,
-                 opening: str = "", **kw: Any) -> None:
+                 opening: str = "", reasoning_field: str = "reasoning_content", **kw: Any) -> None:
         self.gw = gw
         self.tag = tag
         # The client's clock starts when the request leaves (httpx's request hook), not when the openai
@@ -124,6 +127,7 @@ class Agent:
         self.cid: str | None = None
         self.turns = 0
         self.rows: list[dict[str, Any]] = []
+        self.reasoning_field = reasoning_field  # "reasoning": sent back exactly as vLLM streamed it
         system = f"[{tag}] You are a coding agent working in a Python repository. Read files before you change them."
         self.messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
         if tools:
@@ -180,7 +184,7 @@ class Agent:
             finish = ch.finish_reason or finish
         msg: dict[str, Any] = {"role": "assistant", "content": content}
         if reasoning:
-            msg["reasoning_content"] = reasoning
+            msg[self.reasoning_field] = reasoning
         if calls:
             msg["tool_calls"] = [calls[i] for i in sorted(calls)]
         self.messages.append(msg)
@@ -225,6 +229,52 @@ def assert_exact(row: dict[str, Any]) -> None:
 
 
 # -- 1. append-only agent with tools ---------------------------------------------------------------
+
+
+def test_agent_sending_back_vllms_reasoning_field_hits_every_turn(gw):
+    # vLLM streams reasoning as `reasoning`; an agent that appends the message exactly as it received
+    # it must be a hit every turn, predicted = reported (the gateway once rendered it without reasoning).
+    agent = Agent(gw, "agent-reasoning-field", reasoning_field="reasoning")
+    agent.turn()
+    for _ in range(5):
+        agent.turn()
+    report("agent_sending_back_reasoning_field", agent.rows)
+    assert any("reasoning" in m for m in agent.messages if m["role"] == "assistant")
+    for row in agent.rows[1:]:
+        assert row["verdict"] == "hit", row
+        assert_exact(row)
+
+
+def test_a_lane_with_non_default_effort_map_and_drop_thinking_off_is_told_to_the_engine(gw):
+    # effort_map high=75 (the template's own table says 50) and drop_thinking false (the template's
+    # default is true): the engine's prompt token ids must equal the gateway's render on every turn.
+    from gateway.config import Lane
+    from gateway.render.cli import render_request
+    from gateway.render.options import options_for_lane
+
+    lane = Lane.model_validate(engine_lane("http://127.0.0.1:9", render={
+        "effort_map": {"low": 20, "high": 75, "max": 100}, "drop_thinking": False}))
+    # Explicit keys: the agent's outputs are reasoning only, which lineage ignores, so the probes'
+    # outputs would look like the agent's to it.
+    agent = Agent(gw, "told-lane", model="ds-told", tools=False, reasoning_effort="high", user="told-agent")
+    for turn in range(4):
+        sent = [dict(m) for m in agent.messages]
+        agent.turn()
+        # The same request again, as its own conversation (so the agent's verdicts stay its own), asking
+        # vLLM for the ids it prefilled; its prompt is already cached by the agent's turn.
+        body = {"model": "ds-told", "messages": sent, "reasoning_effort": "high", "max_tokens": 1,
+                "temperature": 0, "return_token_ids": True}
+        out = httpx.post(gw.base_url + "/chat/completions", json=body, timeout=120,
+                         headers={"X-Conversation-Id": f"told-probe-{turn}"}).json()
+        ours = render_request(body, options_for_lane(lane), lane=lane)
+        assert out["prompt_token_ids"] == ours.token_ids, (turn, len(out["prompt_token_ids"]), ours.n_tokens)
+        assert "Reasoning Effort: 75 " in ours.prompt
+        if turn:
+            assert "</think>" in ours.prompt  # earlier reasoning kept: the engine did not drop it
+    report("told_lane", agent.rows)
+    for row in agent.rows[1:]:
+        assert row["verdict"] == "hit", row
+        assert_exact(row)
 
 
 def test_append_only_agent_with_tools_hits_every_turn_exactly(gw):

@@ -15,6 +15,7 @@ import orjson
 
 from ..exchange import Exchange
 from ..store import StateStore
+from .causes import fixer
 from .drift import Divergence
 from .remedies import REPIN, remedy_for
 
@@ -59,6 +60,7 @@ class AlertBook:
             "turn": ex.turn,
             "request_id": ex.request_id,
             "cause": div.cause,
+            "fixable_by": fixer(div.cause),
             "message_index": div.message_index,
             "field": div.field,
             "tokens_lost": tokens_lost,

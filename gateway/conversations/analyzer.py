@@ -20,12 +20,15 @@ import xxhash
 
 from ..exchange import Exchange
 from ..heal.saved import tokens_saved
-from ..render.renderer import Rendered, RenderError, Renderer, RenderOptions, Segment
+from ..render.normalize import template_response_format, template_tools
+from ..render.options import options_for_lane
+from ..render.renderer import Rendered, RenderError, Renderer, RenderOptions, Segment, effective_effort
+from ..render.told import read as read_options
 from ..render.tokenizer import load_tokenizer
 from ..runtime import LaneRuntime
 from ..store import StateStore
 from .alerts import AlertBook
-from .drift import Comparison, Divergence, NewTurn, classify, compare
+from .drift import Comparison, Divergence, NewTurn, classify, common_prefix, compare, old_tokens_at
 from .identity import anchor_keys, message_digest, request_tail
 from .job import Job, Outcome
 from .policy import Found
@@ -49,11 +52,11 @@ class TurnEnd:
         found: Found | None = ex.conversation
         if found is None or lane is None or ex.status != 200 or ex.cancelled or ex.error_code:
             return
-        task = asyncio.get_running_loop().create_task(self._write(ex, found, lane.name))
+        task = asyncio.get_running_loop().create_task(self._write(ex, found, lane.name, lane.config.engine))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _write(self, ex: Exchange, found: Found, lane: str) -> None:
+    async def _write(self, ex: Exchange, found: Found, lane: str, lane_engine: str) -> None:
         state = found.state
         n = len((ex.body or {}).get("messages") or ())
         head = Head(state.turn + 1, ex.effort_applied, ex.thinking_applied, ex.replica, n, state.source, lane,
@@ -61,7 +64,7 @@ class TurnEnd:
         value = f"{state.id}|{state.turn + 1}".encode()
         try:
             await self.store.set("head:" + state.id, head.to_bytes(), self.ttl_s)
-            for key in _anchors(ex.tenant, ex.generated.as_message(), n):
+            for key in _anchors(ex.tenant, ex.generated.as_message(), n, lane_engine):
                 await self.store.set(key, value, self.ttl_s)
         except Exception:  # never let bookkeeping hurt anyone; the analyzer writes state later
             log.exception("writing the head of %s failed", state.id)
@@ -155,6 +158,7 @@ def make_job(ex: Exchange, lane: LaneRuntime, found: Found, in_process: bool = T
         # The router says this turn runs away from the conversation's cache (see routing/base.py).
         rehomed=isinstance(routing, dict) and bool(routing.get("expected_cold")),
         repinned=found.repinned, state=found.state, healed=tuple((h.kind, i) for h in ex.healed for i in h.indices),
+        prompt_token_ids=ex.generated.prompt_token_ids, generated_token_ids=ex.generated.token_ids or None,
         kv_block_size=cfg.cache.block_size if cfg.kv_events is not None else None,
     )
 
@@ -195,7 +199,8 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
         nxt = estimator.render({**body, "messages": [*(body.get("messages") or []), generated_msg]})
         generated = nxt.segments[-1] if nxt.segments else None
 
-    new = new_turn(body, job.thinking, job.effort, job.rewritten, rendered.message_digests)
+    thinking, effort = _rendered_mode(options, job) if rendered.exact else (job.thinking, job.effort)
+    new = new_turn(body, thinking, effort, job.rewritten, rendered.message_digests, job.engine)
     old = state.last
     block = job.block_size
     n = rendered.n_tokens
@@ -207,19 +212,26 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
         predicted = 0
         verdict, tokens_lost = "cold", 0
     else:
-        tokens_of = _tokens_of(renderer, options)
+        tokens_of = _tokens_of(renderer, options) if renderer is not None and rendered.exact else (
+            estimator.tokens_of if estimator is not None else _tokens_of(None, options))
         cmp = compare(old, rendered, tokens_of)
         held = cmp.old_tokens - 1 if old.kv_tokens is None else min(cmp.old_tokens - 1, old.kv_tokens)
         usable = min(cmp.lcp_tokens, held, n - 1)
         predicted = max(0, usable) // block * block
         potential = max(0, min(held, n - 1)) // block * block
         if not cmp.stable:
-            offset_chars = _char_offset(rendered, cmp, options)
+            offset_chars = _char_offset(rendered, cmp, options, old, tokens_of)
             divergence = classify(old, new, rendered, cmp, offset_chars)
-            snippets = _snippets(rendered, cmp, old, tokens_of, options)
+            snippets = _snippets(rendered, cmp, old, tokens_of, options) if rendered.exact else \
+                _message_snippets(rendered, cmp, old, tokens_of)
             verdict, tokens_lost = "drift", max(0, potential - predicted)
         elif reported is None:
             verdict, tokens_lost = "unknown", 0
+        elif reported < predicted and old.retokenized_at is not None and reported <= old.retokenized_at:
+            # The engine cached the ids it generated; the output, sent back as text, renders to other ids
+            # from this position on: not an eviction, and nobody's fault.
+            verdict, tokens_lost = "drift", predicted - reported
+            divergence = Divergence("output_retokenized", len(old.messages), None)
         elif reported < predicted and job.rehomed:
             # The router moved the conversation (re-homed): its cache stayed where it was.
             verdict, tokens_lost, predicted = "cold", predicted - reported, 0
@@ -244,16 +256,34 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
     if job.healed:
         segs = [(s.message_index, len(s.token_ids)) for s in rendered.segments]
         cache["healed_tokens"] = tokens_saved(segs, predicted, job.healed)  # by kind
-    if job.usage and isinstance(job.usage.get("prompt_tokens"), int) and rendered.exact:
+    if job.prompt_token_ids is not None and rendered.exact:
+        # The engine said which ids it prefilled: compare content, not counts.
+        ours = rendered.token_ids
+        cache["render_check"] = "token_ids"
+        cache["render_matches_engine"] = job.prompt_token_ids == ours
+        if not cache["render_matches_engine"]:
+            cache["render_first_difference"] = common_prefix(job.prompt_token_ids, ours)
+    elif job.usage and isinstance(job.usage.get("prompt_tokens"), int) and rendered.exact:
+        cache["render_check"] = "count"  # the engine gave no ids: a same-length difference would pass unseen
         cache["render_matches_engine"] = job.usage["prompt_tokens"] == n
     if out is not None and job.kv_block_size and rendered.exact:
         out["kv_keys"] = _block_keys(rendered, generated, job.kv_block_size)
         out["kv_ends"] = _message_ends(rendered, len(body.get("messages") or ()))
-    last = turn_print(new, rendered, generated, generated_msg, request_tail(body.get("messages") or []),
-                      _kv_tokens(job, rendered))
+    last = turn_print(new, rendered, generated, generated_msg, request_tail(body.get("messages") or [], job.engine),
+                      _kv_tokens(job, rendered), job.engine)
+    last.retokenized_at = _retokenized_at(job, rendered, generated)
     new_state = _next_state(job, state, last)
     new_state.last_cache = cache
     return new_state, cache, divergence, snippets
+
+
+def _rendered_mode(options: RenderOptions, job: Job) -> tuple[bool | None, int | str | None]:
+    """(thinking, effort number) the engine renders this turn with, as the analysis reads the body."""
+    try:
+        return options.thinking, effective_effort(RenderOptions(thinking=True, reasoning_effort=options.reasoning_effort,
+                                                                effort_map=options.effort_map))
+    except RenderError:
+        return job.thinking, job.effort
 
 
 def _next_state(job: Job, state: ConversationState, last: TurnPrint | None) -> ConversationState:
@@ -262,24 +292,26 @@ def _next_state(job: Job, state: ConversationState, last: TurnPrint | None) -> C
 
 
 def new_turn(body: dict[str, Any], thinking: bool | None, effort: int | str | None,
-             rewritten: dict | None = None, digests: list[int] | None = None) -> NewTurn:
+             rewritten: dict | None = None, digests: list[int] | None = None, engine: str = "sglang") -> NewTurn:
     return NewTurn(
-        messages=message_prints(body.get("messages") or [], digests),
+        messages=message_prints(body.get("messages") or [], digests, engine),
         thinking=thinking,
         effort=effort,
-        tools_digest=_digest(body.get("tools")),
-        response_format_digest=_digest(body.get("response_format")),
+        # What the engine's template sees (vLLM re-serialises tools and ignores a top-level
+        # response_format), in the given key order (the template renders it in that order).
+        tools_digest=_digest(template_tools(engine, body.get("tools") or None)),
+        response_format_digest=_digest(template_response_format(engine, body)),
         rewritten=rewritten,
     )
 
 
 def turn_print(new: NewTurn, rendered: Rendered, generated: Segment | None, generated_msg: dict[str, Any],
-               request_chain: int, kv_tokens: int | None = None) -> TurnPrint:
+               request_chain: int, kv_tokens: int | None = None, engine: str = "sglang") -> TurnPrint:
     return TurnPrint(
         segments=segment_prints(rendered.segments),
         generated=segment_prints([generated] if generated is not None else []),
         messages=new.messages,
-        generated_message=message_prints([{**generated_msg, "role": "assistant"}]),
+        generated_message=message_prints([{**generated_msg, "role": "assistant"}], engine=engine),
         thinking=new.thinking,
         effort=new.effort,
         tools_digest=new.tools_digest,
@@ -288,7 +320,18 @@ def turn_print(new: NewTurn, rendered: Rendered, generated: Segment | None, gene
         exact=rendered.exact,
         request_chain=request_chain,
         kv_tokens=kv_tokens,
+        dropped=rendered.dropped,
     )
+
+
+def _retokenized_at(job: Job, rendered: Rendered, generated: Segment | None) -> int | None:
+    """Where the engine's generated ids (when it said them) part from the render of the output as the
+    next turn sends it back: absolute token position, or None when they agree (or nobody knows)."""
+    ids = job.generated_token_ids
+    if not ids or generated is None or not rendered.exact:
+        return None
+    k = common_prefix(ids, list(generated.token_ids))
+    return None if k >= min(len(ids), len(generated.token_ids)) else rendered.n_tokens + k
 
 
 def _block_keys(rendered: Rendered, generated: Segment | None, block_size: int) -> bytes:
@@ -328,27 +371,21 @@ def _kv_tokens(job: Job, rendered: Rendered) -> int | None:
     return rendered.n_tokens + completion - 1
 
 
-def char_offset(rendered: Rendered, cmp: Comparison, options: RenderOptions) -> int:
-    return _char_offset(rendered, cmp, options)
+def char_offset(rendered: Rendered, cmp: Comparison, options: RenderOptions, old: TurnPrint | None = None,
+                tokens_of=None) -> int:
+    return _char_offset(rendered, cmp, options, old, tokens_of)
 
 
-def _anchors(tenant: str, generated_msg: dict[str, Any], n_messages: int) -> list[str]:
+def _anchors(tenant: str, generated_msg: dict[str, Any], n_messages: int, engine: str) -> list[str]:
     """What the client's next turn will carry as its latest assistant message, at its position."""
-    return anchor_keys(message_digest(generated_msg), n_messages, tenant)
+    return anchor_keys(message_digest(generated_msg, engine), n_messages, tenant)
 
 
 def _options(lane: LaneRuntime, ex: Exchange) -> RenderOptions:
-    r = lane.config.render
-    effort = ex.effort_applied if isinstance(ex.effort_applied, int) else None
-    return RenderOptions(
-        template=r.template or "deepseek_v4.1",
-        thinking=bool(ex.thinking_applied) if ex.thinking_applied is not None else r.thinking,
-        reasoning_effort=effort,
-        effort_map=r.effort_map,
-        drop_thinking=r.drop_thinking,
-        tokenizer_path=r.tokenizer_path,
-        engine="vllm" if lane.config.engine == "vllm" else "sglang",  # the lane's request normalisation
-    )
+    """This turn's render options: the body as forwarded, read the way the lane's engine reads it
+    (render/told.py; `gateway render` goes through the same function)."""
+    base = lane.renderer.defaults if lane.renderer is not None else options_for_lane(lane.config)
+    return read_options(ex.body or {}, base)
 
 
 def _tokens_of(renderer: Renderer | None, options: RenderOptions):
@@ -362,12 +399,29 @@ def _tokens_of(renderer: Renderer | None, options: RenderOptions):
     return tokens_of
 
 
-def _char_offset(rendered: Rendered, cmp: Comparison, options: RenderOptions) -> int:
+def _char_offset(rendered: Rendered, cmp: Comparison, options: RenderOptions, old: TurnPrint | None = None,
+                 tokens_of=None) -> int:
+    """The first differing *character* in the break segment: where the first differing token starts,
+    plus the characters the two differing tokens still share (a token can straddle the change, e.g.
+    "\n" + "\n\n## Response" tokenizing as "\n\n\n": the change is after the tools block, not in it)."""
     seg = rendered.segments[cmp.segment] if cmp.segment is not None and cmp.segment < len(rendered.segments) else None
     if seg is None or not rendered.exact:
         return 0
     tok = load_tokenizer(options.tokenizer_path)
-    return len(tok.decode(list(seg.token_ids[: cmp.token_offset])))
+    base = len(tok.decode(list(seg.token_ids[: cmp.token_offset])))
+    if old is None or tokens_of is None:
+        return base
+    old_ids = old_tokens_at(old, tokens_of, cmp.lcp_tokens, 8)
+    if not old_ids:
+        return base
+    new_ids = list(seg.token_ids[cmp.token_offset: cmp.token_offset + 8])
+    a, b = tok.decode(old_ids), tok.decode(new_ids)
+    shared = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        shared += 1
+    return min(base + shared, max(0, len(seg.text) - 1))
 
 
 def _snippets(rendered: Rendered, cmp: Comparison, old: TurnPrint, tokens_of, options: RenderOptions,
@@ -390,6 +444,27 @@ def _snippets(rendered: Rendered, cmp: Comparison, old: TurnPrint, tokens_of, op
     return before[:200], after[:200]
 
 
+def _message_snippets(rendered: Rendered, cmp: Comparison, old: TurnPrint, tokens_of,
+                      width: int = 100) -> tuple[str, str] | None:
+    """Template-less lanes: both snippets from the messages' canonical text (estimate.py) around the break."""
+    if cmp.segment is None or cmp.segment >= len(rendered.segments):
+        return None
+    from ..render.estimate import encoding
+
+    seg = rendered.segments[cmp.segment]
+    enc = encoding()
+    k = cmp.token_offset
+    after = enc.decode(list(seg.token_ids)[max(0, k - 16): k + 16]) if cmp.exact else seg.text[:width]
+    olds = old.segments.digests + old.generated.digests
+    lens = old.segments.lengths + old.generated.lengths
+    before = ""
+    if cmp.segment < len(olds):
+        ids = tokens_of(olds[cmp.segment], lens[cmp.segment])
+        if ids is not None:
+            before = enc.decode(list(ids)[max(0, k - 16): k + 16]) if cmp.exact else enc.decode(list(ids)[:32])
+    return before[:200], after[:200]
+
+
 def _reported_cached(usage: dict[str, Any] | None, engine: str = "vllm") -> int | None:
     if not usage:
         return None
@@ -406,7 +481,11 @@ def _reported_cached(usage: dict[str, Any] | None, engine: str = "vllm") -> int 
 def _digest(value: Any) -> int:
     if not value:
         return 0
-    return xxhash.xxh32_intdigest(orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
+    try:
+        data = orjson.dumps(value)
+    except TypeError:
+        data = repr(value).encode("utf-8", "surrogatepass")
+    return xxhash.xxh32_intdigest(data)
 
 
 def _unknown(why: str) -> dict[str, Any]:

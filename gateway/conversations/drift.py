@@ -2,9 +2,11 @@
 
 The comparison walks per-segment digests (one per rendered message) and only looks at tokens in
 the first segment that differs, so a 480K-token turn costs a few microseconds per message. The
-cause is read from what changed between the two requests at the message where the prefix moved,
-and from what the template did with it: a message whose own fields are unchanged but whose
-rendering changed was re-rendered by the template (reasoning dropped, generation header moved).
+cause is read from the render's provenance: the field and message the first differing character
+comes from (BOS, effort line, tools block, a message's content, reasoning, tool calls, a tool
+result inside a merged group, the generation header), what differs there between the two
+requests, and what the template dropped in each render. Nothing is assumed: when nothing at that
+source differs, the cause is `unknown` and the alert carries both snippets.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ TokensOf = Callable[[int, int], Sequence[int] | None]  # (segment digest, text l
 ROLE_SYSTEM = ROLE_CODES["system"]
 ROLE_ASSISTANT = ROLE_CODES["assistant"]
 ROLE_TOOL = ROLE_CODES["tool"]
+ROLE_USER = ROLE_CODES["user"]
+ROLE_DEVELOPER = ROLE_CODES["developer"]
 
 
 @dataclass
@@ -32,6 +36,7 @@ class Comparison:
     segment: int | None  # index of the first differing segment in the new render
     token_offset: int  # first differing token, counted from that segment's start
     exact: bool  # False when the old segment's tokens were no longer cached (segment precision)
+    first_segment: int | None = None  # the first segment whose digest differs (the break is at or after it)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -65,15 +70,34 @@ def compare(old: TurnPrint, new: Rendered, tokens_of: TokensOf) -> Comparison:
             continue
         old_ids = _tokens_from(old_segs, i, tokens_of)
         if old_ids is None:
-            return Comparison(pos, old_total, new_total, False, i, 0, False)
+            return Comparison(pos, old_total, new_total, False, i, 0, False, i)
         new_ids = _tokens_of_new(new_segs, i)
         k = common_prefix(old_ids, new_ids)
         stable = k >= len(old_ids) and pos + k >= old_total
         seg_index, offset = _locate(new_segs, i, k)
-        return Comparison(pos + k, old_total, new_total, stable, None if stable else seg_index, offset, True)
+        return Comparison(pos + k, old_total, new_total, stable, None if stable else seg_index, offset, True, i)
     # The new render is a prefix of the old one (a retry, or the last answer dropped).
     return Comparison(new_total, old_total, new_total, pos >= old_total, None if pos >= old_total else len(new_segs),
                       0, True)
+
+
+def old_tokens_at(old: TurnPrint, tokens_of: TokensOf, position: int, n: int) -> list[int]:
+    """Up to `n` token ids of the previous render + output from absolute `position` (if still cached)."""
+    prints = _concat(old.segments, old.generated)
+    out: list[int] = []
+    pos = 0
+    for j in range(len(prints.digests)):
+        t = prints.tokens[j]
+        if pos + t > position:
+            ids = tokens_of(prints.digests[j], prints.lengths[j])
+            if ids is None:
+                break
+            out.extend(list(ids)[max(0, position - pos):])
+            if len(out) >= n:
+                break
+            position = pos + t
+        pos += t
+    return out[:n]
 
 
 def _concat(a: SegmentPrints, b: SegmentPrints) -> SegmentPrints:
@@ -142,40 +166,97 @@ def field_at(seg: Segment, char_offset: int) -> str | None:
 
 
 def classify(old: TurnPrint, new: NewTurn, rendered: Rendered, cmp: Comparison, char_offset: int) -> Divergence:
-    """Name the cause of a drift at the segment the comparison found."""
+    """Name the cause of a drift from the render's provenance: the field and message the first differing
+    character comes from (Rendered.source_at), and what differs there between the two requests. When
+    nothing there differs, the cause is `unknown`: an honest unknown beats a confident wrong cause.
+
+    The index is the message whose span in the new render holds the first differing character (a
+    merged user/tool group's first member, as the golden turn pairs define it); the cause is read from
+    the member the character renders."""
     if cmp.segment is None or cmp.segment >= len(rendered.segments):
         return Divergence("regenerated" if cmp.new_tokens < cmp.old_tokens else "unknown", None, None)
     seg = rendered.segments[cmp.segment]
     mi = max(seg.message_index, 0)
-    fld = field_at(seg, char_offset)
-    if new.thinking != old.thinking:
-        return Divergence("thinking_toggled", 0, "thinking")
-    if new.effort != old.effort:
-        return Divergence("effort_changed", 0, "reasoning_effort")
+    fld, member = rendered.source_at(cmp.segment, char_offset)
+    first = cmp.segment == 0 or seg.message_index <= 0
     if new.rewritten:
         return Divergence(new.rewritten.get("cause", "history_edited"), new.rewritten.get("message_index", mi), fld)
-    if fld in ("tools",) or (new.tools_digest != old.tools_digest and mi == 0 and fld != "content"):
-        return Divergence("tools_changed", 0, "tools")
-    if fld == "response_format" or (new.response_format_digest != old.response_format_digest and mi == 0
-                                     and fld != "content"):
-        return Divergence("response_format_changed", 0, "response_format")
+    # Request-level parts: the effort line and the header at the very start, the tools and
+    # response-format blocks of the (possibly inserted) system message.
+    if rendered.exact and first and new.thinking != old.thinking \
+            and fld in (None, "bos", "header", "effort", "content", "generation_header"):
+        return Divergence("thinking_toggled", mi, "thinking")
+    if fld == "effort":
+        return Divergence("effort_changed", mi, "reasoning_effort") if new.effort != old.effort \
+            else Divergence("unknown", mi, "reasoning_effort")
+    boundary = (cmp.first_segment is not None and cmp.first_segment < cmp.segment and cmp.token_offset == 0)
+    if boundary:
+        # The old render of an earlier segment was longer: what it had at its end is what changed
+        # (tools removed from the system message, a message deleted after it, ...).
+        prev = rendered.segments[cmp.first_segment]  # type: ignore[index]
+        fld, member = rendered.source_at(cmp.first_segment, max(0, len(prev.text) - 1))  # type: ignore[arg-type]
+        first = first or cmp.first_segment == 0 or prev.message_index <= 0
+        fld = None if fld in ("content", "tool_result") else fld
+    tools_moved = new.tools_digest != old.tools_digest
+    rf_moved = new.response_format_digest != old.response_format_digest
+    # The tools and response-format blocks close the first rendered item (an inserted system message, or
+    # whatever renders first): a break there, outside any message's own text, is theirs when they changed.
+    request_part = first and (member <= 0 or fld in (None, "bos", "header", "effort"))
+    if fld in ("tools", "response_format") or (request_part and fld != "content" and (tools_moved or rf_moved)):
+        if tools_moved and (fld != "response_format" or not rf_moved):
+            return Divergence("tools_changed", mi, "tools")
+        if rf_moved:
+            return Divergence("response_format_changed", mi, "response_format")
+        return Divergence("unknown", mi, fld)
     old_msgs = _concat_messages(old.messages, old.generated_message)
-    if mi >= len(old_msgs) or mi >= len(new.messages):
+    m = max(member, 0)
+    if fld == "generation_header" or fld is None:
+        # The header after a user turn belongs to what follows: the template switches it to
+        # "</think>" when it drops the next assistant's reasoning (and deletes developer messages).
+        end = m
+        while end + 1 < len(new.messages) and new.messages.roles[end + 1] in (ROLE_USER, ROLE_TOOL) \
+                and new.messages.roles[m] in (ROLE_USER, ROLE_TOOL):
+            end += 1
+        k = end + 1
+        while k < len(new.messages):
+            if _template_dropped(old, rendered, new.messages, k):
+                return Divergence("reasoning_dropped_by_template", mi, "reasoning_content")
+            if new.messages.roles[k] != ROLE_DEVELOPER:
+                break
+            k += 1
+    if m >= len(old_msgs) or m >= len(new.messages):
         return Divergence("history_edited", mi, fld)
-    if _same_message(old_msgs, new.messages, mi):
-        if seg.role == "tool" or new.messages.roles[mi] == ROLE_TOOL:
-            cause = _tool_group_cause(old_msgs, new.messages, mi)
-            if cause:
-                return Divergence(cause, mi, fld)
-        # Unchanged message, changed rendering: the template re-rendered it.
-        return Divergence("reasoning_dropped_by_template" if old.thinking else "template_rerendered", mi, fld)
-    return _message_cause(old_msgs, new.messages, mi, fld)
+    if not _same_message(old_msgs, new.messages, m):
+        d = _message_cause(old_msgs, new.messages, m, fld)
+        return Divergence(d.cause, mi, d.field)
+    if fld in ("reasoning_content", "think_end", None) and _template_dropped(old, rendered, new.messages, m):
+        return Divergence("reasoning_dropped_by_template", mi, "reasoning_content")
+    # The message itself is unchanged: the difference starts where the next one begins.
+    nxt = m + 1
+    if nxt < len(new.messages) or nxt < len(old_msgs):
+        if nxt >= len(old_msgs) or nxt >= len(new.messages) or not _same_message(old_msgs, new.messages, nxt):
+            if nxt < len(old_msgs) and nxt < len(new.messages):
+                d = _message_cause(old_msgs, new.messages, nxt, None)
+                return Divergence(d.cause, mi, d.field)
+            return Divergence("history_edited", mi, fld)
+    return Divergence("unknown", mi, fld)
+
+
+def _template_dropped(old: TurnPrint, rendered: Rendered, msgs: MessagePrints, k: int) -> bool:
+    """Did the template drop message k's reasoning (or the developer message k) in the new render but
+    not in the old one?"""
+    role = msgs.roles[k]
+    if role == ROLE_ASSISTANT:
+        return rendered.dropped[0] > k and not old.dropped[0] > k
+    if role == ROLE_DEVELOPER:
+        return rendered.dropped[1] > k and not old.dropped[1] > k
+    return False
 
 
 def _message_cause(old: MessagePrints, new: MessagePrints, i: int, fld: str | None) -> Divergence:
     if old.roles[i] != new.roles[i]:
         return Divergence("history_edited", i, fld)
-    if new.roles[i] == ROLE_SYSTEM:
+    if new.roles[i] == ROLE_SYSTEM and old.content[i] != new.content[i]:
         return Divergence("system_prompt_changed", i, "content")
     if new.images[i] < old.images[i]:
         return Divergence("image_removed", i, "content")
@@ -186,13 +267,18 @@ def _message_cause(old: MessagePrints, new: MessagePrints, i: int, fld: str | No
         if old.reasoning[i] != new.reasoning[i]:
             empty = new.reasoning[i] == 0
             return Divergence("client_stripped_reasoning" if empty else "history_edited", i, "reasoning_content")
+    if new.roles[i] == ROLE_ASSISTANT and old.tool_calls[i] != new.tool_calls[i]:
+        return Divergence("history_edited", i, "tool_calls")
     return Divergence("history_edited", i, fld or "content")
 
 
 def _tool_group_cause(old: MessagePrints, new: MessagePrints, i: int) -> str | None:
     """Tool results merged into one user turn: the same results in another order?"""
     def group(p: MessagePrints) -> list[tuple[int, int]]:
-        out, j = [], i
+        j = i
+        while j > 0 and p.roles[j - 1] == ROLE_TOOL:
+            j -= 1
+        out = []
         while j < len(p) and p.roles[j] == ROLE_TOOL:
             out.append((p.tool_call_ids[j], p.content[j]))
             j += 1

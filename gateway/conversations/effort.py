@@ -12,9 +12,7 @@ from typing import Any
 
 from ..config import DEFAULT_EFFORT_MAP, EFFORT_WORDS, Lane
 from ..errors import invalid_request
-
-# The words SGLang's and vLLM's DeepSeek-V4.1 encoders accept themselves; others go as the number.
-ENGINE_WORDS = ("low", "high", "xhigh", "max")
+from ..render.effort import ENGINE_WORDS, effort_number, effort_word
 
 __all__ = ["DEFAULT_EFFORT_MAP", "EFFORT_WORDS", "EffortChoice", "accepted_efforts", "apply_to_body", "resolve"]
 
@@ -73,15 +71,10 @@ def resolve(body: dict[str, Any], lane: Lane) -> EffortChoice:
         if type(value) is str and value not in EFFORT_WORDS and value not in (lane.render.effort_map or ()):
             raise _invalid(value, lane)
         return EffortChoice(thinking, value, raw)
-    emap = effort_map(lane)
-    if value is None:
-        value = "high"
-    if type(value) is int and 1 <= value <= 100:
-        number = value
-    elif type(value) is str and value in emap:
-        number = emap[value]
-    else:
-        raise _invalid(value, lane)
+    try:
+        number = effort_number(value, lane.render.effort_map)
+    except ValueError:
+        raise _invalid(value, lane) from None
     return EffortChoice(thinking, number, raw)
 
 
@@ -91,23 +84,11 @@ def needs_translation(choice: EffortChoice) -> bool:
 
 
 def apply_to_body(body: dict[str, Any], lane: Lane, thinking: bool, effort: int | str | None) -> None:
-    """Rewrite the request so the engine renders exactly (thinking, effort), however it reads them."""
-    word = _word_for(lane, effort)
-    carry = set(lane.render.carry)
-    if "reasoning_effort" in carry:
-        if word is not None:
-            body["reasoning_effort"] = word
-        else:
-            body.pop("reasoning_effort", None)
-    if "chat_template_kwargs" in carry:
-        kwargs = dict(body.get("chat_template_kwargs") or {})
-        kwargs["thinking"] = thinking
-        kwargs["enable_thinking"] = thinking
-        if effort is not None:
-            kwargs["reasoning_effort"] = word if word is not None else effort
-        body["chat_template_kwargs"] = kwargs
-    if "thinking" in carry:
-        body["thinking"] = {"type": "enabled" if thinking else "disabled"}
+    """Rewrite the request so the engine renders exactly (thinking, effort), however it reads them
+    (render/told.py, which also states the lane's drop_thinking)."""
+    from ..render.told import tell
+
+    tell(body, lane, thinking, effort if isinstance(effort, int) else None)
 
 
 def _word_for(lane: Lane, effort: int | str | None) -> str | None:
@@ -115,5 +96,4 @@ def _word_for(lane: Lane, effort: int | str | None) -> str | None:
         return effort if isinstance(effort, str) else None
     # Only a word the engine itself knows, and only when it names this number alone among them
     # (medium and high are both 50 by default: "high" goes); otherwise the number goes.
-    words = [w for w, n in effort_map(lane).items() if n == effort and w in ENGINE_WORDS]
-    return words[0] if len(words) == 1 else None
+    return effort_word(effort, lane.render.effort_map)

@@ -21,6 +21,8 @@ from typing import Any
 import orjson
 import xxhash
 
+from ..render.normalize import args_meaning, canonical
+
 SEP = b"\x1f"
 DEFAULT_TENANT = "default"  # requests of a gateway without client keys
 
@@ -34,27 +36,20 @@ def text_bytes(value: Any) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
-def _args(value: Any) -> bytes:
-    # Arguments are a JSON string that clients may re-serialise; compare what they mean.
-    if isinstance(value, str):
-        try:
-            value = orjson.loads(value) if value.strip() else {}
-        except orjson.JSONDecodeError:
-            return value.encode("utf-8", "surrogatepass")
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
-
-
-def message_digest(msg: dict[str, Any]) -> int:
-    """Identity of a message for lineage: role, content, tool calls, tool-call id (no reasoning)."""
+def message_digest(msg: dict[str, Any], engine: str = "sglang") -> int:
+    """Identity of a message for lineage: role, content, tool calls, tool-call id (no reasoning), read
+    the way the lane's engine reads it (render/normalize.py). Content compares as it renders (a string
+    or the same text as one part); tool-call arguments compare by meaning (clients re-serialise them):
+    lineage must still find the conversation when they do, so that the drift they cause is explained."""
+    c = canonical(msg, engine)
     h = xxhash.xxh64()
-    h.update(str(msg.get("role", "")).encode())
+    h.update(c.role.encode())
     h.update(SEP)
-    h.update(text_bytes(msg.get("content")))
-    for call in msg.get("tool_calls") or ():
-        fn = call.get("function") or {} if isinstance(call, dict) else {}
-        h.update(SEP + text_bytes(fn.get("name")) + SEP + _args(fn.get("arguments")))
-    if msg.get("tool_call_id"):
-        h.update(SEP + text_bytes(msg["tool_call_id"]))
+    h.update(c.content.encode("utf-8", "surrogatepass"))
+    for _, name, args in c.tool_calls:
+        h.update(SEP + name.encode("utf-8", "surrogatepass") + SEP + args_meaning(args))
+    if c.tool_call_id:
+        h.update(SEP + c.tool_call_id.encode("utf-8", "surrogatepass"))
     return h.intdigest()
 
 
@@ -86,19 +81,19 @@ def anchor(digest: int, position: int) -> int:
     return xxhash.xxh64_intdigest(digest.to_bytes(8, "little") + position.to_bytes(4, "little"))
 
 
-def lineage(messages: list[dict[str, Any]]) -> Lineage:
+def lineage(messages: list[dict[str, Any]], engine: str = "sglang") -> Lineage:
     # Scan back from the end: an agent's latest assistant message is a few messages away, so the
     # hot path costs the same for a 2-message chat and a 1,600-message agent session.
     for i in range(len(messages) - 1, -1, -1):
         m = messages[i]
         if isinstance(m, dict) and m.get("role") == "assistant":
-            return Lineage(i, message_digest(m), i)
+            return Lineage(i, message_digest(m, engine), i)
     return Lineage(None, 0, 0)
 
 
-def request_tail(messages: list[dict[str, Any]]) -> int:
+def request_tail(messages: list[dict[str, Any]], engine: str = "sglang") -> int:
     """Identity of a whole request for retry detection: its length and its last message (O(1))."""
-    last = message_digest(messages[-1]) if messages else 0
+    last = message_digest(messages[-1], engine) if messages else 0
     return xxhash.xxh64_intdigest(last.to_bytes(8, "little") + len(messages).to_bytes(4, "little"))
 
 

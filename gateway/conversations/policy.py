@@ -46,7 +46,7 @@ class ConversationPolicy:
         if not isinstance(messages, list):  # /v1/completions: nothing to pin or compare
             return
         requested = effort_mod.resolve(body, lane.config)
-        lin = lineage(messages)
+        lin = lineage(messages, lane.config.engine)
         state, is_new, anchor_turn, source = await self._identify(ex, body, lin, lane)
         found = Found(state, lin, is_new, anchor_turn, requested)
         ex.conversation = found
@@ -74,7 +74,7 @@ class ConversationPolicy:
                 if state is None:
                     continue
                 anchor_turn = int(turn or 0)
-                if anchor_turn < state.turn and not self._is_retry(state, lin, body["messages"]):
+                if anchor_turn < state.turn and not self._is_retry(state, lin, body["messages"], lane.config.engine):
                     # A second continuation of an earlier turn: a fork with a common ancestor.
                     fork = ConversationState("c" + uuid.uuid4().hex[:16], "lineage", lane=lane.name,
                                              turn=anchor_turn, pinned_effort=state.pinned_effort,
@@ -102,11 +102,11 @@ class ConversationPolicy:
         return state
 
     @staticmethod
-    def _is_retry(state: ConversationState, lin: Lineage, messages: list) -> bool:
+    def _is_retry(state: ConversationState, lin: Lineage, messages: list, engine: str = "sglang") -> bool:
         """The same request as the conversation's latest turn, sent again."""
         if state.last is None or len(messages) != len(state.last.messages):
             return state.last is None and state.n_messages == len(messages)
-        return request_tail(messages) == state.last.request_chain
+        return request_tail(messages, engine) == state.last.request_chain
 
     def _pin(self, ex: Exchange, lane: LaneRuntime, body: dict[str, Any], found: Found) -> None:
         req = found.requested
@@ -137,7 +137,9 @@ class ConversationPolicy:
             # Say it explicitly, so the engine renders what the gateway predicts whatever its defaults
             # (with policy off, only when the client's word is one the engine would refuse, e.g. medium).
             effort_mod.apply_to_body(body, lane.config, bool(ex.thinking_applied), ex.effort_applied)
-        ex.response_headers["X-Gateway-Effort"] = _header(ex, state)
+        if lane.config.render.template is not None:
+            # Template-less lanes: the gateway does not know how the engine renders effort, so it says nothing.
+            ex.response_headers["X-Gateway-Effort"] = _header(ex, state)
         ex.response_headers["X-Gateway-Conversation"] = f"{state.id}; turn={ex.turn}; via={ex.conversation_source}"
 
 

@@ -98,20 +98,27 @@ class TurnPrint:
     # at max_tokens never generated the closing tokens the next render adds, and its last token was
     # never fed back (prompt + completion_tokens - 1). None: the whole render minus its final token.
     kv_tokens: int | None = None
+    # What the template dropped in this render (Rendered.dropped): assistants below [0] lost their
+    # reasoning, developer messages below [1] were deleted; (0, 0): nothing.
+    dropped: tuple[int, int] = (0, 0)
+    # Where the engine's generated ids part from the output's render (it said them: vLLM
+    # return_token_ids); None: they agree, or unknown.
+    retokenized_at: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "s": self.segments.to_json(), "g": self.generated.to_json(), "m": self.messages.to_json(),
             "gm": self.generated_message.to_json(), "th": self.thinking, "ef": self.effort,
             "td": self.tools_digest, "rd": self.response_format_digest, "pt": self.prompt_tokens,
-            "ex": self.exact, "rc": self.request_chain, "kv": self.kv_tokens,
+            "ex": self.exact, "rc": self.request_chain, "kv": self.kv_tokens, "dp": list(self.dropped),
+            "rt": self.retokenized_at,
         }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "TurnPrint":
         return cls(SegmentPrints.from_json(d["s"]), SegmentPrints.from_json(d["g"]), MessagePrints.from_json(d["m"]),
                    MessagePrints.from_json(d["gm"]), d["th"], d["ef"], d["td"], d["rd"], d["pt"], d["ex"], d["rc"],
-                   d.get("kv"))
+                   d.get("kv"), tuple(d.get("dp") or (0, 0)), d.get("rt"))  # type: ignore[arg-type]
 
 
 @dataclass

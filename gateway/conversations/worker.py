@@ -36,7 +36,7 @@ log = logging.getLogger("gateway.drift")
 # -- in the worker process ---------------------------------------------------------------------------
 
 _renderers: dict[str, Renderer] = {}
-_estimator: list[Any] = []  # [Estimator] once made, [None] if it cannot be
+_estimators: dict[str, Any] = {}  # per engine: Estimator, or None if it cannot be made
 
 
 def _init(parent: int, spool: str | None) -> None:
@@ -66,15 +66,15 @@ def _renderer(options: RenderOptions | None) -> Renderer | None:
     return renderer
 
 
-def _estimator_once() -> Any:
-    if not _estimator:
+def _estimator_once(engine: str = "openai") -> Any:
+    if engine not in _estimators:
         try:
             from ..render.estimate import Estimator
 
-            _estimator.append(Estimator())
+            _estimators[engine] = Estimator(engine=engine)
         except ImportError:
-            _estimator.append(None)
-    return _estimator[0]
+            _estimators[engine] = None
+    return _estimators[engine]
 
 
 def preload(renders: list[RenderOptions]) -> int:
@@ -95,7 +95,7 @@ def run(job: Job) -> Outcome:
     from .analyzer import analyse_job
 
     renderer = _renderer(job.lane_render)
-    return analyse_job(job, renderer, _estimator_once() if renderer is None else None)
+    return analyse_job(job, renderer, _estimator_once(job.engine) if renderer is None else None)
 
 
 def run_spooled(path: str) -> Outcome:

@@ -50,7 +50,7 @@ class Emulator:
         default_prompt, default_generated = (
             (None, None)
             if tokenize_prompt and tokenize_generated
-            else tokenizers_for(self.config.tokenizer, lambda: self.config.default_thinking)
+            else tokenizers_for(self.config.tokenizer, lambda: self.config.default_thinking, self.config.flavour)
         )
         self._injected = bool(tokenize_prompt and tokenize_generated)
         self.tokenize_prompt: TokenizePrompt = tokenize_prompt or default_prompt  # type: ignore[assignment]
@@ -104,7 +104,7 @@ class Emulator:
         hooks = None
         if config.tokenizer != old.tokenizer and not self._injected:
             # Built before anything changes: an ImportError leaves the old config in place.
-            hooks = tokenizers_for(config.tokenizer, lambda: self.config.default_thinking)
+            hooks = tokenizers_for(config.tokenizer, lambda: self.config.default_thinking, config.flavour)
         self.config = config
         if config.eff_block_size != old.eff_block_size:
             listener = self.cache.listener

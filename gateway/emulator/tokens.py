@@ -149,11 +149,14 @@ def _completion_prompt(prompt: Any) -> list[int]:
     return [BOS, *words(str(prompt or ""))]
 
 
-def dsv41_tokenizers(default_thinking: Callable[[], bool] = lambda: False) -> tuple[TokenizePrompt, TokenizeGenerated]:
+def dsv41_tokenizers(default_thinking: Callable[[], bool] = lambda: False,
+                     engine: str = "sglang") -> tuple[TokenizePrompt, TokenizeGenerated]:
     """The real DeepSeek-V4.1 renderer + tokenizer (gateway.render). Imported lazily: it loads a 128K vocab.
 
     Thinking follows the emulator's own rule (explicit flags, else effort set and not "none", else the
     `default_thinking` knob) so the prompt and the generated text agree with what the emulator says.
+    Messages and template kwargs are read the way `engine` (the emulator's flavour) reads them
+    (gateway/render/normalize.py and told.py): an SGLang-shaped emulator ignores vLLM's `reasoning`.
     """
     import dataclasses
 
@@ -162,7 +165,7 @@ def dsv41_tokenizers(default_thinking: Callable[[], bool] = lambda: False) -> tu
 
     from .generation import thinking_enabled
 
-    renderer = Renderer(RenderOptions())
+    renderer = Renderer(RenderOptions(engine=engine if engine in ("vllm", "sglang") else "sglang"))
     tokenizer = load_tokenizer(None)
 
     def options(body: dict[str, Any]) -> tuple[dict[str, Any], RenderOptions]:
@@ -187,11 +190,12 @@ def dsv41_tokenizers(default_thinking: Callable[[], bool] = lambda: False) -> tu
     return tokenize_prompt, tokenize_generated
 
 
-def tokenizers_for(name: str, default_thinking: Callable[[], bool] = lambda: False) -> tuple[TokenizePrompt, TokenizeGenerated]:
+def tokenizers_for(name: str, default_thinking: Callable[[], bool] = lambda: False,
+                   flavour: str = "sglang") -> tuple[TokenizePrompt, TokenizeGenerated]:
     if name == "simple":
         return simple_tokenize_prompt, simple_tokenize_generated
     if name == "dsv41":
-        return dsv41_tokenizers(default_thinking)
+        return dsv41_tokenizers(default_thinking, flavour)
     raise ValueError(f"unknown tokenizer {name!r}")
 
 

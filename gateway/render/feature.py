@@ -23,7 +23,7 @@ def attach(lane: "LaneRuntime") -> None:
     else:
         from .estimate import Estimator
 
-        lane.estimator = Estimator()
+        lane.estimator = Estimator(engine=lane.config.engine)
 
 
 class RenderPreload:

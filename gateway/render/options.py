@@ -9,7 +9,7 @@ from .renderer import RenderOptions
 def options_for_lane(lane: Lane) -> RenderOptions:
     r = lane.render
     return RenderOptions(
-        template=r.template or "deepseek_v4.1",
+        template=r.template,  # None: no template, message-level analysis (estimate.py)
         thinking=r.thinking,
         reasoning_effort=r.default_effort,
         effort_map=r.effort_map,

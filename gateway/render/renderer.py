@@ -27,15 +27,14 @@ import jinja2
 import orjson
 import xxhash
 
-from .engines import ENGINES, normalize_messages, normalize_tools, template_response_format
+from .effort import DEFAULT_EFFORT, DEFAULT_EFFORT_MAP, effort_number  # noqa: F401 (re-exported)
+from .normalize import ENGINES, template_messages, template_response_format, template_tools
 from .cache import ItemEntry, RenderedItem, SegmentCache, default_cache
 from .template import ChatTemplate, load_template
 from .tokenizer import TextTokenizer, load_tokenizer
 
 IMAGE_PLACEHOLDER = "<｜deepseek_image｜>"
 ROLES = ("system", "user", "assistant", "tool", "developer")
-DEFAULT_EFFORT_MAP: Mapping[str, int] = {"low": 25, "high": 50, "xhigh": 75, "max": 100}
-DEFAULT_EFFORT = "high"
 SPECIAL_BOUNDARY_TOKENS = (
     "<｜begin▁of▁sentence｜>",
     "<｜end▁of▁sentence｜>",
@@ -66,7 +65,7 @@ def xxh64(text: str) -> int:
 
 @dataclass(frozen=True)
 class RenderOptions:
-    template: str = "deepseek_v4.1"  # file name under chat_templates/ without .jinja
+    template: str | None = "deepseek_v4.1"  # file name under chat_templates/ without .jinja; None: no template
     thinking: bool = True
     reasoning_effort: str | int | None = None  # raw request value
     effort_map: Mapping[str, int] | None = None  # None = template default
@@ -114,6 +113,20 @@ class Rendered:
     _prompt: str | None = field(default=None, repr=False)
     _ids: list[int] | None = field(default=None, repr=False)
     message_digests: list[int] | None = field(default=None, repr=False)  # per request message (render_turn)
+    # What the template dropped: assistants with a request index below dropped[0] render without their
+    # reasoning; developer messages below dropped[1] are deleted (thinking mode, drop on, no tools).
+    dropped: tuple[int, int] = (0, 0)
+    _provenance: Any = field(default=None, repr=False)
+
+    def source_at(self, segment: int, char_offset: int) -> tuple[str | None, int]:
+        """(field, request message index) of the character at `char_offset` in segment `segment`: the
+        innermost field span holding it, and the message that field renders; inside a merged user/tool
+        group, the member (tool results in the order the template sorted them). A character between two
+        spans belongs to what follows it. Index -1: the inserted system message."""
+        seg = self.segments[segment]
+        if self._provenance is None:
+            return _innermost(seg.fields, char_offset), seg.message_index
+        return self._provenance.source_at(segment, char_offset)
 
     @property
     def prompt(self) -> str:
@@ -159,19 +172,10 @@ def _effort_map(options: RenderOptions) -> Mapping[str, int]:
 
 def effective_effort(options: RenderOptions) -> int | None:
     """The number the prompt carries in thinking mode (None in chat mode); validates in both modes."""
-    emap = _effort_map(options)
-    e = options.reasoning_effort
-    if e is None:
-        e = DEFAULT_EFFORT
-    if type(e) is int and 1 <= e <= 100:
-        value = e
-    elif type(e) is str and e in emap:
-        value = int(emap[e])
-    else:
-        raise RenderError(
-            f"invalid reasoning effort {e!r}; expected an integer 1-100 or one of {', '.join(map(str, emap))}",
-            "reasoning_effort",
-        )
+    try:
+        value = effort_number(options.reasoning_effort, options.effort_map)
+    except ValueError as e:
+        raise RenderError(str(e), "reasoning_effort") from None
     return value if options.thinking else None
 
 
@@ -298,8 +302,11 @@ class _Item:
     order: tuple  # preceding assistant's tool_call ids (only kept when it can matter)
 
 
-def _plan(roles: list[str], msgs: list[dict], thinking: bool, eff_drop: bool, agp: bool = True) -> list[_Item]:
-    """Items and their context, exactly as the template's top level computes them."""
+def _plan(roles: list[str], msgs: list[dict], thinking: bool, eff_drop: bool,
+          agp: bool = True) -> tuple[list[_Item], int, int]:
+    """Items and their context, exactly as the template's top level computes them; with what the
+    template drops: (items, assistants up to this index lose their reasoning, developer messages
+    before this index are deleted), both -1 when nothing is dropped."""
     n = len(roles)
     last_ul = -1
     for k in range(n - 1, -1, -1):
@@ -355,7 +362,9 @@ def _plan(roles: list[str], msgs: list[dict], thinking: bool, eff_drop: bool, ag
             if tcs and isinstance(tcs, list):
                 last_tc = k
         k = end + 1
-    return items
+    if not eff_drop:
+        return items, -1, -1
+    return items, last_ul2, last_ul
 
 
 def _item(text: str, fields: tuple) -> RenderedItem:
@@ -409,6 +418,7 @@ class _Prepared:
     digests: list[int]
     items: list[_Item]
     ctx_digest: int  # digest of tools + response_format (rendered by the first item only)
+    dropped: tuple[int, int] = (0, 0)  # see Rendered.dropped
 
 
 class Renderer:
@@ -514,8 +524,8 @@ class Renderer:
             rf = template_response_format(opts.engine, body)
             if opts.engine not in ENGINES:
                 raise RenderError(f"unknown engine {opts.engine!r} (expected one of {', '.join(ENGINES)})", None)
-            messages = normalize_messages(opts.engine, messages)
-            tools = normalize_tools(opts.engine, tools)
+            messages = template_messages(opts.engine, messages)
+            tools = template_tools(opts.engine, tools)
         roles = []
         for i, m in enumerate(messages):
             if not isinstance(m, dict):
@@ -532,7 +542,7 @@ class Renderer:
             roles = ["system", *roles]
         digests = [_digest_obj(m) for m in msgs]
         eff_drop = bool(opts.thinking and opts.drop_thinking and not tools)
-        items = _plan(roles, msgs, bool(opts.thinking), eff_drop)
+        items, drop_a, drop_d = _plan(roles, msgs, bool(opts.thinking), eff_drop)
         # Messages that render nothing (dropped developer messages) are still validated, as the
         # reference validates every message.
         covered = 0
@@ -545,8 +555,13 @@ class Renderer:
             if k >= offset:
                 _normalize_message(msgs[k], k - offset)
         ctx_digest = _digest_obj([tools, rf]) if (tools or rf) else 0
+        if not opts.template:
+            raise RenderError("this lane has no chat template: only a message-level estimate is possible", None)
         template = load_template(opts.template)
-        return _Prepared(opts, template, effort, tools, rf, offset, msgs, digests, items, ctx_digest)
+        # Request indices: assistants below `reasoning_dropped_below` render without reasoning, developer
+        # messages below `developer_dropped_below` are deleted (0: none).
+        dropped = (max(0, drop_a - offset + 1) if drop_a >= 0 else 0, max(0, drop_d - offset) if drop_d >= 0 else 0)
+        return _Prepared(opts, template, effort, tools, rf, offset, msgs, digests, items, ctx_digest, dropped)
 
     def _context(self, prep: _Prepared, it: _Item) -> dict:
         return {
@@ -677,7 +692,76 @@ class Renderer:
                 segments[pos] = seg
             if attach:
                 self.cache.attach_tokens(attach)
-        return Rendered(segments, True, misses, n_tok)  # type: ignore[arg-type]
+        out = Rendered(segments, True, misses, n_tok)  # type: ignore[arg-type]
+        out.dropped = prep.dropped
+        out._provenance = _Provenance(groups, [e.item for e in entries], items, msgs, off)
+        return out
+
+
+def _innermost(fields: Sequence[tuple[str, int, int]], pos: int) -> str | None:
+    best = None
+    for name, start, end in fields:
+        if start <= pos < end:
+            best = name  # the innermost (last listed) span wins
+    return best
+
+
+_MEMBER_FIELDS = ("content", "tool_result")
+
+
+class _Provenance:
+    """Where each character of a render comes from; computed only when a drift is classified."""
+
+    def __init__(self, groups: list[list[int]], items: list[RenderedItem], plan: list[_Item], msgs: list[dict],
+                 offset: int) -> None:
+        self.groups, self.items, self.plan, self.msgs, self.offset = groups, items, plan, msgs, offset
+
+    def source_at(self, segment: int, pos: int) -> tuple[str | None, int]:
+        group = self.groups[segment]
+        j = group[-1]
+        for g in group:
+            n = len(self.items[g].text)
+            if pos < n:
+                j = g
+                break
+            pos -= n
+        ri, it = self.items[j], self.plan[j]
+        name = _innermost(ri.fields, pos)
+        first = it.start - self.offset
+        if it.end == it.start or (name is not None and name not in _MEMBER_FIELDS):
+            return name, first
+        # A merged group: the k-th content/tool_result span renders the k-th member in render order.
+        spans = [(s, e) for n, s, e in ri.fields if n in _MEMBER_FIELDS]
+        order = self.member_order(it)
+        for k, (s, e) in enumerate(spans):
+            if pos < e and k < len(order):
+                return (name if s <= pos else None), order[k] - self.offset
+        return name, first
+
+    def member_order(self, it: _Item) -> list[int]:
+        """The members of a merged user/tool item in the order the template renders their spans."""
+        msgs = self.msgs
+        members = range(it.start, it.end + 1)
+        tools = [k for k in members if msgs[k].get("role") == "tool"]
+        if len(tools) > 1 and any(it.order):
+            keyed = []
+            for k in tools:
+                key = 0
+                for pos, cid in enumerate(it.order):
+                    if cid and cid == msgs[k].get("tool_call_id"):
+                        key = pos  # the template keeps the last match
+                keyed.append((key, k))
+            tools = [k for _, k in sorted(keyed, key=lambda t: t[0])]
+        out, ti = [], 0
+        for k in members:
+            if msgs[k].get("role") == "tool":
+                out.append(tools[ti])
+                ti += 1
+            else:
+                c = msgs[k].get("content")
+                if isinstance(c, str) or (isinstance(c, list) and len(c) > 0):
+                    out.append(k)
+        return out
 
 
 def _template_error(e: jinja2.TemplateError) -> RenderError:
@@ -689,27 +773,8 @@ def _template_error(e: jinja2.TemplateError) -> RenderError:
 
 
 def options_for_request(body: Mapping[str, Any], defaults: RenderOptions) -> RenderOptions:
-    """Apply a request's own thinking / effort settings on top of a lane's defaults.
+    """The render options the lane's engine uses for `body`: render/told.py `read` (the engine's own
+    precedence of `reasoning_effort`, `chat_template_kwargs.{thinking, reasoning_effort, drop_thinking}`)."""
+    from .told import read
 
-    Reads `reasoning_effort`, `thinking` (bool or {"type": "enabled"|"disabled"}) and
-    `chat_template_kwargs.{thinking, reasoning_effort, drop_thinking}`; later sources win.
-    """
-    import dataclasses
-
-    upd: dict[str, Any] = {}
-    if "reasoning_effort" in body and body["reasoning_effort"] is not None:
-        upd["reasoning_effort"] = body["reasoning_effort"]
-    th = body.get("thinking")
-    if isinstance(th, bool):
-        upd["thinking"] = th
-    elif isinstance(th, dict) and th.get("type") in ("enabled", "disabled"):
-        upd["thinking"] = th["type"] == "enabled"
-    kw = body.get("chat_template_kwargs")
-    if isinstance(kw, dict):
-        if isinstance(kw.get("thinking"), bool):
-            upd["thinking"] = kw["thinking"]
-        if kw.get("reasoning_effort") is not None:
-            upd["reasoning_effort"] = kw["reasoning_effort"]
-        if isinstance(kw.get("drop_thinking"), bool):
-            upd["drop_thinking"] = kw["drop_thinking"]
-    return dataclasses.replace(defaults, **upd) if upd else defaults
+    return read(dict(body), defaults)

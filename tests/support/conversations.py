@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import httpx
+import openai
 
 
 def wait_analysed(gw, cid: str, turn: int, timeout: float = 30.0, headers: dict | None = None) -> dict:
@@ -18,3 +19,98 @@ def wait_analysed(gw, cid: str, turn: int, timeout: float = 30.0, headers: dict 
         time.sleep(0.02)
     detail = r.text[:500] if r is not None else ""
     raise AssertionError(f"turn {turn} of {cid} was not analysed in time: {detail}\n{gw.log()[-3000:]}")
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": "read_file", "description": "Read a file from the workspace.",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
+SYSTEM = "You are a coding agent. Read files before you change them."
+
+
+def lane(url: str, **extra) -> dict:
+    base = {"engine": "vllm", "replicas": [url], "upstream_model": "deepseek-v4-flash",
+            "qualification": "not_required", "cache": {"block_size": 16},
+            "render": {"template": "deepseek_v4.1", "effort_map": {"low": 25, "high": 50, "xhigh": 75, "max": 100}}}
+    base.update(extra)
+    return base
+
+
+def routes(url: str, **extra) -> dict:
+    return {"lanes": {"ds": lane(url, **extra)}, "models": {"ds": "ds"}}
+
+
+class Agent:
+    """An append-only agent client: keeps the assistant's output (reasoning included) in its history.
+
+    `echo_field`: the name under which the reasoning is sent back; None sends it back under the name
+    it arrived with (vLLM streams `reasoning`, SGLang `reasoning_content`): exactly what was relayed."""
+
+    def __init__(self, gw, *, tools: bool = True, stream: bool = True, model: str = "ds",
+                 echo_field: str | None = "reasoning_content", **kw) -> None:
+        self.gw = gw
+        self.client = openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0, timeout=30)
+        self.messages: list[dict] = [{"role": "system", "content": SYSTEM},
+                                     {"role": "user", "content": "Find why test_split fails and fix it."}]
+        self.tools = TOOLS if tools else None
+        self.stream = stream
+        self.kw = kw
+        self.cid: str | None = None
+        self.turns = 0
+        self.model = model
+        self.echo_field = echo_field
+
+    def turn(self, extra_headers: dict | None = None, wait: bool = True, **kw) -> tuple[dict, dict]:
+        # 8 reasoning tokens (the emulator's knob) + 12 of content: max_tokens counts reasoning, as on the engines
+        args = {"model": self.model, "messages": self.messages, "max_tokens": 20, **self.kw, **kw}
+        if self.tools:
+            args["tools"] = self.tools
+        raw = self.client.chat.completions.with_raw_response.create(stream=self.stream, extra_headers=extra_headers,
+                                                                     **args)
+        headers = dict(raw.headers)
+        msg = {"role": "assistant", "content": "", "reasoning_content": ""}
+        arrived = set()
+        calls: dict[int, dict] = {}
+        if self.stream:
+            for chunk in raw.parse():
+                if not chunk.choices:
+                    continue
+                d = chunk.choices[0].delta
+                msg["content"] += d.content or ""
+                extra = d.model_extra or {}
+                for f in ("reasoning", "reasoning_content"):
+                    if extra.get(f):
+                        arrived.add(f)
+                msg["reasoning_content"] += extra.get("reasoning") or extra.get("reasoning_content") or ""
+                for tc in d.tool_calls or []:
+                    c = calls.setdefault(tc.index, {"id": tc.id, "type": "function",
+                                                    "function": {"name": "", "arguments": ""}})
+                    c["function"]["name"] += tc.function.name or ""
+                    c["function"]["arguments"] += tc.function.arguments or ""
+        else:
+            m = raw.parse().choices[0].message
+            msg["content"] = m.content or ""
+            extra = m.model_extra or {}
+            arrived.update(f for f in ("reasoning", "reasoning_content") if extra.get(f))
+            msg["reasoning_content"] = extra.get("reasoning") or extra.get("reasoning_content") or ""
+            for i, tc in enumerate(m.tool_calls or []):
+                calls[i] = {"id": tc.id, "type": "function",
+                            "function": {"name": tc.function.name, "arguments": tc.function.arguments}}
+        if not msg["reasoning_content"]:
+            del msg["reasoning_content"]
+        else:
+            field = self.echo_field or ("reasoning" if "reasoning" in arrived else "reasoning_content")
+            msg[field] = msg.pop("reasoning_content")
+        if calls:
+            msg["tool_calls"] = [calls[i] for i in sorted(calls)]
+        self.messages.append(msg)
+        for c in msg.get("tool_calls", []):
+            self.messages.append({"role": "tool", "tool_call_id": c["id"], "content": f"contents of {self.turns}.py\n"
+                                  + "def f(x):\n    return x * 2\n" * 5})
+        if not calls:
+            self.messages.append({"role": "user", "content": f"Continue with step {self.turns}."})
+        self.cid = headers["x-gateway-conversation"].split(";")[0]
+        self.turns += 1
+        if not wait:
+            return headers, {}
+        state = wait_analysed(self.gw, self.cid, self.turns)
+        return headers, state["last_cache"]

@@ -1,0 +1,41 @@
+"""The classifier's main test: labelled mutations of generated conversations (tests/support/drift_fuzz.py).
+
+`make test` runs FUZZ_DRIFT_EXAMPLES (default 2,000) examples; `make fuzz-drift` runs 50,000.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gateway.conversations.causes import CAUSES
+from gateway.render.renderer import Renderer
+from tests.support.drift_fuzz import LABELS, MUTATIONS, STABLE, run, scenarios
+
+EXAMPLES = int(os.environ.get("FUZZ_DRIFT_EXAMPLES", "2000"))
+RENDERER = Renderer()
+SEEN: Counter[str] = Counter()
+
+
+def test_catalogue_covers_every_drift_cause() -> None:
+    assert len(MUTATIONS) >= 25
+    labels = set().union(*LABELS.values())
+    drift_causes = set(CAUSES) - {"unknown", "eviction", "rehomed", "output_retokenized"}
+    assert drift_causes <= labels, drift_causes - labels
+    assert sum(1 for v in LABELS.values() if v <= {STABLE, "reasoning_dropped_by_template"}) >= 10  # neutral kinds
+
+
+@settings(max_examples=EXAMPLES, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_labelled_mutations(data: st.DataObject) -> None:
+    s = data.draw(scenarios(), label="scenario")
+    names = sorted(n for n, (applies, _, _) in MUTATIONS.items() if applies(s))
+    name = data.draw(st.sampled_from(names), label="mutation")
+    MUTATIONS[name][1](s, data.draw)
+    SEEN[name] += 1
+    outcome = run(RENDERER, s, name)
+    assert outcome.mismatch() is None, (outcome.mismatch(), outcome)
