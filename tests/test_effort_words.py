@@ -73,20 +73,20 @@ def test_no_template_lane_passes_known_words_and_refuses_unknown():
         effort.resolve({"reasoning_effort": "ultra"}, lane)
 
 
-def test_forwarded_as_an_engine_word_or_the_number():
-    lane = _lane()
-    body: dict = {}
-    effort.apply_to_body(body, lane, True, 75)  # only xhigh is 75: the engine knows that word
-    assert body["reasoning_effort"] == "xhigh" and body["chat_template_kwargs"]["reasoning_effort"] == "xhigh"
-    body = {"reasoning_effort": "medium"}
-    effort.apply_to_body(body, lane, True, 50)  # medium and high are 50: "high" is the engine's word
-    assert body["reasoning_effort"] == "high"
-    body = {"reasoning_effort": "minimal"}
-    effort.apply_to_body(body, lane, True, 25)  # low (minimal is not an engine word)
-    assert body["reasoning_effort"] == "low"
-    body = {}
-    effort.apply_to_body(body, lane, True, 33)
-    assert "reasoning_effort" not in body and body["chat_template_kwargs"]["reasoning_effort"] == 33
+def test_forwarded_as_the_number_to_vllm_and_an_engine_word_or_the_number_to_sglang():
+    # vLLM merges a top-level word over chat_template_kwargs (render/told.py): the number alone goes.
+    vllm = _lane()
+    for start, number in (({}, 75), ({"reasoning_effort": "medium"}, 50), ({"reasoning_effort": "minimal"}, 25),
+                          ({}, 33)):
+        body = dict(start)
+        effort.apply_to_body(body, vllm, True, number)
+        assert "reasoning_effort" not in body and body["chat_template_kwargs"]["reasoning_effort"] == number
+    # SGLang reads the top-level value: the engine's own word when one names the number, else the number.
+    sglang = Lane(engine="sglang", replicas=["http://127.0.0.1:1"], upstream_model="m")
+    for number, sent in ((75, "xhigh"), (50, "high"), (25, "low"), (33, 33)):
+        body = {"reasoning_effort": "medium"}
+        effort.apply_to_body(body, sglang, True, number)
+        assert body["reasoning_effort"] == sent
 
 
 @pytest.fixture(scope="module")
@@ -129,5 +129,5 @@ def test_policy_off_still_translates_words_the_engine_refuses():
                     "model": "ds", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
                     "reasoning_effort": word})
                 assert r.status_code == 200, (word, r.text)
-            sent = emu.stats()["recent"][-3]["body"]  # medium went as the engine's own word for 50
-            assert sent["reasoning_effort"] == "high"
+            sent = emu.stats()["recent"][-3]["body"]  # medium went as the number vLLM's template renders
+            assert "reasoning_effort" not in sent and sent["chat_template_kwargs"]["reasoning_effort"] == 50

@@ -45,7 +45,7 @@ def test_non_object_arguments(r, args):
     assert e.param == "messages[1].tool_calls[1].function.arguments"
 
 
-@pytest.mark.parametrize("effort", ["medium", "HIGH", 0, 101, True, 50.0, -1, "", [50]])
+@pytest.mark.parametrize("effort", ["turbo", "HIGH", 0, 101, True, 50.0, -1, "", [50]])
 @pytest.mark.parametrize("thinking", [True, False])
 def test_invalid_effort(r, effort, thinking):
     opts = RenderOptions(thinking=thinking, reasoning_effort=effort)

@@ -67,7 +67,9 @@ def test_untold_settings_are_reported(tmp_path: Path) -> None:
     assert any("drop_thinking" in p for p in untold(_lane("sglang", drop_thinking=False)))
     routes = tmp_path / "routes.yaml"
     routes.write_text("lanes:\n  s:\n    engine: sglang\n    replicas: ['http://127.0.0.1:1']\n"
-                      "    upstream_model: m\n    render: {drop_thinking: false}\nmodels: {m: s}\n")
+                      "    upstream_model: m\n    qualification: not_required\n"
+                      "    render: {drop_thinking: false}\nmodels: {m: s}\n")
     out = subprocess.run([sys.executable, "-m", "gateway.cli", "check", str(routes)], capture_output=True,
                          text=True, timeout=60)
-    assert out.returncode == 0 and "warning: lanes.s.render.drop_thinking" in out.stdout
+    warning = next(line for line in out.stdout.splitlines() if "warning:" in line)
+    assert out.returncode == 0 and "lanes.s.render" in warning and "drop_thinking" in warning

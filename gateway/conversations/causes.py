@@ -10,9 +10,9 @@ CAUSES: dict[str, tuple[Fixer, str]] = {
     "effort_changed": ("client", "the reasoning effort changed (effort line at the start of the prompt); the pin "
                                  "policy `warn`/`off` or `X-Gateway-Repin` let it through"),
     "thinking_toggled": ("client", "thinking mode switched on or off"),
-    "reasoning_dropped_by_template": ("lane config", "no tools, thinking on, drop_thinking on: the template drops "
-                                                     "earlier reasoning (and developer messages) when a user "
-                                                     "message arrives; `render.drop_thinking: false` keeps it"),
+    "reasoning_dropped_by_template": ("nobody", "no tools, thinking on, drop_thinking on: the template drops "
+                                                "earlier reasoning (and developer messages) when a user message "
+                                                "arrives, by design; on vLLM `render.drop_thinking: false` keeps it"),
     "client_stripped_reasoning": ("client", "the client sent an earlier assistant message back without its "
                                             "reasoning"),
     "system_prompt_changed": ("client", "a system message's text changed (e.g. a timestamp)"),

@@ -38,10 +38,6 @@ REMEDIES: dict[str, Remedy] = {
         "nobody", "template drops reasoning",
         "By design of the chat template: without tools in the request, earlier turns' reasoning is dropped when a "
         "new user message arrives. Expected once per user message; sending the tools on every request avoids it."),
-    "template_rerendered": Remedy(
-        "nobody", "template re-rendered a turn",
-        "The chat template rendered an unchanged message differently once the conversation moved on (by design of "
-        "the template); nothing the client sent changed."),
     "client_stripped_reasoning": Remedy(
         "client", "client stripped reasoning",
         "The client removed reasoning_content from earlier assistant messages: send every assistant message back "
@@ -77,6 +73,10 @@ REMEDIES: dict[str, Remedy] = {
         "nobody", "answer regenerated",
         "The last answer was dropped and asked for again (a retry or a user's regenerate): expected, only its "
         "own turn is re-prefilled."),
+    "output_retokenized": Remedy(
+        "nobody", "output re-tokenized differently",
+        "The answer's text tokenizes differently when sent back than the tokens the engine generated, so the "
+        "cache holds other ids for the same text: expected now and then, only the tail of that answer re-prefills."),
     "eviction": Remedy(
         "lane", "evicted from the engine's cache",
         "The prefix was stable but the engine no longer held it (KV pool full or idle too long): give the lane more "

@@ -68,6 +68,7 @@ class KVEventsService:
         self.judge_ms_total = 0.0  # time the analyzer's hook spent on the event loop
         self.judge_ms_max = 0.0
         self._started = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._reconciling = asyncio.Lock()
 
@@ -79,6 +80,7 @@ class KVEventsService:
             self._spawn(self.reconcile())
 
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self._started = True
         await self.reconcile()
 
@@ -128,7 +130,15 @@ class KVEventsService:
                 self._spawn(self._ask_pool(r))
 
     def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # a reload from another thread (SIGHUP handler, a test): hand it to our loop
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(self._spawn, coro)
+            else:
+                coro.close()
+            return
+        task = loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
