@@ -73,7 +73,7 @@ class Client:
         return out
 
     def turn(self, headers: dict | None = None) -> tuple[dict, dict]:
-        args: dict[str, Any] = {"model": self.model, "messages": self.sent(), "max_tokens": 8, **self.kw}
+        args: dict[str, Any] = {"model": self.model, "messages": self.sent(), "max_tokens": 20, **self.kw}
         if self.tools:
             args["tools"] = self.tools
         raw = self.client.chat.completions.with_raw_response.create(stream=True, extra_headers=headers, **args)
