@@ -94,7 +94,7 @@ class Conversation:
         """Did this turn hit the whole previous turn's prompt (to the engine's 16-token block)?"""
         return cached(usage) >= self.previous_prompt - 16 > 0
 
-    def turn(self, gw, max_tokens: int = 4) -> tuple[Route, dict, dict]:
+    def turn(self, gw, max_tokens: int = 20) -> tuple[Route, dict, dict]:
         headers = {"X-Conversation-Id": self.name} if self.key else {}
         body = {"model": "ds", "messages": self.messages, "tools": TOOLS, "max_tokens": max_tokens}
         r = httpx.post(gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=60)

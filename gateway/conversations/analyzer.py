@@ -20,7 +20,7 @@ import xxhash
 
 from ..exchange import Exchange
 from ..heal.saved import tokens_saved
-from ..render.normalize import template_response_format, template_tools
+from ..render.normalize import template_response_format, tools_digest
 from ..render.options import options_for_lane
 from ..render.renderer import Rendered, RenderError, Renderer, RenderOptions, Segment, effective_effort
 from ..render.told import read as read_options
@@ -299,7 +299,7 @@ def new_turn(body: dict[str, Any], thinking: bool | None, effort: int | str | No
         effort=effort,
         # What the engine's template sees (vLLM re-serialises tools and ignores a top-level
         # response_format), in the given key order (the template renders it in that order).
-        tools_digest=_digest(template_tools(engine, body.get("tools") or None)),
+        tools_digest=tools_digest(engine, body.get("tools")),
         response_format_digest=_digest(template_response_format(engine, body)),
         rewritten=rewritten,
     )

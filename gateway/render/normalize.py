@@ -292,3 +292,16 @@ def h64(data: bytes | str) -> int:
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
     return xxhash.xxh64_intdigest(data)
+
+
+def tools_digest(engine: str, tools: list | None) -> int:
+    """The tool schemas as the engine's template sees them (`template_tools`), in the given key order
+    (the template renders that order): the analysis fingerprints them so, and routing compares with it."""
+    tools = template_tools(engine, tools or None)
+    if not tools:
+        return 0
+    try:
+        data = orjson.dumps(tools)
+    except TypeError:
+        data = repr(tools).encode("utf-8", "surrogatepass")
+    return xxhash.xxh32_intdigest(data)

@@ -31,6 +31,7 @@ import xxhash
 
 from ..config import Affinity
 from ..exchange import Exchange
+from ..render.normalize import tools_digest
 from ..upstream import Replica
 from . import prefix_index
 from .base import healthy_first, note, served_note
@@ -84,7 +85,7 @@ class ConversationAffinity:
         ex.routing_hint = hint
         if isinstance(messages, list) and messages:
             hint.head = prefix_index.seed(self.lane, ex.thinking_applied, ex.effort_applied, body.get("tools"))
-            hint.drift = _head_drift(state, ex, body)
+            hint.drift = _head_drift(state, ex, body, "vllm" if lane.config.engine == "vllm" else "sglang")
         wants_prefix = state is None or getattr(found, "is_new", True) or state.replica is None or hint.drift
         kv = self._kv()
         if kv is not None and wants_prefix and hint.head is not None:
@@ -294,7 +295,7 @@ def _freshest_home(hint: Hint, state: Any) -> str | None:
     return state_home
 
 
-def _head_drift(state: Any, ex: Exchange, body: dict[str, Any]) -> str | None:
+def _head_drift(state: Any, ex: Exchange, body: dict[str, Any], engine: str) -> str | None:
     """Did something the engine renders ahead of every message change since the conversation's last turn?"""
     last = getattr(state, "last", None)
     if last is None:
@@ -304,13 +305,7 @@ def _head_drift(state: Any, ex: Exchange, body: dict[str, Any]) -> str | None:
     if ex.thinking_applied and last.effort is not None and ex.effort_applied is not None \
             and last.effort != ex.effort_applied:
         return "effort"
-    if _tools_digest(body.get("tools")) != last.tools_digest:
+    if tools_digest(engine, body.get("tools")) != last.tools_digest:  # as the analysis fingerprints them
         return "tools"
     return None
 
-
-def _tools_digest(value: Any) -> int:
-    """As the analyzer fingerprints tool schemas (TurnPrint.tools_digest)."""
-    if not value:
-        return 0
-    return xxhash.xxh32_intdigest(orjson.dumps(value, option=orjson.OPT_SORT_KEYS))
