@@ -128,7 +128,10 @@ def test_tenants_never_share_a_conversation_pin_or_turn(keyed) -> None:
     # Lineage: B replays A's history (A's exact output as the latest assistant message): a new
     # conversation for B, never A's.
     _, cid_b2, turn_b2, via_b2, _ = _turn(gw, KEY_B, a_msgs)
-    assert cid_b2 != cid_a and turn_b2 == 1 and via_b2 in ("new", "lineage_unknown")
+    # (B's own first answer may equal A's, as the emulator answers the same prompt alike: then B's replay
+    # continues B's own conversation, which is right; it never reaches A's.)
+    assert cid_b2 != cid_a, (cid_b2, turn_b2, via_b2)
+    assert (turn_b2 == 1 and via_b2 in ("new", "lineage_unknown")) or (cid_b2 == cid_b and via_b2 == "lineage")
     # A's own replay without a key does find A's conversation (lineage works within a tenant).
     _, cid_a3, _, via_a3, _ = _turn(gw, KEY_A, a_msgs)
     assert cid_a3 == cid_a and via_a3.startswith("lineage")
