@@ -20,7 +20,7 @@ import xxhash
 
 from ..exchange import Exchange
 from ..heal.saved import tokens_saved
-from ..render.normalize import template_response_format, tools_digest
+from ..render.normalize import json_digest, template_response_format, tools_digest
 from ..render.options import options_for_lane
 from ..render.renderer import Rendered, RenderError, Renderer, RenderOptions, Segment, effective_effort
 from ..render.told import read as read_options
@@ -300,7 +300,7 @@ def new_turn(body: dict[str, Any], thinking: bool | None, effort: int | str | No
         # What the engine's template sees (vLLM re-serialises tools and ignores a top-level
         # response_format), in the given key order (the template renders it in that order).
         tools_digest=tools_digest(engine, body.get("tools")),
-        response_format_digest=_digest(template_response_format(engine, body)),
+        response_format_digest=json_digest(template_response_format(engine, body)),
         rewritten=rewritten,
     )
 
@@ -477,15 +477,6 @@ def _reported_cached(usage: dict[str, Any] | None, engine: str = "vllm") -> int 
         return 0  # SGLang sends null details when nothing was cached
     return None
 
-
-def _digest(value: Any) -> int:
-    if not value:
-        return 0
-    try:
-        data = orjson.dumps(value)
-    except TypeError:
-        data = repr(value).encode("utf-8", "surrogatepass")
-    return xxhash.xxh32_intdigest(data)
 
 
 def _unknown(why: str) -> dict[str, Any]:

@@ -297,11 +297,15 @@ def h64(data: bytes | str) -> int:
 def tools_digest(engine: str, tools: list | None) -> int:
     """The tool schemas as the engine's template sees them (`template_tools`), in the given key order
     (the template renders that order): the analysis fingerprints them so, and routing compares with it."""
-    tools = template_tools(engine, tools or None)
-    if not tools:
+    return json_digest(template_tools(engine, tools or None))
+
+
+def json_digest(value: Any) -> int:
+    """xxh32 of `value` as JSON in its given key order (0 for nothing): a turn's fingerprint of a request part."""
+    if not value:
         return 0
     try:
-        data = orjson.dumps(tools)
+        data = orjson.dumps(value)
     except TypeError:
-        data = repr(tools).encode("utf-8", "surrogatepass")
+        data = repr(value).encode("utf-8", "surrogatepass")
     return xxhash.xxh32_intdigest(data)
