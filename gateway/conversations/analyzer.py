@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
-import xxhash
 
 from ..exchange import Exchange
 from ..heal.saved import tokens_saved
