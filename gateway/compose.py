@@ -205,13 +205,12 @@ def build(settings: Settings) -> Gateway:
     access_log = _part("access log", build_access_log)  # None when off (GATEWAY_ACCESS_LOG=0)
     sinks = [metrics.observe, records.sink, *([access_log] if access_log is not None else [])]
     aftermath = Aftermath(analyzers=[conversations.analyzer], sinks=sinks)
+    qualification.reload_index()  # at start-up, before serving (blocking is fine here), before the lane hooks
     runtime.wire(
         lane_hooks=[attach_renderer, limits.attach, routing.bind, qualification.hook, kv_events.lane_changed],
         # The head first: the next turn may come at once (and may need the relayed message to be healed).
         finishers=[conversations.turn_end, HealTurnEnd(book, store, TTL_S), aftermath],
     )
-    qualification.reload_index()  # at start-up, before serving: blocking is fine here
-    runtime.rerun_lane_hooks()
     qualification.ensure_token_file()
     pipeline = Pipeline(runtime, gates=[qualification.gate],
                         policies=[limits, conversations.policy, heal, routing.step])
