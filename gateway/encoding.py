@@ -32,9 +32,19 @@ class _Zlib:
         self.kind = kind
         self.limit = limit
         self._d = zlib.decompressobj(16 + zlib.MAX_WBITS if kind == "gzip" else zlib.MAX_WBITS)
-        self._first = kind == "deflate"
+        # deflate: zlib-wrapped or raw is decided on the first two bytes (a zlib header: CM 8 and a
+        # multiple of 31), however the upstream cut its chunks; until then the bytes wait here.
+        self._head: bytes | None = b"" if kind == "deflate" else None
 
     def feed(self, data: bytes) -> bytes:
+        if self._head is not None:
+            data = self._head + data
+            if len(data) < 2:
+                self._head = data
+                return b""
+            self._head = None
+            if not (data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0):
+                self._d = zlib.decompressobj(-zlib.MAX_WBITS)  # raw deflate (what many servers mean)
         if self._d.eof:
             if data.strip(b"\0"):
                 raise DecodeError(f"data after the end of the {self.kind} stream")
@@ -42,16 +52,7 @@ class _Zlib:
         try:
             out = self._d.decompress(data, self.limit + 1)
         except zlib.error:
-            if not self._first:
-                raise DecodeError(f"corrupt {self.kind} data") from None
-            # Raw deflate without the zlib header (what many servers mean by "deflate").
-            self._first = False
-            self._d = zlib.decompressobj(-zlib.MAX_WBITS)
-            try:
-                out = self._d.decompress(data, self.limit + 1)
-            except zlib.error:
-                raise DecodeError(f"corrupt {self.kind} data") from None
-        self._first = False
+            raise DecodeError(f"corrupt {self.kind} data") from None
         if len(out) > self.limit or self._d.unconsumed_tail:
             raise DecodeError(f"the {self.kind} data expands beyond {self.limit} bytes")
         return out

@@ -270,7 +270,8 @@ def check_answer(resp: httpx.Response, stream: bool, expect: str | None) -> None
 REQUEST = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 
 
-@settings(max_examples=EXAMPLES, deadline=None, database=None,
+# `make test` runs a fixed draw of 2,000 (CI never depends on luck); HOSTILE_EXAMPLES=N draws N new ones.
+@settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize="HOSTILE_EXAMPLES" not in os.environ,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(behaviours())
 def test_any_upstream_behaviour_gives_a_valid_answer_or_an_openai_error(upstream, client, case):
