@@ -295,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
                         "small for the same reason")
     p.add_argument("--sample-s", type=float, default=30.0)
     p.add_argument("--redis", default=None, help="redis://... for the gateway's state (default: memory)")
+    p.add_argument("--analysis-nice", type=int, default=None,
+                   help="the analysis worker's niceness (GATEWAY_ANALYSIS_NICE; the gateway's default is 10)")
     p.add_argument("--verbose", "-v", action="store_true")
     args = p.parse_args(argv)
     if args.conversations < args.concurrency:
@@ -321,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
                "GATEWAY_STATE_MAX_BYTES": str(int(args.state_mib * 1024 * 1024))}
         if args.redis:
             env["GATEWAY_REDIS_URL"] = args.redis
+        if args.analysis_nice is not None:
+            env["GATEWAY_ANALYSIS_NICE"] = str(args.analysis_nice)
         with run_gateway(routes, env=env) as gw:
             pid = gw.proc.pid
             duration = args.seconds if args.seconds else args.minutes * 60
@@ -328,7 +332,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.die_share:.0%} of streams to a dying lane, gateway pid {pid}", flush=True)
             tally, rss, series = asyncio.run(drive(gw.url, pid, args))
             stats = [e.stats() for e in (e1, e2, dying)]
+            t_drain = time.monotonic()
             overview = gateway_overview(gw.url)
+            while (overview.get("aftermath") or {}).get("queued") and time.monotonic() - t_drain < 30:
+                time.sleep(0.2)  # the turns still queued for analysis when traffic stopped
+                overview = gateway_overview(gw.url)
             log = gw.log()
 
     total = tally.done
@@ -363,8 +371,13 @@ def main(argv: list[str] | None = None) -> int:
                       f"({per_req:+.0f} bytes per request)")
     if overview:
         after = overview.get("aftermath") or {}
-        print(f"gateway: analysed {after.get('processed')}, analysis skipped (queue full) "
-              f"{after.get('skipped_analysis')}; records {overview.get('records')}")
+        print(f"gateway: processed {after.get('processed')}, analysed {after.get('analysed')}, analysis shed "
+              f"{after.get('skipped_analysis')} (superseded {after.get('shed_superseded')}, queue full "
+              f"{after.get('shed_queue_full')}), failed {after.get('analysis_failures')}; "
+              f"records {overview.get('records')}")
+        ok_turns = tally.kinds.get("ok", 0)
+        print(f"verdict share: {(after.get('analysed') or 0) / max(1, ok_turns):.1%} of {ok_turns} completed turns "
+              f"got a verdict (target >= 95%)")
         for lane in overview.get("lanes", []):
             reps = ", ".join(f"{r['url']} requests={r['requests']} failures={r['failures']} "
                              f"breaker_open={r['breaker_open']}" for r in lane["replicas"])

@@ -1,8 +1,15 @@
 """What happens after a response has ended: analysis first, then the sinks that read its results.
 
-The hot path only enqueues the finished Exchange; a few worker tasks drain the queue. When the
-queue is full (a burst far beyond what analysis can keep up with) the exchange skips analysis
-but still reaches the sinks, so records and counters are never lost, and the skip is counted.
+The hot path only enqueues the finished Exchange; a few worker tasks drain the queue. The queue
+holds at most one turn per conversation: when a conversation's newer turn arrives while its older
+one still waits, the older one is shed ("superseded") and the newer one takes its place in line,
+so under a burst every conversation's latest turn is analysed first (its verdict compares with
+the latest state analysed, whichever turn that was). When the queue is full (far beyond what
+analysis can keep up with) a new conversation's turn is shed ("queue_full"). A shed exchange still
+reaches the sinks at once, with `analysis_skipped` saying why, so records and counters are never
+lost and the shedding is never silent (`shed_superseded`, `shed_queue_full`; the metric
+gateway_analysis_shed_total{reason}).
+
 The queue is bounded in exchanges and in bytes (each queued exchange holds its whole request, as
 received and as forwarded: ten thousand agent turns of 400K tokens would be tens of GB),
 GATEWAY_AFTERMATH_MAX_BYTES.
@@ -12,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import logging
 import os
-from typing import Any, Awaitable, Callable, Sequence
+from collections import OrderedDict
+from typing import Any, Awaitable, Callable, Hashable, Sequence
 
 from .exchange import Exchange
 from .runtime import LaneRuntime
@@ -27,29 +36,57 @@ Step = Callable[[Exchange, LaneRuntime | None], Awaitable[None] | None]
 # stream observations): measured ~15 KiB for small chat requests under a soak.
 EXCHANGE_OVERHEAD_BYTES = 16 * 1024
 DEFAULT_MAX_QUEUE_BYTES = 64 * 1024 * 1024
+# Workers in flight at once: each waits mostly on the analysis process, which takes the jobs of all
+# of them in one batch (worker.py); 2 left it idle between jobs (14% of soak turns analysed).
+DEFAULT_WORKERS = 64
+
+SUPERSEDED = "superseded"
+QUEUE_FULL = "queue_full"
+
+
+class _Entry:
+    __slots__ = ("ex", "lane", "cost")
+
+    def __init__(self, ex: Exchange, lane: LaneRuntime | None, cost: int) -> None:
+        self.ex, self.lane, self.cost = ex, lane, cost
 
 
 class Aftermath:
     """A Finisher (see runtime.py): analyzers run in order, then sinks, per exchange."""
 
-    def __init__(self, analyzers: Sequence[Step] = (), sinks: Sequence[Step] = (), workers: int = 2,
+    def __init__(self, analyzers: Sequence[Step] = (), sinks: Sequence[Step] = (), workers: int = DEFAULT_WORKERS,
                  max_queue: int = 10_000, max_queue_bytes: int | None = None) -> None:
         self.analyzers = tuple(analyzers)  # e.g. render + drift verdict (writes ex.cache)
         self.sinks = tuple(sinks)  # e.g. request record, metrics (read the exchange)
-        self.skipped_analysis = 0
+        self.shed_superseded = 0  # an older queued turn of a conversation whose newer turn arrived
+        self.shed_queue_full = 0  # the queue was full
         self.processed = 0
-        self._queue: asyncio.Queue[tuple[Exchange, LaneRuntime | None]] | None = None
+        self._pending: OrderedDict[Hashable, _Entry] = OrderedDict()  # conversation (or exchange) -> its latest turn
+        self._wake: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None
+        self._in_flight = 0
+        self._started = False
         self._workers: list[asyncio.Task[None]] = []
         self._n_workers = workers
         self._max_queue = max_queue
         if max_queue_bytes is None:
             max_queue_bytes = int(os.environ.get("GATEWAY_AFTERMATH_MAX_BYTES") or DEFAULT_MAX_QUEUE_BYTES)
         self._max_queue_bytes = max_queue_bytes
-        self.queued_bytes = 0
-        self._idle = asyncio.Event()
+        self.queued_bytes = 0  # queued and in flight
+        self._seq = itertools.count()
+
+    @property
+    def skipped_analysis(self) -> int:
+        return self.shed_superseded + self.shed_queue_full
+
+    @property
+    def queued(self) -> int:
+        return len(self._pending)
 
     def start(self) -> None:
-        self._queue = asyncio.Queue(self._max_queue)
+        self._wake, self._idle = asyncio.Event(), asyncio.Event()
+        self._idle.set()
+        self._started = True
         self._workers = [asyncio.create_task(self._work()) for _ in range(self._n_workers)]
 
     async def stop(self) -> None:
@@ -58,34 +95,52 @@ class Aftermath:
             w.cancel()
 
     def exchange_ended(self, ex: Exchange, lane: LaneRuntime | None) -> None:
-        if self._queue is None:  # not started (e.g. a unit test): do the cheap part inline
+        if not self._started:  # not started (e.g. a unit test): do the cheap part inline
             asyncio.get_event_loop().create_task(self._run_sinks(ex, lane))
             return
+        assert self._wake is not None and self._idle is not None
+        key = _conversation(ex)
+        older = self._pending.get(key) if key is not None else None
         cost = _weight(ex)
-        try:
-            if self.queued_bytes + cost > self._max_queue_bytes and self.queued_bytes:
-                raise asyncio.QueueFull
-            self._queue.put_nowait((ex, lane))
-            self.queued_bytes += cost
-        except asyncio.QueueFull:
-            self.skipped_analysis += 1
-            ex.analysis_skipped = "queue_full"
-            asyncio.get_event_loop().create_task(self._run_sinks(ex, lane))
+        if older is not None:  # the latest turn takes the older one's place in line
+            self._pending[key] = _Entry(ex, lane, cost)
+            self.queued_bytes += cost - older.cost
+            self.shed_superseded += 1
+            self._shed(older.ex, older.lane, SUPERSEDED)
+            return
+        if len(self._pending) >= self._max_queue or (
+                self.queued_bytes and self.queued_bytes + cost > self._max_queue_bytes):
+            self.shed_queue_full += 1
+            self._shed(ex, lane, QUEUE_FULL)
+            return
+        self._pending[key if key is not None else ("exchange", next(self._seq))] = _Entry(ex, lane, cost)
+        self.queued_bytes += cost
+        self._idle.clear()
+        self._wake.set()
+
+    def _shed(self, ex: Exchange, lane: LaneRuntime | None, reason: str) -> None:
+        ex.analysis_skipped = reason
+        asyncio.get_event_loop().create_task(self._run_sinks(ex, lane))
 
     async def drain(self, timeout: float = 10.0) -> bool:
         """Wait until everything queued so far has been processed (tests and shutdown)."""
-        if self._queue is None:
+        if self._idle is None:
             return True
         try:
-            await asyncio.wait_for(self._queue.join(), timeout)
+            await asyncio.wait_for(self._idle.wait(), timeout)
             return True
         except TimeoutError:
             return False
 
     async def _work(self) -> None:
-        assert self._queue is not None
+        assert self._wake is not None and self._idle is not None
         while True:
-            ex, lane = await self._queue.get()
+            while not self._pending:
+                self._wake.clear()
+                await self._wake.wait()
+            _, entry = self._pending.popitem(last=False)
+            self._in_flight += 1
+            ex, lane = entry.ex, entry.lane
             try:
                 for step in self.analyzers:
                     await _call(step, ex, lane)
@@ -94,8 +149,10 @@ class Aftermath:
             except Exception:
                 log.exception("aftermath of %s failed", ex.request_id)
             finally:
-                self.queued_bytes -= _weight(ex)
-                self._queue.task_done()
+                self.queued_bytes -= entry.cost
+                self._in_flight -= 1
+                if not self._pending and not self._in_flight:
+                    self._idle.set()
 
     async def _run_sinks(self, ex: Exchange, lane: LaneRuntime | None) -> None:
         for sink in self.sinks:
@@ -103,6 +160,11 @@ class Aftermath:
                 await _call(sink, ex, lane)
             except Exception:
                 log.exception("sink %r failed for %s", sink, ex.request_id)
+
+
+def _conversation(ex: Exchange) -> str | None:
+    found = ex.conversation
+    return found.state.id if found is not None else None
 
 
 def _weight(ex: Exchange) -> int:

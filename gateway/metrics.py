@@ -291,8 +291,13 @@ class LiveCollector(Collector):
         am = self.aftermath
         yield CounterMetricFamily("gateway_aftermath_processed", "Exchanges analysed and recorded",
                                   value=am.processed)
-        yield CounterMetricFamily("gateway_aftermath_skipped_analysis", "Exchanges that skipped analysis (queue full)",
+        yield CounterMetricFamily("gateway_aftermath_skipped_analysis", "Exchanges that skipped analysis (shed)",
                                   value=am.skipped_analysis)
+        shed = CounterMetricFamily("gateway_analysis_shed", "Turns recorded without analysis, by why: superseded "
+                                   "(the conversation's newer turn took its place) or queue_full", labels=["reason"])
+        shed.add_metric(["superseded"], am.shed_superseded)
+        shed.add_metric(["queue_full"], am.shed_queue_full)
+        yield shed
         analyzer = self.analyzer
         yield CounterMetricFamily("gateway_analysis_failures", "Turns whose analysis failed (verdict unknown)",
                                   value=analyzer.failures)

@@ -158,6 +158,8 @@ class AdminAPI:
             "started_at": self.status.started_at,
             "config": self.status.config_state(),
             "aftermath": {"processed": self.aftermath.processed, "skipped_analysis": self.aftermath.skipped_analysis,
+                          "shed_superseded": self.aftermath.shed_superseded,
+                          "shed_queue_full": self.aftermath.shed_queue_full, "queued": self.aftermath.queued,
                           **_analysis(self.analyzer)},
             "records": {**self.records_.counters(), "source": self.records_.source()},
             "lanes": lanes,
@@ -393,7 +395,7 @@ async def _db(awaitable: Any) -> Any:
 
 def _analysis(analyzer: "Analyzer") -> dict[str, Any]:
     process = analyzer.process
-    return {"analysis_failures": analyzer.failures, "analysis_last_ms": round(analyzer.last_ms, 1),
+    return {"analysed": analyzer.analysed, "analysis_failures": analyzer.failures, "analysis_last_ms": round(analyzer.last_ms, 1),
             "analysis_in": "process" if process is not None else "thread",
             "analysis_worker_pid": process.pid() if process is not None else None,
             "analysis_worker_deaths": process.deaths if process is not None else 0}

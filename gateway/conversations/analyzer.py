@@ -13,7 +13,7 @@ import logging
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -29,10 +29,13 @@ from ..store import StateStore
 from .alerts import AlertBook
 from .drift import Comparison, Divergence, NewTurn, classify, common_prefix, compare, old_tokens_at
 from .identity import anchor_keys, message_digest, request_tail
+from . import rawbody
 from .job import Job, Outcome
+from .memo import TurnMemo, memos
+from .memo import cost as memo_cost
 from .policy import Found
 from .prints import message_prints, segment_prints
-from .state import ConversationState, Head, TurnPrint
+from .state import ConversationState, Head, MessagePrints, TurnPrint
 from .worker import AnalysisProcess
 
 log = logging.getLogger("gateway.drift")
@@ -164,21 +167,46 @@ def make_job(ex: Exchange, lane: LaneRuntime, found: Found, in_process: bool = T
 
 def analyse_job(job: Job, renderer: Renderer | None, estimator: Any) -> Outcome:
     """Compare with the freshest previous turn (another worker or process may have moved on);
-    decoding and encoding the ~100 KB state happens here too, off the event loop."""
+    decoding and encoding the ~100 KB state happens here too, off the event loop. The previous
+    turn's memo (memo.py), when this process has it, spares re-reading the unchanged history."""
     state = job.state
+    book = memos()
+    memo = book.take(state.id)
     if job.stored is not None:
-        fresh = ConversationState.from_bytes(job.stored)
+        fresh = memo.state if memo is not None and memo.data == job.stored else ConversationState.from_bytes(job.stored)
         if fresh.turn >= state.turn:
             state = fresh
-    body = orjson.loads(job.body) if isinstance(job.body, bytes) else job.body
+    reuse: _Reuse | None = None
+    read = None
+    if isinstance(job.body, bytes):
+        read = rawbody.read(job.body, memo.body_print, memo.messages) if memo is not None else rawbody.read(job.body)
+        body = read.body if read is not None else orjson.loads(job.body)
+        if read is not None and read.unchanged and memo is not None and memo.engine == job.engine:
+            reuse = _Reuse(memo.previous, read.unchanged, memo.prints)
+    else:
+        body = job.body
     out: dict[str, Any] = {}
-    new_state, cache, divergence, snippets = analyse(job, body, state, renderer, estimator, out)
-    return Outcome(cache, new_state.turn, new_state.to_bytes(), divergence, snippets, out.get("kv_keys"),
-                   out.get("kv_ends"))
+    new_state, cache, divergence, snippets = analyse(job, body, state, renderer, estimator, out, reuse)
+    data = new_state.to_bytes()
+    rendered = out.get("rendered")
+    if read is not None and rendered is not None and new_state.last is not None:
+        previous = rendered.previous
+        book.put(state.id, TurnMemo(read.print, body["messages"], previous, new_state.last.messages, job.engine, data,
+                                    new_state, memo_cost(len(job.body), previous, read.print)))
+    return Outcome(cache, new_state.turn, data, divergence, snippets, out.get("kv_keys"), out.get("kv_ends"))
+
+
+class _Reuse(NamedTuple):
+    """The previous turn's render and message fingerprints, for a body whose first `unchanged`
+    messages are the previous body's byte for byte."""
+
+    previous: Any  # Previous | None
+    unchanged: int
+    prints: MessagePrints
 
 
 def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: Renderer | None,
-            estimator: Any, out: dict[str, Any] | None = None,
+            estimator: Any, out: dict[str, Any] | None = None, reuse: _Reuse | None = None,
             ) -> tuple[ConversationState, dict[str, Any], Divergence | None, tuple[str, str] | None]:
     options = job.options
     generated_msg = job.generated
@@ -186,7 +214,12 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
     generated = None
     if renderer is not None:
         try:
-            rendered, generated = renderer.render_turn(body, generated_msg, options)
+            if reuse is not None and reuse.previous is not None:
+                rendered, generated = renderer.render_turn(body, generated_msg, options, reuse.previous, reuse.unchanged)
+            else:
+                rendered, generated = renderer.render_turn(body, generated_msg, options)
+            if out is not None:
+                out["rendered"] = rendered
         except RenderError as exc:
             log.info("cannot render %s on lane %s: %s", job.request_id, job.lane, exc)
             rendered = None
@@ -199,7 +232,10 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
         generated = nxt.segments[-1] if nxt.segments else None
 
     thinking, effort = _rendered_mode(options, job) if rendered.exact else (job.thinking, job.effort)
-    new = new_turn(body, thinking, effort, job.rewritten, rendered.message_digests, job.engine)
+    prints = None
+    if reuse is not None and rendered.message_digests is not None:
+        prints = _message_prints(body.get("messages") or [], rendered.message_digests, job.engine, reuse)
+    new = new_turn(body, thinking, effort, job.rewritten, rendered.message_digests, job.engine, prints)
     old = state.last
     block = job.block_size
     n = rendered.n_tokens
@@ -290,10 +326,21 @@ def _next_state(job: Job, state: ConversationState, last: TurnPrint | None) -> C
                              job.effort, job.thinking, state.parent, job.replica, last)
 
 
+def _message_prints(messages: list[dict[str, Any]], digests: list[int], engine: str, reuse: _Reuse) -> MessagePrints:
+    """The fingerprints of the unchanged messages as they were, of the others computed."""
+    u = min(reuse.unchanged, len(reuse.prints), len(messages))
+    old = reuse.prints
+    tail = message_prints(messages[u:], digests[u:] if len(digests) == len(messages) else None, engine)
+    return MessagePrints(old.roles[:u] + tail.roles, old.content[:u] + tail.content,
+                         old.reasoning[:u] + tail.reasoning, old.tool_calls[:u] + tail.tool_calls,
+                         old.tool_call_ids[:u] + tail.tool_call_ids, old.images[:u] + tail.images)
+
+
 def new_turn(body: dict[str, Any], thinking: bool | None, effort: int | str | None,
-             rewritten: dict | None = None, digests: list[int] | None = None, engine: str = "sglang") -> NewTurn:
+             rewritten: dict | None = None, digests: list[int] | None = None, engine: str = "sglang",
+             prints: MessagePrints | None = None) -> NewTurn:
     return NewTurn(
-        messages=message_prints(body.get("messages") or [], digests, engine),
+        messages=prints if prints is not None else message_prints(body.get("messages") or [], digests, engine),
         thinking=thinking,
         effort=effort,
         # What the engine's template sees (vLLM re-serialises tools and ignores a top-level

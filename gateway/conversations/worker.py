@@ -39,8 +39,16 @@ _renderers: dict[str, Renderer] = {}
 _estimators: dict[str, Any] = {}  # per engine: Estimator, or None if it cannot be made
 
 
+# The worker runs at a lower priority than the gateway's event loop: when both want the CPU (a burst
+# on a 2-core machine), the requests in flight go first and analysis takes what is left (it sheds
+# per conversation when it falls behind: aftermath.py).
+NICENESS = 10
+
+
 def _init(parent: int, spool: str | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the gateway, which stops this process
+    with contextlib.suppress(OSError):
+        os.nice(int(os.environ.get("GATEWAY_ANALYSIS_NICE") or NICENESS))
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s analysis-worker: %(message)s")
     threading.Thread(target=_exit_with_parent, args=(parent, spool), name="parent-watch", daemon=True).start()
 
@@ -106,6 +114,17 @@ def run_spooled(path: str) -> Outcome:
     return run(job)
 
 
+def run_batch(items: list[Job | str]) -> list[tuple[bool, Any]]:
+    """Several jobs in one round trip: (True, Outcome) or (False, the exception) each, in order."""
+    out: list[tuple[bool, Any]] = []
+    for item in items:
+        try:
+            out.append((True, run_spooled(item) if isinstance(item, str) else run(item)))
+        except Exception as exc:  # one bad job fails alone
+            out.append((False, exc))
+    return out
+
+
 # -- in the gateway process ----------------------------------------------------------------------------
 
 
@@ -118,6 +137,10 @@ SPOOL_MIN_BYTES = 64 * 1024
 class AnalysisProcess:
     def __init__(self, spool_parent: str | None = None) -> None:
         self._pool: ProcessPoolExecutor | None = None
+        self._batch: list[tuple[Job | str, asyncio.Future[Outcome]]] = []
+        self._sending = 0  # batches in the worker's hands
+        self.batches = 0
+        self.jobs = 0
         self._preload: list[RenderOptions] = []
         self._spool = _spool_dir(spool_parent)
         self._jobs = itertools.count()
@@ -138,22 +161,63 @@ class AnalysisProcess:
         return self._pool
 
     async def run(self, job: Job) -> Outcome:
-        pool = self._ensure()
+        """The job's outcome. Jobs that arrive while the worker is busy leave together, in one batch,
+        when it is free: one round trip (two pipe messages, two wake-ups) for many, where a round trip
+        each left the worker idle between jobs, waiting for the event loop to send the next."""
         path = self._spooled(job)
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self._batch.append((path if path is not None else job, future))
+        if not self._sending:
+            self._send()
         try:
-            future = pool.submit(run_spooled, path) if path is not None else pool.submit(run, job)
-            return await asyncio.wrap_future(future)
-        except BrokenProcessPool:
+            return await future
+        finally:
+            if path is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)  # the worker removes it once read; not if it died first
+
+    def _send(self) -> None:
+        batch, self._batch = self._batch, []
+        if not batch:
+            return
+        pool = self._ensure()
+        self._sending += 1
+        self.batches += 1
+        self.jobs += len(batch)
+        try:
+            done = asyncio.wrap_future(pool.submit(run_batch, [item for item, _ in batch]))
+        except (BrokenProcessPool, RuntimeError) as exc:  # dead, or shut down
+            self._sending -= 1
+            self._broken(pool, batch, exc)
+            return
+        done.add_done_callback(lambda f: self._returned(pool, batch, f))
+
+    def _returned(self, pool: ProcessPoolExecutor, batch: list, done: asyncio.Future) -> None:
+        self._sending -= 1
+        exc = RuntimeError("the analysis process stopped") if done.cancelled() else done.exception()
+        if exc is not None:
+            self._broken(pool, batch, exc)
+        else:
+            for (_, future), (ok, value) in zip(batch, done.result()):
+                if future.done():
+                    continue
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
+        if self._batch:
+            self._send()
+
+    def _broken(self, pool: ProcessPoolExecutor, batch: list, exc: BaseException) -> None:
+        if isinstance(exc, BrokenProcessPool):
             self.deaths += 1
             log.error("the analysis worker process died; starting a new one")
             if self._pool is pool:
                 self._pool = None
                 pool.shutdown(wait=False, cancel_futures=True)
-            raise
-        finally:
-            if path is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)  # the worker removes it once read; not if it died first
+        for _, future in batch:
+            if not future.done():
+                future.set_exception(exc)
 
     def _spooled(self, job: Job) -> str | None:
         """The job written to the spool directory, if it is large and there is one."""

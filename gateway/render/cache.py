@@ -123,6 +123,20 @@ class SegmentCache:
             self.render_misses += len(out) - hits
             return out
 
+    def touch_items(self, keys: list[Any]) -> bool:
+        """What get_items does to the LRU and the counters when every key is cached, for items the
+        caller already holds; False when one is not (the caller then looks them all up, which leaves
+        the LRU as a lookup alone would)."""
+        with self._lock:
+            mte = self._data.move_to_end
+            try:
+                for k in keys:
+                    mte(("r", k))
+            except KeyError:
+                return False
+            self.render_hits += len(keys)
+            return True
+
     def put_items(self, pairs: list[tuple[Any, ItemEntry]]) -> None:
         with self._lock:
             for k, v in pairs:

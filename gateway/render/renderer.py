@@ -16,6 +16,7 @@ message followed directly by an assistant message) the two items share one segme
 
 from __future__ import annotations
 
+import bisect
 import json
 import secrets
 from array import array
@@ -117,6 +118,7 @@ class Rendered:
     # reasoning; developer messages below dropped[1] are deleted (thinking mode, drop on, no tools).
     dropped: tuple[int, int] = (0, 0)
     _provenance: Any = field(default=None, repr=False)
+    previous: Any = field(default=None, repr=False)  # Previous: lent to the conversation's next turn
 
     def source_at(self, segment: int, char_offset: int) -> tuple[str | None, int]:
         """(field, request message index) of the character at `char_offset` in segment `segment`: the
@@ -303,10 +305,14 @@ class _Item:
 
 
 def _plan(roles: list[str], msgs: list[dict], thinking: bool, eff_drop: bool,
-          agp: bool = True) -> tuple[list[_Item], int, int]:
+          agp: bool = True, resume: "_Resume | None" = None) -> tuple[list[_Item], int, int]:
     """Items and their context, exactly as the template's top level computes them; with what the
     template drops: (items, assistants up to this index lose their reasoning, developer messages
-    before this index are deleted), both -1 when nothing is dropped."""
+    before this index are deleted), both -1 when nothing is dropped.
+
+    `resume`: the previous turn's plan of the same conversation, whose first messages are unchanged:
+    its items are kept up to where their context could differ (see _Resume), and the walk goes on
+    from there."""
     n = len(roles)
     last_ul = -1
     for k in range(n - 1, -1, -1):
@@ -326,6 +332,18 @@ def _plan(roles: list[str], msgs: list[dict], thinking: bool, eff_drop: bool,
     last_tc = -1  # the latest assistant message with tool_calls
     started = False
     k = 0
+    if resume is not None:
+        kept = resume.kept(last_ul2, eff_drop)
+        if kept:
+            items = resume.items[:kept]
+            started = True
+            k = items[-1].end + 1
+            for j in range(k - 1, -1, -1):
+                if roles[j] == "assistant":
+                    tcs = msgs[j].get("tool_calls")
+                    if tcs and isinstance(tcs, list):
+                        last_tc = j
+                        break
     think_hdr = "<think>" if thinking else "</think>"
     while k < n:
         r = roles[k]
@@ -365,6 +383,46 @@ def _plan(roles: list[str], msgs: list[dict], thinking: bool, eff_drop: bool,
     if not eff_drop:
         return items, -1, -1
     return items, last_ul2, last_ul
+
+
+@dataclass
+class _Resume:
+    """The previous plan of a conversation whose first `unchanged` effective messages are unchanged.
+
+    An item's context depends on the messages before it (first, the latest tool calls), on the next
+    kept message's role (its generation header), and, when reasoning is dropped, on where the last
+    user-like message is (`last_ul2`: header and think flags, and which developer messages are
+    dropped). So an old item is kept when the item after it starts before the unchanged messages
+    end and before both turns' `last_ul2`: everything its context reads is then the same."""
+
+    items: list[_Item]
+    unchanged: int
+    last_ul2: int  # of the previous plan (-1: none, or nothing dropped)
+
+    used: int = 0  # items kept (set by _plan)
+
+    def kept(self, last_ul2: int, eff_drop: bool) -> int:
+        h = min(self.unchanged, self.last_ul2, last_ul2) if eff_drop else self.unchanged
+        before = bisect.bisect_left(self.items, h, key=_start)  # items starting before h
+        self.used = max(0, before - 1)
+        return self.used
+
+
+def _start(it: _Item) -> int:
+    return it.start
+
+
+def _last(group: list[int]) -> int:
+    return group[-1]
+
+
+def _joined(groups: list[list[int]]) -> list[int]:
+    """Positions of the groups of more than one item (rare: a system message right before an
+    assistant's); a C-speed check first, as this runs on every turn over every group."""
+    lengths = list(map(len, groups))
+    if max(lengths, default=0) < 2:
+        return []
+    return [j for j, n in enumerate(lengths) if n > 1]
 
 
 def _item(text: str, fields: tuple) -> RenderedItem:
@@ -419,6 +477,27 @@ class _Prepared:
     items: list[_Item]
     ctx_digest: int  # digest of tools + response_format (rendered by the first item only)
     dropped: tuple[int, int] = (0, 0)  # see Rendered.dropped
+    roles: list[str] = field(default_factory=list)  # of msgs
+    eff_drop: bool = False
+    last_ul2: int = -1  # _plan's: reasoning dropped up to here (-1: none)
+    kept: int = 0  # leading items taken from the previous turn's plan (their render too)
+
+
+@dataclass
+class Previous:
+    """A conversation's previous render, lent to its next turn (render_turn's `previous`): the first
+    `unchanged` request messages of the next turn are, byte for byte, this turn's (conversations/
+    rawbody.py), so their parse, normalisation, digests, plan items and segments are reused."""
+
+    prep: _Prepared
+    entries: list[ItemEntry]
+    keys: list[tuple]
+    groups: list[list[int]]
+    segments: list[Segment]
+
+    def nbytes(self) -> int:
+        """Rough: what keeping it costs beyond the render cache's own entries (lists and plan)."""
+        return 300 * len(self.prep.msgs) + 200 * len(self.entries)
 
 
 class Renderer:
@@ -464,13 +543,17 @@ class Renderer:
         except jinja2.TemplateError as e:
             raise _template_error(e) from None
 
-    def render_turn(self, body: dict, assistant_message: dict,
-                    options: RenderOptions | None = None) -> tuple[Rendered, Segment]:
-        """`render` and `render_generated` of one request, preparing it once (the per-turn path)."""
-        prep = self._prepare(body, options or self.defaults)
+    def render_turn(self, body: dict, assistant_message: dict, options: RenderOptions | None = None,
+                    previous: Previous | None = None, unchanged: int = 0) -> tuple[Rendered, Segment]:
+        """`render` and `render_generated` of one request, preparing it once (the per-turn path).
+
+        `previous` and `unchanged`: the conversation's previous render (Rendered.previous) and how many
+        leading request messages are byte for byte the same; the result is the same as without them."""
+        prep = self._prepare(body, options or self.defaults, previous if unchanged > 0 else None, unchanged)
         tok = load_tokenizer(prep.options.tokenizer_path)
-        entries, keys, misses = self._render_items(prep)
-        rendered = self._assemble(prep, entries, keys, tok, misses)
+        reuse = previous if prep.kept else None
+        entries, keys, misses = self._render_items(prep, reuse)
+        rendered = self._assemble(prep, entries, keys, tok, misses, reuse if prep.kept else None)
         rendered.message_digests = prep.digests[prep.offset:]
         return rendered, self._generated(prep, body, assistant_message)
 
@@ -504,7 +587,8 @@ class Renderer:
         return self.cache.get_tokens([(tok.path, digest, length)])[0]
 
     # -- preparation ------------------------------------------------------------------------------
-    def _prepare(self, body: dict, opts: RenderOptions) -> _Prepared:
+    def _prepare(self, body: dict, opts: RenderOptions, previous: Previous | None = None,
+                 unchanged: int = 0) -> _Prepared:
         if not isinstance(body, dict):
             raise RenderError("the request body must be a JSON object", None)
         effort = effective_effort(opts)
@@ -524,10 +608,21 @@ class Renderer:
             rf = template_response_format(opts.engine, body)
             if opts.engine not in ENGINES:
                 raise RenderError(f"unknown engine {opts.engine!r} (expected one of {', '.join(ENGINES)})", None)
-            messages = template_messages(opts.engine, messages)
             tools = template_tools(opts.engine, tools)
-        roles = []
-        for i, m in enumerate(messages):
+        pp = previous.prep if previous is not None else None
+        u = min(unchanged, len(messages) - 1) if pp is not None and pp.options.engine == opts.engine else 0
+        if u > 0:  # the first u messages were parsed, normalised, validated and digested last turn
+            assert pp is not None
+            normalized = pp.msgs[pp.offset:pp.offset + u]
+            roles = pp.roles[pp.offset:pp.offset + u]
+            if len(normalized) != u:
+                u, roles = 0, []
+        else:
+            roles = []
+        rest = messages[u:]
+        if opts.engine != "sglang":
+            rest = template_messages(opts.engine, rest)
+        for i, m in enumerate(rest, u):
             if not isinstance(m, dict):
                 raise RenderError("must be an object", f"messages[{i}]")
             r = m.get("role")
@@ -535,24 +630,33 @@ class Renderer:
                 raise RenderError(f"unsupported role {r!r} (expected one of {', '.join(ROLES)})", f"messages[{i}].role")
             roles.append(r)
         offset = 0
-        msgs = messages
+        msgs = (normalized + rest) if u > 0 else rest
         if (tools or rf) and roles[0] != "system":
             offset = 1
-            msgs = [{"role": "system", "content": ""}, *messages]
+            msgs = [{"role": "system", "content": ""}, *msgs]
             roles = ["system", *roles]
-        digests = [_digest_obj(m) for m in msgs]
+        if u > 0 and pp is not None and pp.offset == offset:
+            digests = pp.digests[:offset + u] + [_digest_obj(m) for m in msgs[offset + u:]]
+        else:
+            u = 0
+            digests = [_digest_obj(m) for m in msgs]
         eff_drop = bool(opts.thinking and opts.drop_thinking and not tools)
-        items, drop_a, drop_d = _plan(roles, msgs, bool(opts.thinking), eff_drop)
+        resume = None
+        if u > 0 and pp is not None and pp.options.thinking == opts.thinking and pp.eff_drop == eff_drop:
+            resume = _Resume(pp.items, offset + u, pp.last_ul2)
+        items, drop_a, drop_d = _plan(roles, msgs, bool(opts.thinking), eff_drop, resume=resume)
         # Messages that render nothing (dropped developer messages) are still validated, as the
-        # reference validates every message.
-        covered = 0
-        for it in items:
+        # reference validates every message (the unchanged ones were, last turn).
+        first_new = offset + u
+        j0 = max(0, bisect.bisect_left(items, first_new, key=_start) - 1) if u > 0 else 0
+        covered = items[j0 - 1].end + 1 if j0 > 0 else 0
+        for it in items[j0:]:
             for k in range(covered, it.start):
-                if k >= offset:
+                if k >= offset and k >= first_new:
                     _normalize_message(msgs[k], k - offset)
             covered = it.end + 1
         for k in range(covered, len(msgs)):
-            if k >= offset:
+            if k >= offset and k >= first_new:
                 _normalize_message(msgs[k], k - offset)
         ctx_digest = _digest_obj([tools, rf]) if (tools or rf) else 0
         if not opts.template:
@@ -561,7 +665,12 @@ class Renderer:
         # Request indices: assistants below `reasoning_dropped_below` render without reasoning, developer
         # messages below `developer_dropped_below` are deleted (0: none).
         dropped = (max(0, drop_a - offset + 1) if drop_a >= 0 else 0, max(0, drop_d - offset) if drop_d >= 0 else 0)
-        return _Prepared(opts, template, effort, tools, rf, offset, msgs, digests, items, ctx_digest, dropped)
+        kept = 0
+        if resume is not None and resume.used and pp is not None and pp.template is template and \
+                pp.effort == effort and pp.ctx_digest == ctx_digest and pp.offset == offset:
+            kept = resume.used  # their render keys are the same too: template, effort, tools and offset agree
+        return _Prepared(opts, template, effort, tools, rf, offset, msgs, digests, items, ctx_digest, dropped,
+                         roles, eff_drop, drop_a, kept)
 
     def _context(self, prep: _Prepared, it: _Item) -> dict:
         return {
@@ -597,11 +706,23 @@ class Renderer:
         _, text, fields = _parse_marked(str(out))
         return _item(text, fields)
 
-    def _render_items(self, prep: _Prepared) -> tuple[list[ItemEntry], list[tuple], int]:
-        keys = [self._item_key(prep, it) for it in prep.items]
-        found = self.cache.get_items(keys)
+    def _render_items(self, prep: _Prepared, previous: Previous | None = None,
+                      ) -> tuple[list[ItemEntry], list[tuple], int]:
+        r = prep.kept if previous is not None else 0
+        if r and not self.cache.touch_items(previous.keys[:r]):  # type: ignore[union-attr]
+            r = prep.kept = 0  # evicted meanwhile: look up (and render again) as without a previous turn
+        if r:
+            # The kept items' keys and entries are last turn's (the same pure function of the same key);
+            # their cache entries are touched as a lookup would, so evictions stay as they were.
+            assert previous is not None
+            keys = previous.keys[:r] + [self._item_key(prep, it) for it in prep.items[r:]]
+            found = previous.entries[:r] + self.cache.get_items(keys[r:])
+        else:
+            keys = [self._item_key(prep, it) for it in prep.items]
+            found = self.cache.get_items(keys)
         new: list[tuple[Any, ItemEntry]] = []
-        for j, it in enumerate(prep.items):
+        for j in range(r, len(prep.items)):
+            it = prep.items[j]
             if found[j] is not None:
                 continue
             members = [
@@ -616,13 +737,37 @@ class Renderer:
             self.cache.put_items(new)
         return found, keys, len(new)  # type: ignore[return-value]
 
+    def _touch_joined(self, groups: list[list[int]], segments: list, tok_path: str) -> None:
+        """Segments of several items are looked up by their text's digest on every turn (below): do the
+        same for the reused ones, so the cache ages as it would have."""
+        multi = [segments[i] for i in _joined(groups)]
+        if not multi:
+            return
+        joined = [(tok_path, seg.digest, len(seg.text)) for seg in multi]
+        ids = self.cache.get_tokens(joined)
+        missing = [(k, seg.token_ids) for k, v, seg in zip(joined, ids, multi) if v is None]
+        if missing:
+            self.cache.put_tokens(missing)
+
     def _assemble(self, prep: _Prepared, entries: list[ItemEntry], keys: list[tuple], tok: TextTokenizer,
-                  misses: int) -> Rendered:
+                  misses: int, previous: Previous | None = None) -> Rendered:
         # Group items into segments; join an item to the previous one when their boundary is not a
         # special token (tokenization could then merge across it).
         groups: list[list[int]] = []
+        segments: list[Segment | None] = []
+        first = 0
+        if previous is not None and prep.kept:
+            # Last turn's segments made only of kept items, but the last of them (a new item could
+            # join it); grouping restarts where a segment started, as it did last turn.
+            reused = max(0, bisect.bisect_left(previous.groups, prep.kept, key=_last) - 1)
+            if reused:
+                groups = previous.groups[:reused]
+                segments = previous.segments[:reused]
+                first = previous.groups[reused][0]
+                self._touch_joined(groups, segments, tok.path)
         prev_end = True
-        for j, e in enumerate(entries):
+        for j in range(first, len(entries)):
+            e = entries[j]
             ri = e.item
             if not prev_end and not ri.starts_special:
                 groups[-1].append(j)
@@ -633,9 +778,8 @@ class Renderer:
         items = prep.items
         msgs = prep.msgs
         tok_path = tok.path
-        segments: list[Segment | None] = []
         todo: list[tuple[int, str, list[int]]] = []  # (segment position, text, group) to tokenize
-        for g in groups:
+        for g in groups[len(segments):]:
             it = items[g[0]]
             idx = it.start - off
             if len(g) == 1:
@@ -694,7 +838,8 @@ class Renderer:
                 self.cache.attach_tokens(attach)
         out = Rendered(segments, True, misses, n_tok)  # type: ignore[arg-type]
         out.dropped = prep.dropped
-        out._provenance = _Provenance(groups, [e.item for e in entries], items, msgs, off)
+        out._provenance = _Provenance(groups, entries, items, msgs, off)
+        out.previous = Previous(prep, entries, keys, groups, segments)  # type: ignore[arg-type]
         return out
 
 
@@ -712,7 +857,7 @@ _MEMBER_FIELDS = ("content", "tool_result")
 class _Provenance:
     """Where each character of a render comes from; computed only when a drift is classified."""
 
-    def __init__(self, groups: list[list[int]], items: list[RenderedItem], plan: list[_Item], msgs: list[dict],
+    def __init__(self, groups: list[list[int]], items: list[ItemEntry], plan: list[_Item], msgs: list[dict],
                  offset: int) -> None:
         self.groups, self.items, self.plan, self.msgs, self.offset = groups, items, plan, msgs, offset
 
@@ -720,12 +865,12 @@ class _Provenance:
         group = self.groups[segment]
         j = group[-1]
         for g in group:
-            n = len(self.items[g].text)
+            n = len(self.items[g].item.text)
             if pos < n:
                 j = g
                 break
             pos -= n
-        ri, it = self.items[j], self.plan[j]
+        ri, it = self.items[j].item, self.plan[j]
         name = _innermost(ri.fields, pos)
         first = it.start - self.offset
         if it.end == it.start or (name is not None and name not in _MEMBER_FIELDS):
