@@ -83,7 +83,7 @@ class Memos:
     def clear(self) -> None:
         with self._lock:
             self._data.clear()
-            self.bytes = 0
+            self.bytes = self.hits = self.misses = 0
 
 
 def cost(body_bytes: int, previous: Previous | None, body_print: BodyPrint) -> int:
