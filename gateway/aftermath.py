@@ -65,6 +65,7 @@ class Aftermath:
         self._wake: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
         self._in_flight = 0
+        self._sunk: asyncio.Future[None] | None = None  # the sinks of the exchange taken last are done
         self._started = False
         self._workers: list[asyncio.Task[None]] = []
         self._n_workers = workers
@@ -141,14 +142,22 @@ class Aftermath:
             _, entry = self._pending.popitem(last=False)
             self._in_flight += 1
             ex, lane = entry.ex, entry.lane
+            # Analyses overlap; the sinks run in the order the exchanges left the queue (a record
+            # stream stays in request order): each waits for the one taken before it.
+            before, mine = self._sunk, asyncio.get_running_loop().create_future()
+            self._sunk = mine
             try:
-                for step in self.analyzers:
-                    await _call(step, ex, lane)
+                try:
+                    for step in self.analyzers:
+                        await _call(step, ex, lane)
+                except Exception:
+                    log.exception("analysis of %s failed", ex.request_id)
+                if before is not None and not before.done():
+                    await before
                 await self._run_sinks(ex, lane)
                 self.processed += 1
-            except Exception:
-                log.exception("aftermath of %s failed", ex.request_id)
             finally:
+                mine.set_result(None)
                 self.queued_bytes -= entry.cost
                 self._in_flight -= 1
                 if not self._pending and not self._in_flight:
