@@ -54,7 +54,7 @@ class _Entry:
 class Aftermath:
     """A Finisher (see runtime.py): analyzers run in order, then sinks, per exchange."""
 
-    def __init__(self, analyzers: Sequence[Step] = (), sinks: Sequence[Step] = (), workers: int = DEFAULT_WORKERS,
+    def __init__(self, analyzers: Sequence[Step] = (), sinks: Sequence[Step] = (), workers: int | None = None,
                  max_queue: int = 10_000, max_queue_bytes: int | None = None) -> None:
         self.analyzers = tuple(analyzers)  # e.g. render + drift verdict (writes ex.cache)
         self.sinks = tuple(sinks)  # e.g. request record, metrics (read the exchange)
@@ -68,7 +68,7 @@ class Aftermath:
         self._sunk: asyncio.Future[None] | None = None  # the sinks of the exchange taken last are done
         self._started = False
         self._workers: list[asyncio.Task[None]] = []
-        self._n_workers = workers
+        self._n_workers = workers or int(os.environ.get("GATEWAY_AFTERMATH_WORKERS") or DEFAULT_WORKERS)
         self._max_queue = max_queue
         if max_queue_bytes is None:
             max_queue_bytes = int(os.environ.get("GATEWAY_AFTERMATH_MAX_BYTES") or DEFAULT_MAX_QUEUE_BYTES)

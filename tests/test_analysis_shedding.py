@@ -1,0 +1,84 @@
+"""When analysis falls behind, it is shed per conversation, never silently (gateway/aftermath.py).
+
+The queue holds one turn per conversation: a newer turn takes its older one's place in line (the
+older is recorded with analysis `superseded`); a full queue sheds a new conversation's turn
+(`queue_full`). Both are counted (gateway_analysis_shed{reason}) and the record says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from gateway.aftermath import Aftermath
+from gateway.conversations.policy import Found
+from gateway.conversations.state import ConversationState
+from gateway.exchange import Exchange
+from tests.support.emulator_proc import run_emulator
+from tests.support.gateway_proc import run_gateway
+from tests.test_records_e2e import SENT, lane, metric_samples, post, records
+
+
+def _turn(cid: str, n: int) -> Exchange:
+    ex = Exchange(request_id=f"{cid}{n}", path="/v1/chat/completions")
+    ex.conversation = Found(ConversationState(cid, "key"), None, False, None, None)  # type: ignore[arg-type]
+    return ex
+
+
+async def test_the_latest_turn_of_each_conversation_is_analysed_first() -> None:
+    gate = asyncio.Event()
+    analysed: list[str] = []
+    sunk: dict[str, str | None] = {}
+
+    async def analysis(ex, lane) -> None:
+        await gate.wait()
+        analysed.append(ex.request_id)
+
+    am = Aftermath(analyzers=[analysis], sinks=[lambda ex, lane: sunk.__setitem__(ex.request_id, ex.analysis_skipped)],
+                   workers=1, max_queue=3)
+    am.start()
+    try:
+        am.exchange_ended(_turn("A", 1), None)
+        await asyncio.sleep(0)  # the worker takes A1 and waits in its analysis
+        for ex in (_turn("A", 2), _turn("B", 1), _turn("A", 3), _turn("C", 1), _turn("D", 1), _turn("C", 2)):
+            am.exchange_ended(ex, None)
+        await asyncio.sleep(0.01)
+        # A2 and C1 gave way to their conversations' newer turns; D1 found the queue full (A, B, C).
+        assert sunk == {"A2": "superseded", "C1": "superseded", "D1": "queue_full"}
+        assert (am.shed_superseded, am.shed_queue_full, am.skipped_analysis) == (2, 1, 3)
+        gate.set()
+        assert await am.drain(5)
+        assert analysed == ["A1", "A3", "B1", "C2"], "a newer turn takes the older one's place in line"
+        assert all(sunk[r] is None for r in analysed) and len(sunk) == 7, "every exchange reaches the sinks once"
+        assert am.queued_bytes == 0 and am.queued == 0
+    finally:
+        await am.stop()
+
+
+def test_shed_turns_are_recorded_with_why_and_counted() -> None:
+    """One worker busy with a big new conversation's analysis (~0.5 s of render and tokenisation)
+    while a small conversation sends three quick turns: the first two are superseded, the third
+    is analysed; the records and /metrics say so."""
+    env = {"GATEWAY_AFTERMATH_WORKERS": "1"}
+    with run_emulator(flavour="vllm", max_model_len=1 << 20) as emu:
+        with run_gateway({"gateway": {"max_request_bytes": 16 << 20}, "lanes": {"v": lane(emu.url)},
+                          "models": {"m": "v"}}, env=env) as gw:
+            big = [{"role": "user" if i % 2 == 0 else "assistant",
+                    "content": " ".join(f"word{i}x{j}" for j in range(150))} for i in range(801)]
+            assert post(gw.url, {"model": "m", "messages": big, "max_tokens": 2,
+                                 "prompt_cache_key": "big"})[0] == 200
+            mark = len(SENT[gw.url])
+            msgs = [{"role": "user", "content": "hello"}]
+            for _ in range(3):
+                status, raw = post(gw.url, {"model": "m", "messages": msgs, "max_tokens": 2,
+                                            "prompt_cache_key": "small"})
+                assert status == 200
+                answer = json.loads(raw)["choices"][0]["message"]
+                msgs = [*msgs, {"role": "assistant", "content": answer.get("content") or ""},
+                        {"role": "user", "content": "go on"}]
+            ids = SENT[gw.url][mark:]
+            by_id = {r["request_id"]: r for r in records(gw.url, ids)}  # written once analysed (or shed)
+            shed = metric_samples(gw.url)["gateway_analysis_shed_total"]
+    assert [by_id[i]["analysis"] for i in ids] == ["superseded", "superseded", None], [by_id[i] for i in ids]
+    assert by_id[ids[2]]["verdict"] != "unknown", "the conversation's latest turn got its verdict"
+    assert shed[(("reason", "superseded"),)] >= 2 and (("reason", "queue_full"),) in shed
