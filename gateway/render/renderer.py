@@ -667,7 +667,8 @@ class Renderer:
         dropped = (max(0, drop_a - offset + 1) if drop_a >= 0 else 0, max(0, drop_d - offset) if drop_d >= 0 else 0)
         kept = 0
         if resume is not None and resume.used and pp is not None and pp.template is template and \
-                pp.effort == effort and pp.ctx_digest == ctx_digest and pp.offset == offset:
+                pp.effort == effort and pp.ctx_digest == ctx_digest and pp.offset == offset and \
+                pp.options.tokenizer_path == opts.tokenizer_path:
             kept = resume.used  # their render keys are the same too: template, effort, tools and offset agree
         return _Prepared(opts, template, effort, tools, rf, offset, msgs, digests, items, ctx_digest, dropped,
                          roles, eff_drop, drop_a, kept)
