@@ -68,6 +68,19 @@ def _status(pid: int, names: tuple[str, ...]) -> dict[str, float]:
     return out
 
 
+def cpu_s(pid: int) -> dict[int, tuple[float, int]]:
+    """CPU seconds (user + system) and niceness of each process of the gateway's family."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for member in family(pid):
+        try:
+            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[member] = ((int(fields[11]) + int(fields[12])) / tick, int(fields[16]))
+    return out
+
+
 def rss_mib(pid: int) -> float:
     return _status(pid, ("VmRSS",))["VmRSS"]
 
@@ -332,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.die_share:.0%} of streams to a dying lane, gateway pid {pid}", flush=True)
             tally, rss, series = asyncio.run(drive(gw.url, pid, args))
             stats = [e.stats() for e in (e1, e2, dying)]
+            cpu = cpu_s(pid)
             t_drain = time.monotonic()
             overview = gateway_overview(gw.url)
             while (overview.get("aftermath") or {}).get("queued") and time.monotonic() - t_drain < 30:
@@ -375,6 +389,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{after.get('skipped_analysis')} (superseded {after.get('shed_superseded')}, queue full "
               f"{after.get('shed_queue_full')}), failed {after.get('analysis_failures')}; "
               f"records {overview.get('records')}")
+        worker = after.get("analysis_worker_pid")
+        gw_cpu = cpu.get(pid, (0.0, 0))[0]
+        w_cpu, w_nice = cpu.get(worker, (0.0, 0)) if worker else (0.0, 0)
+        print(f"CPU: gateway process {gw_cpu:.1f} s ({gw_cpu * 1000 / max(1, total):.2f} ms per request), analysis "
+              f"worker {w_cpu:.1f} s at nice {w_nice} ({w_cpu * 1000 / max(1, after.get('analysed') or 0):.2f} ms per "
+              f"analysed turn)")
         ok_turns = tally.kinds.get("ok", 0)
         print(f"verdict share: {(after.get('analysed') or 0) / max(1, ok_turns):.1%} of {ok_turns} completed turns "
               f"got a verdict (target >= 95%)")

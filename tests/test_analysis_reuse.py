@@ -47,9 +47,10 @@ def _view(data: bytes) -> dict:
     return d
 
 
-def _turns(cid: str, turns: list[tuple[dict, RenderOptions, dict]], engine: str, as_bytes: bool) -> list:
+def _turns(cid: str, turns: list[tuple[dict, RenderOptions, dict]], engine: str, as_bytes: bool,
+           budget: int | None = None) -> list:
     """Analyse the turns in order with a fresh render cache; (cache, state, divergence, snippets) each."""
-    renderer = Renderer(RenderOptions(engine=engine), cache=SegmentCache())
+    renderer = Renderer(RenderOptions(engine=engine), cache=SegmentCache(budget) if budget else SegmentCache())
     state, stored, out = ConversationState(cid, "key"), None, []
     for body, options, output in turns:
         outcome = analyse_job(_job(cid, body, options, engine, output, state, stored, as_bytes), renderer, None)
@@ -59,10 +60,10 @@ def _turns(cid: str, turns: list[tuple[dict, RenderOptions, dict]], engine: str,
     return out
 
 
-def _same_as_full_path(turns: list[tuple[dict, RenderOptions, dict]], engine: str) -> None:
+def _same_as_full_path(turns: list[tuple[dict, RenderOptions, dict]], engine: str, budget: int | None = None) -> None:
     memos().clear()
-    fast = _turns("fast", turns, engine, as_bytes=True)
-    full = _turns("full", turns, engine, as_bytes=False)
+    fast = _turns("fast", turns, engine, as_bytes=True, budget=budget)
+    full = _turns("full", turns, engine, as_bytes=False, budget=budget)
     for k, (a, b) in enumerate(zip(fast, full)):
         assert a[0] == b[0], (k, a[0], b[0])  # verdict, LCP, predicted, cause, ...
         assert {**a[1], "id": None} == {**b[1], "id": None}, k  # the state kept, fingerprints included
@@ -90,9 +91,10 @@ def _agent(rng: random.Random, n: int) -> list[dict]:
     return msgs
 
 
+@pytest.mark.parametrize("budget", [None, 24_000], ids=["cache", "evicting"])  # a small cache evicts the history
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 @pytest.mark.parametrize("edit", ["append", "middle", "last", "tools", "effort", "thinking", "reorder_keys"])
-def test_append_only_runs_and_edits(engine: str, edit: str) -> None:
+def test_append_only_runs_and_edits(engine: str, edit: str, budget: int | None) -> None:
     rng = random.Random(f"{engine}-{edit}")
     tools = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
     history = _agent(rng, 30)
@@ -116,7 +118,7 @@ def test_append_only_runs_and_edits(engine: str, edit: str) -> None:
                 body = {"max_tokens": 8, "messages": body["messages"], "model": "m"}
         turns.append((body, options, out))
         history = [*history, sent_back(out), {"role": "user", "content": f"next {t}"}]
-    _same_as_full_path(turns, engine)
+    _same_as_full_path(turns, engine, budget)
     assert memos().hits == 5, "every turn after the first found its previous turn's memo"
 
 

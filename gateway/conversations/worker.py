@@ -49,6 +49,9 @@ def _init(parent: int, spool: str | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the gateway, which stops this process
     with contextlib.suppress(OSError):
         os.nice(int(os.environ.get("GATEWAY_ANALYSIS_NICE") or NICENESS))
+    # One core at most: the tokenizer's thread pool would spread a big render over every core (the hot
+    # path's too), and its idle threads spin between the small batches of an agent's turn.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s analysis-worker: %(message)s")
     threading.Thread(target=_exit_with_parent, args=(parent, spool), name="parent-watch", daemon=True).start()
 

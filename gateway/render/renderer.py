@@ -481,6 +481,7 @@ class _Prepared:
     eff_drop: bool = False
     last_ul2: int = -1  # _plan's: reasoning dropped up to here (-1: none)
     kept: int = 0  # leading items taken from the previous turn's plan (their render too)
+    held: list = field(default_factory=list)  # the previous turn's entries for them, when evicted from the cache
 
 
 @dataclass
@@ -710,8 +711,12 @@ class Renderer:
     def _render_items(self, prep: _Prepared, previous: Previous | None = None,
                       ) -> tuple[list[ItemEntry], list[tuple], int]:
         r = prep.kept if previous is not None else 0
+        held: list[ItemEntry] = []
         if r and not self.cache.touch_items(previous.keys[:r]):  # type: ignore[union-attr]
-            r = prep.kept = 0  # evicted meanwhile: look up (and render again) as without a previous turn
+            # Some were evicted meanwhile: look up as without a previous turn, so the cache ends as the
+            # full path leaves it; what it would render again is what the previous turn holds.
+            held = prep.held = previous.entries[:r]  # type: ignore[union-attr]
+            r = prep.kept = 0
         if r:
             # The kept items' keys and entries are last turn's (the same pure function of the same key);
             # their cache entries are touched as a lookup would, so evictions stay as they were.
@@ -725,6 +730,11 @@ class Renderer:
         for j in range(r, len(prep.items)):
             it = prep.items[j]
             if found[j] is not None:
+                continue
+            if j < len(held):  # the same key renders the same item: no need to run the template
+                entry = ItemEntry(held[j].item)
+                found[j] = entry
+                new.append((keys[j], entry))
                 continue
             members = [
                 m if k < prep.offset else _normalize_message(m, k - prep.offset)
@@ -808,8 +818,14 @@ class Renderer:
             ids = self.cache.get_tokens(tkeys)
             missing = [j for j, v in enumerate(ids) if v is None]
             if missing:
-                enc = tok.encode_batch([todo[j][1] for j in missing])
-                for j, a in zip(missing, enc):
+                need = missing
+                if prep.held:  # ids the previous turn holds for the same text: no need to tokenize them
+                    held_ids = {(e.item.digest, len(e.item.text)): e.ids for e in prep.held if e.ids is not None}
+                    for j in missing:
+                        ids[j] = held_ids.get((digests[j], len(todo[j][1])))
+                    need = [j for j in missing if ids[j] is None]
+                enc = tok.encode_batch([todo[j][1] for j in need])
+                for j, a in zip(need, enc):
                     ids[j] = a
                 # The token table answers "ids of the segment with this digest" (drift comparison
                 # reads it); single items also keep their ids on their entry (attach below). The
