@@ -25,7 +25,7 @@ from .rawbody import BodyPrint
 from .state import ConversationState, MessagePrints
 
 DEFAULT_MAX_BYTES = 128 * 1024 * 1024
-DEFAULT_MAX_CONVERSATIONS = 1024
+DEFAULT_MAX_CONVERSATIONS = 512  # the soak runs 400 agents side by side
 PARSED_PER_BODY_BYTE = 3  # parsed messages against their JSON: measured ~2.5x on the agent corpus
 
 
