@@ -178,3 +178,30 @@ def test_output_items_are_what_was_generated():
                       {"type": "function_call", "call_id": "c9", "name": "f", "arguments": "{}"}])
     assert gen.as_message() == {"role": "assistant", "content": "", "reasoning_content": "r", "tool_calls": [
         {"id": "c9", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+
+
+# -- the real engine: vLLM's own /v1/responses renders what the gateway predicts ----------------------
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "non-stream"])
+def test_engine_responses_turns_are_predicted_exactly(stream):
+    from tests.support.engine_proc import engine_fixture, engine_routes
+    from tests.test_engine_cache import LOGIT_BIAS  # the random-weight model confined to whole words
+
+    eng = engine_fixture()
+    with run_gateway(engine_routes(eng.url)) as g:
+        agent = ResponsesAgent(g, stream=stream)  # tools: the template keeps the earlier reasoning
+        agent.client = openai.OpenAI(base_url=g.base_url, api_key="x", max_retries=0, timeout=120)
+        knobs = {"temperature": 0, "extra_body": {"logit_bias": LOGIT_BIAS, "ignore_eos": True}}
+        agent.turn(**knobs)
+        first = wait_analysed(g, agent.cid, 1, timeout=60)["last_cache"]
+        assert first["verdict"] == "cold" and first["render_matches_engine"], first
+        for n in range(2, 4):
+            agent.turn(**knobs)
+            cache = wait_analysed(g, agent.cid, n, timeout=60)["last_cache"]
+            print(f"responses turn {n} ({'stream' if stream else 'non-stream'}): predicted "
+                  f"{cache['predicted_cached_tokens']}, engine {cache['reported_cached_tokens']}, {cache['verdict']}")
+            assert cache["render_matches_engine"], cache
+            assert cache["verdict"] == "hit", cache
+            assert cache["predicted_cached_tokens"] == cache["reported_cached_tokens"] > 0, cache
