@@ -106,6 +106,20 @@ def test_changed_instructions_are_drift_with_the_system_prompt_as_cause(gw):
     assert cache["divergence_message_index"] == 0 and cache["reported_cached_tokens"] < cache["rendered_prompt_tokens"]
 
 
+def test_an_effort_change_is_pinned_in_the_responses_body(emu_proc):
+    emu_proc.reset()
+    with run_gateway(routes(emu_proc.url, effort_policy="pin")) as g:
+        agent = ResponsesAgent(g, stream=False)
+        headers, _ = agent.turn(reasoning={"effort": "high"})
+        assert headers["x-gateway-effort"] == "50"
+        headers, _ = agent.turn(reasoning={"effort": "low"})
+        assert headers["x-gateway-effort"] == "50; requested=25; pinned", headers["x-gateway-effort"]
+        sent = emu_proc.stats()["recent"][-1]["body"]
+        assert sent["chat_template_kwargs"]["reasoning_effort"] == 50 and not (sent.get("reasoning") or {}).get("effort")
+        cache = _cache(g, agent)
+        assert cache["verdict"] == "hit" and cache["predicted_cached_tokens"] == cache["reported_cached_tokens"], cache
+
+
 def test_previous_response_id_is_recorded_without_analysis_and_says_why(gw):
     client = openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0, timeout=30)
     raw = client.responses.with_raw_response.create(
