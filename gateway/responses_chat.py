@@ -19,7 +19,8 @@ reads a request the same way:
 A request that does not map onto messages alone gets no chat view, with the reason (it is recorded,
 not analysed): `previous_response_id` / `previous_response` / `conversation` (the earlier turns live
 in the engine or the provider), an item type with no chat form, an encrypted reasoning item, a
-partial assistant message to continue, or a part the gateway cannot render (a file, audio).
+partial assistant message to continue, a part the gateway cannot render (a file, audio), or items
+whose mapping a chat request could not carry (e.g. a user message whose content is a number).
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import GatewayError
 from .exchange import GeneratedOutput
+from .validate import check_chat
 
 PATH = "/v1/responses"
 
@@ -76,6 +79,12 @@ def chat_view(body: dict[str, Any]) -> ChatView:
     for name in _CARRIED:
         if name in body:
             chat[name] = body[name]
+    try:
+        # The shapes the hot path relies on, as for a chat request (a malformed item is the engine's
+        # to refuse: the request passes through, recorded, not analysed).
+        check_chat(chat)
+    except GatewayError as exc:
+        return ChatView(None, "as chat messages: " + exc.message[:200])
     return ChatView(chat)
 
 

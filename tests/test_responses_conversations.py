@@ -180,6 +180,9 @@ def test_output_items_sent_back_merge_into_one_assistant_message():
     ({"input": [{"type": "reasoning", "encrypted_content": "gAAA", "summary": []}]}, "input[0]: encrypted"),
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input[0]: content part"),
     ({"input": [{"type": "message", "role": "assistant", "status": "incomplete", "content": []}]}, "input: a partial"),
+    ({"input": [{"role": "user", "content": 5}]}, "as chat messages: "),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": 7, "arguments": "{}"}]}, "as chat messages: "),
+    ({"input": []}, "input: no messages"),
 ])
 def test_requests_that_do_not_map_say_why(body, why):
     view = chat_view({"model": "m", **body})
