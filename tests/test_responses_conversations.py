@@ -120,16 +120,19 @@ def test_an_effort_change_is_pinned_in_the_responses_body(emu_proc):
         assert cache["verdict"] == "hit" and cache["predicted_cached_tokens"] == cache["reported_cached_tokens"], cache
 
 
-def test_previous_response_id_is_recorded_without_analysis_and_says_why(gw):
-    client = openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0, timeout=30)
-    raw = client.responses.with_raw_response.create(
-        model="ds", input="And then?", previous_response_id="resp_0123", max_output_tokens=8,
-        extra_headers={"X-Request-Id": "resp-prev-1"})
-    assert raw.http_response.status_code == 200
-    assert "x-gateway-conversation" not in raw.headers  # no conversation: nothing to pin or compare
-    rec = _record(gw, "resp-prev-1")
+@pytest.mark.parametrize("extra, why", [
+    ({"input": "And then?", "previous_response_id": "resp_0123"}, "responses: previous_response_id"),
+    ({"input": [{"role": "user", "content": 5}]}, "responses: as chat messages: messages[0].content"),
+], ids=["previous_response_id", "malformed-item"])
+def test_unmapped_requests_are_recorded_without_analysis_and_say_why(gw, extra, why):
+    rid = "resp-unmapped-" + why.split()[1].rstrip(":")
+    r = httpx.post(gw.base_url + "/responses", json={"model": "ds", "max_output_tokens": 8, **extra},
+                   headers={"X-Request-Id": rid})
+    assert r.status_code == 200, r.text  # passed through: the engine decides
+    assert "x-gateway-conversation" not in r.headers  # no conversation: nothing to pin or compare
+    rec = _record(gw, rid)
     assert rec["path"] == "/v1/responses" and rec["verdict"] in (None, "unknown")
-    assert rec["analysis"].startswith("responses: previous_response_id"), rec["analysis"]
+    assert rec["analysis"].startswith(why), rec["analysis"]
 
 
 def _record(gw, request_id: str) -> dict:
