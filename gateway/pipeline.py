@@ -87,8 +87,11 @@ class Pipeline:
             nonlocal ended
             if not ended:
                 ended = True
-                if parsed is not None and parsed.pending is not None and self.memo is not None:
-                    asyncio.get_running_loop().call_soon(self.memo.settle, parsed)  # after the answer is written
+                if parsed is not None and parsed.pending is not None and self.memo is not None \
+                        and 200 <= ex.status < 300 and ex.error_code is None:
+                    # Only an answered body: its messages count as checked next time. After the
+                    # answer is written (the wire path writes it before this callback runs).
+                    asyncio.get_running_loop().call_soon(self.memo.settle, parsed)
                 if lane is not None:
                     lane.inflight -= 1
                 self.runtime.finish(ex, lane)
