@@ -90,6 +90,9 @@ class Exchange:
     body: dict[str, Any] | None = None
     body_bytes: int = 0
     forwarded: bytes | None = None  # the body as sent upstream (what the analysis renders)
+    # token ids (issue 13): the gateway asked the engine for them (the client did not): strip them
+    token_ids_strip: bool = False
+    token_ids_why: str | None = None  # token ids (issue 13): why they were not asked for
     request_headers: Any = None  # the client's headers (a case-insensitive mapping)
 
     status: int = 0

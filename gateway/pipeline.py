@@ -13,7 +13,7 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from . import passthrough
+from . import passthrough, token_ids
 from .errors import GatewayError, invalid_request
 from .exchange import Exchange
 from .fallback import choose_lane
@@ -163,6 +163,7 @@ class Pipeline:
             # Always ask for usage: the cached-token count lives there.
             so["include_usage"] = True
             out["stream_options"] = so
+        token_ids.ask(ex, lane.config, out)  # token ids (issue 13): ask the engine for them
         try:
             return orjson.dumps(out)
         except TypeError:  # orjson.JSONEncodeError: it reads deeper nesting than it writes

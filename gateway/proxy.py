@@ -12,7 +12,7 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive
 
-from . import passthrough, reshape
+from . import passthrough, reshape, token_ids
 from .encoding import DecodeError, decoder_for
 from .errors import GatewayError, error_body
 from .exchange import Exchange
@@ -136,6 +136,8 @@ async def _relay_whole(ex, lane, replica, resp, decoder, receive, on_end, have: 
     now = time.perf_counter()
     ex.t_first_token = ex.t_last_token = now
     (observe_completion if ex.path in passthrough.STREAM_OPTIONS else passthrough.observe_response_body)(ex, parsed)
+    if ex.token_ids_strip:  # token ids (issue 13): the gateway asked for them, the client did not
+        data = token_ids.strip_body(data)[0]
     data = reshape.for_lane(ex, lane).body(data)  # the client's model name, the lane's reasoning field
     ex.response_bytes = len(data)
     response = Response(data, status_code=200, media_type="application/json")
@@ -218,6 +220,7 @@ async def _relay_stream(ex, lane, replica, resp, decoder, receive, on_end) -> Re
     observer = StreamObserver(ex, drop_usage_chunk=not ex.client_wants_usage, scrubber=lane.upstream.scrubber) \
         if ex.path != passthrough.RESPONSES else passthrough.ResponsesObserver(ex)
     shape = reshape.for_lane(ex, lane).event
+    strip_ids = ex.token_ids_strip  # token ids (issue 13): the gateway asked for them, the client did not
     timeouts = lane.upstream.timeouts
     # Wait for the first data before answering, so a stalled or dead upstream still gets a clean
     # 504/502 status; the client's first byte leaves the moment the upstream's arrives.
@@ -285,6 +288,8 @@ async def _relay_stream(ex, lane, replica, resp, decoder, receive, on_end) -> Re
                     out = []
                     for event in splitter.feed(data, final=not raw):
                         piece = observer.relay(event)
+                        if strip_ids and piece is not None:  # token ids (issue 13)
+                            piece = token_ids.chunk_bytes(piece)
                         if piece is not None:
                             out.append(shape(piece))
                         if observer.done:
