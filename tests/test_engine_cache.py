@@ -32,7 +32,8 @@ import httpx
 import openai
 import pytest
 
-from tests.support.engine_proc import REPO, EngineProc, engine_fixture, engine_lane
+from gateway import token_ids
+from tests.support.engine_proc import MODEL, REPO, EngineProc, engine_fixture, engine_lane
 from tests.support.gateway_proc import run_gateway
 
 pytestmark = pytest.mark.engine
@@ -202,7 +203,7 @@ class Agent:
             "prompt_tokens": usage.prompt_tokens if usage else None,
             "rendered_prompt_tokens": cache.get("rendered_prompt_tokens"), "lcp_tokens": cache.get("lcp_tokens"),
             "tokens_lost": cache.get("tokens_lost"), "divergence_message_index": cache.get("divergence_message_index"),
-            "render_matches_engine": cache.get("render_matches_engine"),
+            "render_matches_engine": cache.get("render_matches_engine"), "render_check": cache.get("render_check"),
             "effort_header": headers.get("x-gateway-effort"), "finish_reason": finish, "completion_tokens": n,
             "client_ttft_s": None if t_first is None else t_first - t0,
             "client_decode_tps": (n - 1) / (t_last - t_first) if n and n > 1 and t_last and t_last > t_first else None,
@@ -440,3 +441,48 @@ def test_interleaved_long_conversations_evict_each_other(gw, engine):
         assert r["reported"] < r["predicted"] and r["tokens_lost"] == r["predicted"] - r["reported"], r
         assert r["reported"] % 32 == 0 and r["render_matches_engine"] is True, r
     assert any(r["reported"] > 0 for r in later), "no partial eviction: the head of some prefix should survive"
+
+
+# -- token ids (issue 13): the gateway asks vLLM for them itself ------------------------------------------
+
+
+def test_every_turn_compares_the_engines_token_ids_and_the_client_sees_none(gw):
+    # The client never asks for return_token_ids: the gateway does, so the record compares the ids the
+    # engine prefilled with the render (content, not counts) on every turn.
+    agent = Agent(gw, "token-ids")
+    for _ in range(6):
+        agent.turn()
+    report("token_ids_every_turn", agent.rows)
+    assert all(r["render_check"] == "token_ids" for r in agent.rows), agent.rows
+    for row in agent.rows[1:]:
+        assert row["verdict"] == "hit", row
+        assert_exact(row)
+
+
+def _stream_choices(url: str, body: dict[str, Any]) -> list[bytes]:
+    """A raw stream's events without their envelope (id, created, model differ by route)."""
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        raw = r.read()
+    events = [e for e in raw.split(b"\n\n") if e.startswith(b"data: {")]
+    return [e.split(b'"choices":', 1)[1] for e in events]
+
+
+def test_stripped_ids_leave_exactly_the_stream_vllm_sends_unasked(gw, engine):
+    # Unbiased and thinking, the random model emits special tokens the reasoning parser swallows (measured:
+    # 19 of 40): asked for ids, vLLM sends a chunk with an empty delta for each of them; unasked it sends
+    # none. Each request has its own cache_salt, so both are prefilled cold and generate the same tokens
+    # (temperature 0).
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Explain a prefix cache in one line."}],
+            "max_tokens": 40, "temperature": 0, "stream": True, "ignore_eos": True,
+            "chat_template_kwargs": {"thinking": True}}
+    plain = _stream_choices(engine.url, {**body, "cache_salt": "plain"})
+    asked = _stream_choices(engine.url, {**body, "cache_salt": "asked", "return_token_ids": True})
+    assert any(b'"token_ids":[' in e for e in asked) and not any(b'"token_ids":[' in e for e in plain)
+    assert len(asked) > len(plain) + 5  # the id-only chunks
+    assert [c for c in (token_ids.strip_chunk(e)[0] for e in asked) if c is not None] == plain
+    # Through the gateway (which asks): no ids, and no chunk vLLM would not have sent unasked.
+    through = _stream_choices(gw.url, {**body, "model": "ds", "cache_salt": "through", "user": "token-ids-raw"})
+    assert not any(b'token_ids":[' in e for e in through)
+    assert not any(b'"delta":{}' in e and b'"finish_reason":null' in e for e in through)
+    print(f"\nasked {len(asked)} chunks, unasked {len(plain)}, through the gateway {len(through)}")
