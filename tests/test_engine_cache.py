@@ -486,3 +486,15 @@ def test_stripped_ids_leave_exactly_the_stream_vllm_sends_unasked(gw, engine):
     assert not any(b'token_ids":[' in e for e in through)
     assert not any(b'"delta":{}' in e and b'"finish_reason":null' in e for e in through)
     print(f"\nasked {len(asked)} chunks, unasked {len(plain)}, through the gateway {len(through)}")
+
+
+def test_output_that_re_renders_to_other_ids_is_output_retokenized_not_eviction(gw):
+    # Unbiased, the random model emits special tokens the parsers swallow: the text the client sends back
+    # renders to other ids than the engine generated, so the engine holds fewer tokens than the render
+    # predicts. With the generated ids (asked by the gateway) the shortfall is named for what it is.
+    agent = Agent(gw, "retokenized", logit_bias=None, max_tokens=96)
+    agent.turn()
+    row = agent.turn()
+    report("output_retokenized", agent.rows)
+    assert row["verdict"] == "drift" and row["cause"] == "output_retokenized", row
+    assert row["reported"] < row["predicted"], row
