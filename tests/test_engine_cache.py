@@ -33,6 +33,7 @@ import openai
 import pytest
 
 from gateway import token_ids
+from tests.support.conversations import wait_record
 from tests.support.engine_proc import MODEL, REPO, EngineProc, engine_fixture, engine_lane
 from tests.support.gateway_proc import run_gateway
 
@@ -88,17 +89,6 @@ def wait_turn(gw, cid: str, turn: int, timeout: float = 20.0) -> dict:
         time.sleep(0.02)
     raise AssertionError(f"turn {turn} of {cid} was not analysed in time\n{r.text[:500] if r else ''}\n"
                          f"{gw.log()[-3000:]}")
-
-
-def wait_record(gw, cid: str, turn: int, timeout: float = 20.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        rows = httpx.get(f"{gw.url}/admin/api/records", params={"conversation": cid, "limit": 50}).json()["records"]
-        for row in rows:
-            if row.get("turn") == turn and row.get("verdict") not in (None, "unknown"):
-                return row
-        time.sleep(0.05)
-    raise AssertionError(f"no record of turn {turn} of {cid}")
 
 
 def filler(tag: str, lines: int) -> str:

@@ -17,7 +17,7 @@ from gateway import token_ids
 from gateway.config import Lane
 from gateway.exchange import Exchange
 from gateway.sse import EventSplitter
-from tests.support.conversations import routes, wait_analysed
+from tests.support.conversations import routes, wait_analysed, wait_record
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
 
@@ -165,6 +165,8 @@ def test_client_without_ids_sees_none_and_the_record_compares_them(emu):
         cid = r.headers["x-gateway-conversation"].split(";")[0]
         cache = wait_analysed(gw, cid, 1)["last_cache"]
         assert cache["render_check"] == "token_ids" and cache["render_matches_engine"] is True, cache
+        row = wait_record(gw, cid, 1)
+        assert (row["render_check"], row["render_matches_engine"], row["render_check_why"]) == ("token_ids", 1, None)
 
         r = _post(gw.url, {**body, "stream": False, "user": "b"}, "t2")
         whole = r.json()
@@ -192,3 +194,5 @@ def test_lane_off_compares_counts_and_says_why(emu):
         assert b"token_ids\":[" not in r.read()
         cache = wait_analysed(gw, r.headers["x-gateway-conversation"].split(";")[0], 1)["last_cache"]
         assert cache["render_check"] == "count" and cache["render_check_why"] == token_ids.WHY_OFF, cache
+        row = wait_record(gw, r.headers["x-gateway-conversation"].split(";")[0], 1)
+        assert row["render_check"] == "count" and row["render_check_why"] == token_ids.WHY_OFF, row
