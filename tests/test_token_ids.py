@@ -17,7 +17,7 @@ from gateway import token_ids
 from gateway.config import Lane
 from gateway.exchange import Exchange
 from gateway.sse import EventSplitter
-from tests.support.conversations import routes, wait_analysed, wait_record
+from tests.support.conversations import lane, routes, wait_analysed, wait_record
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
 
@@ -187,12 +187,18 @@ def test_client_that_asks_gets_them(emu):
         assert whole["prompt_token_ids"] == first["prompt_token_ids"] and whole["choices"][0]["token_ids"]
 
 
-def test_lane_off_compares_counts_and_says_why(emu):
+def test_lanes_that_are_not_asked_compare_counts_and_say_why(emu):
     emu.reset()
-    with run_gateway(routes(emu.url, token_ids="off")) as gw:
-        r = _post(gw.url, {"model": "ds", "messages": MSGS, "max_tokens": 20, "stream": True, "user": "c"}, "t5")
-        assert b"token_ids\":[" not in r.read()
-        cache = wait_analysed(gw, r.headers["x-gateway-conversation"].split(";")[0], 1)["last_cache"]
-        assert cache["render_check"] == "count" and cache["render_check_why"] == token_ids.WHY_OFF, cache
-        row = wait_record(gw, r.headers["x-gateway-conversation"].split(";")[0], 1)
-        assert row["render_check"] == "count" and row["render_check_why"] == token_ids.WHY_OFF, row
+    with run_emulator(flavour="sglang", tokenizer="dsv41", default_thinking=True, block_size=16) as sg:
+        config = {"lanes": {"off": lane(emu.url, token_ids="off"), "sg": lane(sg.url, engine="sglang")},
+                  "models": {"off": "off", "sg": "sg"}}
+        with run_gateway(config) as gw:
+            for model, why in (("off", token_ids.WHY_OFF), ("sg", token_ids.why_engine("sglang"))):
+                r = _post(gw.url, {"model": model, "messages": MSGS, "max_tokens": 20, "stream": True,
+                                   "user": "c-" + model}, "t5-" + model)
+                assert b"token_ids\":[" not in r.read()
+                cid = r.headers["x-gateway-conversation"].split(";")[0]
+                cache = wait_analysed(gw, cid, 1)["last_cache"]
+                assert cache["render_check"] == "count" and cache["render_check_why"] == why, cache
+                row = wait_record(gw, cid, 1)
+                assert row["render_check"] == "count" and row["render_check_why"] == why, row
