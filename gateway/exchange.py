@@ -23,7 +23,7 @@ class GeneratedOutput:
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     finish_reason: str | None = None
     # vLLM with `return_token_ids`: the ids the engine prefilled and generated (compared with the render)
-    prompt_token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | bytes | None = None  # token ids (issue 13): bytes = their JSON, parsed later
     token_ids: list[int] = field(default_factory=list)
 
     def add_tool_call_delta(self, delta: dict[str, Any]) -> None:

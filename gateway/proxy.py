@@ -285,9 +285,11 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end) -> Respo
                 while True:
                     out = []
                     for event in splitter.feed(data, final=not raw):
+                        if strip_ids:  # token ids (issue 13): out before the observer parses the event
+                            event = token_ids.take(ex, event)
+                            if event is None:
+                                continue
                         piece = observer.relay(event)
-                        if strip_ids and piece is not None:  # token ids (issue 13)
-                            piece = token_ids.chunk_bytes(piece)
                         if piece is not None:
                             out.append(shape(piece))
                         if observer.done:

@@ -168,6 +168,7 @@ def analyse_job(job: Job, renderer: Renderer | None, estimator: Any) -> Outcome:
     """Compare with the freshest previous turn (another worker or process may have moved on);
     decoding and encoding the ~100 KB state happens here too, off the event loop."""
     state = job.state
+    token_ids.parse_job(job)  # token ids (issue 13): the prompt's ids, parsed here off the event loop
     if job.stored is not None:
         fresh = ConversationState.from_bytes(job.stored)
         if fresh.turn >= state.turn:
