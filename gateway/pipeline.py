@@ -14,7 +14,7 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from . import passthrough
+from . import passthrough, token_ids
 from .errors import GatewayError, invalid_request
 from .exchange import Exchange
 from .fallback import choose_lane
@@ -192,6 +192,7 @@ class Pipeline:
             # Always ask for usage: the cached-token count lives there.
             so["include_usage"] = True
             out["stream_options"] = so
+        token_ids.ask(ex, lane.config, out)  # token ids (issue 13): ask the engine for them
         try:
             # Messages untouched by every policy: the client's own bytes of them (no re-serialising).
             return HistoryMemo.serialise(parsed, out) or orjson.dumps(out)
