@@ -21,6 +21,7 @@ import asyncio
 import copy
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -78,24 +79,79 @@ def exchange(body: dict, cid: str) -> Exchange:
     return ex
 
 
-async def measure(policy: HealPolicy, lane_rt, prev: bytes, cur: bytes, cid: str, rounds: int,
-                  warm: bool) -> tuple[list[float], int]:
-    times, healed = [], 0
+def session(body: dict, book: RelayedBook) -> None:
+    """Every assistant message of the session, as the gateway relayed it (what turn_end.py records)."""
+    for m in body["messages"]:
+        if m["role"] == "assistant":
+            book.remember("default", heal_digest(m), Relayed.from_message(m))
+
+
+async def request(policy: HealPolicy, lane_rt, raw: bytes, cid: str) -> tuple[float, float, float, int]:
+    """One request's in-process hot path around the heal step, as the pipeline runs it: the body parsed,
+    the policy, the body serialised for upstream, the body freed (and what the step deferred run).
+    Returns (wall ms, CPU ms, the step's own wall ms, repairs)."""
+    w0, c0 = time.perf_counter(), time.thread_time()
+    body = orjson.loads(raw)
+    ex = exchange(body, cid)
+    s0 = time.perf_counter()
+    await policy.apply(ex, lane_rt, body)
+    s1 = time.perf_counter()
+    out = orjson.dumps(body)
+    repairs = sum(len(h.indices) for h in ex.healed)
+    del body, ex, out
+    await asyncio.sleep(0)  # the step's deferred frees (call_soon) run here
+    return (time.perf_counter() - w0) * 1000, (time.thread_time() - c0) * 1000, (s1 - s0) * 1000, repairs
+
+
+async def paired(policy: HealPolicy, on, off, prev: bytes, cur: bytes, cid: str, rounds: int) -> dict:
+    """Rounds of three requests on the same body: heal on, heal off, heal off again (the control: how
+    far apart two identical requests measure), in an order that rotates every round."""
+    on_w, off_w, ctl_w, on_c, off_c, ctl_c, step, repairs = [], [], [], [], [], [], [], 0
     for i in range(rounds):
-        key = f"{cid}-{i}" if not warm else cid
-        if warm:  # the previous turn, as the gateway saw it (not timed)
-            body = orjson.loads(prev)
-            await policy.apply(exchange(body, key), lane_rt, body)
+        body = orjson.loads(prev)  # the previous turn, as the gateway saw it (not timed)
+        await policy.apply(exchange(body, cid), on, body)
+        del body
+        await asyncio.sleep(0.002)  # a fresh scheduler slice for each round
+        results = {}
+        for which in ("on", "off", "ctl")[i % 3:] + ("on", "off", "ctl")[:i % 3]:
+            results[which] = await request(policy, on if which == "on" else off, cur, cid)
+        on_w.append(results["on"][0] - results["off"][0])
+        ctl_w.append(results["ctl"][0] - results["off"][0])
+        on_c.append(results["on"][1] - results["off"][1])
+        ctl_c.append(results["ctl"][1] - results["off"][1])
+        off_w.append(results["off"][0])
+        off_c.append(results["off"][1])
+        step.append(results["on"][2])
+        repairs = results["on"][3]
+    return {"added_ms": med(on_w), "added_ci": ci(on_w), "control_ms": med(ctl_w), "control_ci": ci(ctl_w),
+            "added_cpu_ms": med(on_c), "added_cpu_ci": ci(on_c), "control_cpu_ms": med(ctl_c),
+            "control_cpu_ci": ci(ctl_c), "request_ms": med(off_w), "request_cpu_ms": med(off_c),
+            "step_ms": med(step), "step_p90_ms": round(pct(step, 0.9), 3), "repairs": repairs, "rounds": rounds}
+
+
+async def first(policy: HealPolicy, on, cur: bytes, rounds: int) -> dict:
+    """The step alone when this process never saw the conversation's previous request (a restart,
+    another gateway process): every message looked up and planned."""
+    times = []
+    for i in range(rounds):
         body = orjson.loads(cur)
-        ex = exchange(body, key)
-        # Start on a fresh scheduler slice, as a request does after awaiting its body: on a loaded
-        # machine a step timed right after 20 ms of parsing is often preempted midway.
+        ex = exchange(body, f"first-{i}")
         await asyncio.sleep(0.002)
         t0 = time.perf_counter()
-        await policy.apply(ex, lane_rt, body)
+        await policy.apply(ex, on, body)
         times.append((time.perf_counter() - t0) * 1000)
-        healed = sum(len(h.indices) for h in ex.healed)
-    return times, healed
+    return {"step_ms": med(times), "rounds": rounds}
+
+
+def med(values: list[float]) -> float:
+    return round(statistics.median(values), 3)
+
+
+def ci(values: list[float], draws: int = 1000) -> tuple[float, float]:
+    """95% bootstrap interval of the median (seeded: the same figures give the same interval)."""
+    rng = random.Random(7)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return round(meds[int(0.025 * draws)], 3), round(meds[int(0.975 * draws)], 3)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -105,38 +161,37 @@ def pct(values: list[float], q: float) -> float:
 
 async def main_async(args: argparse.Namespace) -> None:
     body = corpus(Path(args.corpus))
-    store = MemoryStore()
-    book = RelayedBook(store, 3600)
-    for m in body["messages"]:  # every assistant message of the session, as the gateway relayed it
-        if m["role"] == "assistant":
-            book.remember("default", heal_digest(m), Relayed.from_message(m))
+    book = RelayedBook(MemoryStore(), 3600)
+    session(body, book)
     await asyncio.sleep(0)
     policy = HealPolicy(book)
     settle()  # the gateway's own collector settings (gc_tuning.py), as in a serving process
     bad = drifted(body)
-    # The previous turn: the same session without its last assistant message and tool result.
-    prev_bad = dict(bad, messages=bad["messages"][:-2])
-    prev_clean = dict(body, messages=body["messages"][:-2])
     enc = orjson.dumps
-    rows = []
-    for name, lane_rt, prev, cur, warm in (
-        ("heals", lane(KINDS), enc(prev_bad), enc(bad), True),
-        ("clean", lane(KINDS), enc(prev_clean), enc(body), True),
-        ("first", lane(KINDS), b"", enc(bad), False),
-        ("off", lane([]), enc(prev_bad), enc(bad), True),
-    ):
-        rounds = args.rounds if name != "first" else max(10, args.rounds // 10)
-        times, healed = await measure(policy, lane_rt, prev, cur, name, rounds, warm)
-        rows.append({"case": name, "min_ms": round(min(times), 3), "p50_ms": round(statistics.median(times), 3),
-                     "p90_ms": round(pct(times, 0.9), 3),
-                     "repairs": healed, "rounds": rounds})
+    on, off = lane(KINDS), lane([])
+    # The previous turn: the same session without its last assistant message and tool result.
+    rows = {
+        "heals": await paired(policy, on, off, enc(dict(bad, messages=bad["messages"][:-2])), enc(bad), "heals",
+                              args.rounds),
+        "clean": await paired(policy, on, off, enc(dict(body, messages=body["messages"][:-2])), enc(body), "clean",
+                              args.rounds),
+        "first": await first(policy, on, enc(bad), max(10, args.rounds // 10)),
+    }
     n = len(body["messages"])
-    print(f"heal step on the corpus body: {n} messages, {sum(m['role'] == 'assistant' for m in body['messages'])} "
-          f"assistant, {len(enc(body)) / 1e6:.2f} MB")
-    for r in rows:
-        print(f"  {r['case']:6} min {r['min_ms']:7.3f} ms  p50 {r['p50_ms']:7.3f} ms  p90 {r['p90_ms']:7.3f} ms  "
-              f"repairs {r['repairs']}")
-    print(f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores: p50 and p90 include waiting for a core)")
+    print(f"heal on the corpus body: {n} messages, {sum(m['role'] == 'assistant' for m in body['messages'])} "
+          f"assistant, {len(enc(body)) / 1e6:.2f} MB; {args.rounds} rounds of paired requests (parse, policy, "
+          f"serialise, free)")
+    print("  added = median over rounds of (heal on - heal off) on the same body; control = (heal off - heal off),")
+    print("  how far apart two identical requests measure; [95% interval of the median]")
+    for name in ("heals", "clean"):
+        r = rows[name]
+        print(f"  {name:5}  added {r['added_ms']:6.3f} ms {r['added_ci']}  cpu {r['added_cpu_ms']:6.3f} ms "
+              f"{r['added_cpu_ci']}  | control {r['control_ms']:6.3f} ms {r['control_ci']}  cpu "
+              f"{r['control_cpu_ms']:6.3f} ms {r['control_cpu_ci']}")
+        print(f"         request {r['request_ms']:.3f} ms (cpu {r['request_cpu_ms']:.3f}); the step alone p50 "
+              f"{r['step_ms']:.3f} ms, p90 {r['step_p90_ms']:.3f} ms; repairs {r['repairs']}")
+    print(f"  first  the step alone p50 {rows['first']['step_ms']:.3f} ms (previous request unseen: all planned)")
+    print(f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     print(json.dumps(rows))
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left, bisect_right, insort
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from itertools import islice
@@ -43,6 +43,9 @@ log = logging.getLogger("gateway.heal")
 OPT_OUT_HEADER = "x-gateway-heal"  # "off": this request goes as sent
 HEALED_HEADER = "X-Gateway-Healed"
 MESSAGE_KINDS: tuple[MessageKind, ...] = (Arguments(), Content(), Reasoning(), ReasoningField())
+# Assistant messages compared every request however clean (the newest ones): a client that strips the
+# previous user turn's reasoning does so to these. 256 of the corpus body's cost ~0.07 ms of CPU.
+TAIL = 256
 MISSING = "missing"  # no relayed message known for it (yet): looked up again while it is the newest
 
 Fixes = tuple[tuple[str, Updates], ...]
@@ -54,10 +57,14 @@ class Memory:
     """What the previous request of a conversation looked like to the heal step."""
 
     n: int  # how many messages it had
-    blob: bytes  # its assistant messages as the client sent them, serialised together
-    ends: list[int]  # end offset of each message in `blob`
-    fixes: list[Any]  # per assistant message: Fixes, None (nothing to repair) or MISSING
-    positions: list[int]  # each assistant message's index in the request
+    positions: list[int]  # each assistant message's index (by ordinal: 0 is the first assistant message)
+    users: list[int]  # the indices of its last two user messages
+    fixes: list[Any]  # per ordinal: Fixes, None (nothing to repair) or MISSING
+    checked: list[int]  # the ordinals compared byte for byte next time (ascending): the repaired and the tail
+    checked_at: list[int]  # their indices
+    blob: bytes  # those messages as the client sent them, serialised together
+    ends: list[int]  # end offset of each in `blob`
+    tail: int  # the first ordinal of the tail
     multi: list[int]  # ordinals of the assistant messages with two calls or more
     enabled: frozenset[str] = frozenset()
     ops: list[Op] = field(default_factory=list)  # the repairs applied for `enabled`, by ordinal
@@ -69,7 +76,7 @@ class Memory:
     def size(self) -> int:
         # The repaired messages share their strings with the book and the client's messages; their
         # dicts and call lists are counted at 400 bytes each.
-        return len(self.blob) + 24 * len(self.ends) + 400 * len(self.put) + 64
+        return len(self.blob) + 24 * (len(self.positions) + 2 * len(self.checked)) + 400 * len(self.put) + 64
 
 
 class HealPolicy:
@@ -113,62 +120,77 @@ class HealPolicy:
         mem = self._memory.pop(cid, None)
         if mem is not None:
             self._bytes -= mem.size()
-        # Where the assistant messages are: where they were last time, plus any in the messages added
-        # since (walking 1,600 messages for their role cost 0.06 ms); the bytes compared below confirm it.
-        positions = _guess(messages, mem)
-        guessed = positions is not None
-        if positions is None:
-            positions = _walk(messages)
-            if positions is None:  # a message that is not an object: validation lets the engine say so
+        # Where the messages are: where they were last time, plus those among the messages added since
+        # (walking 1,600 messages for their role cost 0.06-0.12 ms); the bytes compared below confirm it.
+        roles = _guess(messages, mem)
+        guessed = roles is not None
+        if roles is None:
+            mem, roles = None, _walk(messages)
+            if roles is None:  # a message that is not an object: validation lets the engine say so
                 return
-        mine = list(map(messages.__getitem__, positions))
-        # One C pass over the assistant messages as the client sent them (0.11-0.13 ms for the corpus
-        # body's 784): byte-equal to last time is the only proof that last time's repairs still fit.
-        # Python's == would cost the same and call 1, 1.0 and true equal.
-        blob = orjson.dumps(mine)
-        k = _unchanged(mem, blob)
-        if guessed and mem is not None and k < len(mem.positions):
+        positions, users = roles
+        old = len(mem.positions) if mem is not None else 0
+        # The messages compared byte for byte: last time's checked ones, then the new ones. One C pass
+        # (orjson) over them as the client sent them; byte-equal to last time is the only proof that last
+        # time's repairs still fit (Python's == would call 1, 1.0 and true equal). The others, older
+        # than the tail and needing no repair last time, are not read at all: reading the 784 assistant
+        # messages of the corpus body cost 0.2-0.35 ms of CPU (fresh objects, cache misses), which is
+        # what "nothing to heal" must not cost. A change to one of them is forwarded as sent: a repair
+        # missed, never a wrong one, and the forwarded bytes stay what they were (the cache's prefix).
+        ords = (mem.checked + list(range(old, len(positions)))) if mem is not None else list(range(len(positions)))
+        at = (mem.checked_at + positions[old:]) if mem is not None else positions
+        sent = list(map(messages.__getitem__, at))
+        blob = orjson.dumps(sent)
+        i = _unchanged(mem, blob)
+        if guessed and mem is not None and i < len(mem.checked):
             walked = _walk(messages)  # an earlier message changed: the guess may be wrong too
             if walked is None:
                 return
-            if walked != positions:
-                positions, mine = walked, list(map(messages.__getitem__, walked))
-                blob = orjson.dumps(mine)
-                k = _unchanged(mem, blob)
-        if k and mem is not None and mem.fixes[k - 1] == MISSING:  # may have been written since
-            k -= 1
-        fixes: list[Any] = mem.fixes[:k] if mem is not None else []
-        ends: list[int] = mem.ends[:k] if mem is not None else []
-        multi: list[int] = mem.multi[:bisect_left(mem.multi, k)] if mem is not None else []
-        await self._plan(ex.tenant, mine, k, fixes, ends, multi)
-        # Repairs worked out last time for the unchanged messages stand, when they sit where they did.
-        reuse = k if mem is not None and mem.enabled == enabled and mem.positions[:k] == positions[:k] else 0
+            if walked[0] != positions:  # messages moved: nothing known holds
+                mem, old, (positions, users) = None, 0, walked
+                ords, at = list(range(len(positions))), positions
+                sent = list(map(messages.__getitem__, at))
+                blob = orjson.dumps(sent)
+                i = 0
+        fixes: list[Any] = mem.fixes if mem is not None else []
+        if mem is not None and old and i == len(mem.checked) and mem.checked and mem.checked[-1] == old - 1 \
+                and fixes[old - 1] == MISSING:
+            i -= 1  # the newest known message's relayed copy may have been written since
+        ends: list[int] = mem.ends[:i] if mem is not None else []
+        replanned = ords[i:]
+        multi: list[int] = mem.multi if mem is not None else []
+        if replanned and multi and multi[-1] >= replanned[0]:
+            again = set(replanned)
+            multi = [j for j in multi if j not in again]
+        await self._plan(ex.tenant, sent, i, ords, fixes, ends, multi)
+        # Repairs worked out last time for the unchanged messages stand.
+        first = replanned[0] if replanned else len(positions)
         by_kind: dict[str, list[int]] = {}
         ops: list[Op] = []
-        at: list[int] = []  # the index of each repaired message
+        rat: list[int] = []  # the index of each repaired message
         put: list[dict[str, Any]] = []  # what goes in its place
-        if reuse and mem is not None:
-            cut = _ops_before(mem.ops, reuse)
-            ops, at, put = mem.ops[:cut], mem.at[:cut], mem.put[:cut]
-            limit = positions[reuse] if reuse < len(positions) else len(messages)
+        start = 0
+        if mem is not None and mem.enabled == enabled:
+            cut = _ops_before(mem.ops, first)
+            ops, rat, put = mem.ops[:cut], mem.at[:cut], mem.put[:cut]
+            limit = positions[first] if first < len(positions) else len(messages)
             by_kind = {kind: v[:bisect_left(v, limit)] for kind, v in mem.by_kind.items()}
-        for j in range(reuse, len(fixes)):
+            start = i
+        for idx in range(start, len(ords)):
+            j = ords[idx]
             op = _op(j, fixes[j], enabled)
             if op is not None:
                 ops.append(op)
-                at.append(positions[j])
-                put.append(_repaired(mine[j], op))
+                rat.append(positions[j])
+                put.append(_repaired(sent[idx], op))
                 for kind in op[3]:
                     by_kind.setdefault(kind, []).append(positions[j])
         # Copy on write: the repaired message takes the client's message's place; the client's own dict
         # is never changed. A message unchanged since last time gets last time's repaired dict (equal
         # bytes in, equal bytes out), so the repairs cost a list assignment each (0.03 ms for 784),
         # not a dict update and a new call list each.
-        if at:
-            deque(map(messages.__setitem__, at, put), maxlen=0)
-            # The client's replaced messages are freed once the request is on its way, not here:
-            # freeing 784 of them cost 0.1-0.15 ms of the step.
-            asyncio.get_running_loop().call_soon(mine.clear)
+        if rat:
+            deque(map(messages.__setitem__, rat, put), maxlen=0)
         memo_by_kind = {kind: v for kind, v in by_kind.items() if v}
         groups = mem.groups if mem is not None else {}
         if watch_order and multi:
@@ -177,26 +199,44 @@ class HealPolicy:
             if repaired:
                 by_kind = {**by_kind, "tool_result_order": repaired}
         ex.healed = [Healed(kind, indices) for kind, indices in by_kind.items() if indices]  # never mutated
-        if ends and ends[-1] + 1 == len(blob):
-            self._remember(cid, Memory(len(messages), blob, ends, fixes, positions, multi, enabled, ops, at, put,
-                                       memo_by_kind, groups))
+        if not ends or ends[-1] + 1 != len(blob):
+            return
+        # Checked next time: every repaired message (its repair must still fit) and the tail, where a
+        # client strips the reasoning of the previous user turn's messages once the next turn starts.
+        tail = max(bisect_right(positions, users[0]) if len(users) == 2 else 0, len(positions) - TAIL)
+        lo = min(i, bisect_left(ords, mem.tail)) if mem is not None else 0
+        drop = [idx for idx in range(lo, bisect_left(ords, tail)) if type(fixes[ords[idx]]) is not tuple]
+        if drop:
+            ords, at, blob, ends = _without(drop, ords, at, sent, ends)
+        if rat:
+            # The client's replaced messages are freed once the request is on its way, not here:
+            # freeing 784 of them cost 0.1-0.15 ms of the step.
+            asyncio.get_running_loop().call_soon(sent.clear)
+        self._remember(cid, Memory(len(messages), positions, users, fixes, ords, at, blob, ends, tail, multi,
+                                   enabled, ops, rat, put, memo_by_kind, groups))
 
-    async def _plan(self, tenant: str, mine: list[dict[str, Any]], k: int, fixes: list[Any],
+    async def _plan(self, tenant: str, sent: list[dict[str, Any]], i: int, ords: list[int], fixes: list[Any],
                     ends: list[int], multi: list[int]) -> None:
-        """Fixes for the assistant messages from `k` on (their bytes are new to this conversation)."""
+        """Fixes for the compared messages from element `i` on (changed, or new to this conversation)."""
         end = ends[-1] if ends else 0
         digests = []
-        for j in range(k, len(mine)):
-            end += len(orjson.dumps(mine[j])) + 1  # "[" or "," before each
+        for idx in range(i, len(sent)):
+            msg = sent[idx]
+            end += len(orjson.dumps(msg)) + 1  # "[" or "," before each
             ends.append(end)
-            digests.append(heal_digest(mine[j]))
-            calls = mine[j].get("tool_calls")
+            digests.append(heal_digest(msg))
+            calls = msg.get("tool_calls")
             if isinstance(calls, list) and len(calls) >= 2:
-                multi.append(j)
+                insort(multi, ords[idx])
         known = await self.book.lookup(tenant, list(set(digests))) if digests else {}
-        for j, d in zip(range(k, len(mine)), digests):
+        for idx, d in zip(range(i, len(sent)), digests):
             rel = known.get(d)
-            fixes.append(MISSING if rel is None else plan(mine[j], rel))
+            fx = MISSING if rel is None else plan(sent[idx], rel)
+            j = ords[idx]
+            if j < len(fixes):
+                fixes[j] = fx
+            else:
+                fixes.append(fx)
 
     def _remember(self, cid: str, mem: Memory) -> None:
         self._memory[cid] = mem
@@ -227,6 +267,55 @@ def _walk(messages: list[Any], start: int = 0) -> list[int] | None:
         return [i for i, m in enumerate(islice(messages, start, None), start) if m.get("role") == "assistant"]
     except AttributeError:
         return None
+
+
+def _repaired(msg: dict[str, Any], op: Op) -> dict[str, Any]:
+    _, sets, pops, _ = op
+    out = {**msg, **sets}
+    for name in pops:
+        out.pop(name, None)
+    return out
+
+
+def _guess(messages: list[Any], mem: Memory | None) -> tuple[list[int], list[int]] | None:
+    """(assistant indices, last two user indices) if nothing before the previous request's end moved:
+    its, plus those among the messages added since. None when that cannot be so."""
+    if mem is None or len(messages) < mem.n or (mem.positions and mem.positions[-1] >= len(messages)):
+        return None
+    added = _walk(messages, mem.n)
+    if added is None:
+        return None
+    return mem.positions + added[0], (mem.users + added[1])[-2:]
+
+
+def _walk(messages: list[Any], start: int = 0) -> tuple[list[int], list[int]] | None:
+    """(assistant indices, last two user indices) from `start` on; None when a message is not an object."""
+    assistants: list[int] = []
+    users: list[int] = []
+    try:
+        for i, m in enumerate(islice(messages, start, None), start):
+            role = m.get("role")
+            if role == "assistant":
+                assistants.append(i)
+            elif role == "user":
+                users.append(i)
+    except AttributeError:
+        return None
+    return assistants, users[-2:]
+
+
+def _without(drop: list[int], ords: list[int], at: list[int], sent: list[Any],
+             ends: list[int]) -> tuple[list[int], list[int], bytes, list[int]]:
+    """The compared messages without the elements `drop` (out of the tail, nothing to repair)."""
+    gone = set(drop)
+    keep = [idx for idx in range(len(ords)) if idx not in gone]
+    new_ends: list[int] = []
+    end = 0
+    for idx in keep:
+        end += ends[idx] - (ends[idx - 1] if idx else 0)
+        new_ends.append(end)
+    return ([ords[idx] for idx in keep], [at[idx] for idx in keep],
+            orjson.dumps([sent[idx] for idx in keep]), new_ends)
 
 
 def _repaired(msg: dict[str, Any], op: Op) -> dict[str, Any]:
