@@ -252,31 +252,6 @@ def plan(msg: dict[str, Any], relayed: Relayed) -> Fixes | None:
     return out or None
 
 
-def _guess(messages: list[Any], mem: Memory | None) -> list[int] | None:
-    """The assistant messages' indices if nothing before the previous request's end moved: its
-    positions, plus those among the messages added since. None when that cannot be so."""
-    if mem is None or len(messages) < mem.n or (mem.positions and mem.positions[-1] >= len(messages)):
-        return None
-    added = _walk(messages, mem.n)
-    return None if added is None else mem.positions + added
-
-
-def _walk(messages: list[Any], start: int = 0) -> list[int] | None:
-    """The indices of the assistant messages from `start` on; None when one is not an object."""
-    try:
-        return [i for i, m in enumerate(islice(messages, start, None), start) if m.get("role") == "assistant"]
-    except AttributeError:
-        return None
-
-
-def _repaired(msg: dict[str, Any], op: Op) -> dict[str, Any]:
-    _, sets, pops, _ = op
-    out = {**msg, **sets}
-    for name in pops:
-        out.pop(name, None)
-    return out
-
-
 def _guess(messages: list[Any], mem: Memory | None) -> tuple[list[int], list[int]] | None:
     """(assistant indices, last two user indices) if nothing before the previous request's end moved:
     its, plus those among the messages added since. None when that cannot be so."""
@@ -293,7 +268,7 @@ def _walk(messages: list[Any], start: int = 0) -> tuple[list[int], list[int]] | 
     assistants: list[int] = []
     users: list[int] = []
     try:
-        for i, m in enumerate(islice(messages, start, None), start):
+        for i, m in enumerate(messages[start:] if start else messages, start):  # (islice would step over the first)
             role = m.get("role")
             if role == "assistant":
                 assistants.append(i)
