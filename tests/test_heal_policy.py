@@ -194,3 +194,13 @@ async def test_the_newest_message_unknown_to_the_book_is_looked_up_again():
     got, ex = await run(warm, client[:5])
     assert got[4] == full[4]  # the newest, looked up again
     assert got[2] == client[2]  # an older one unknown last time stays unknown (no lookup every request)
+
+
+async def test_reasoning_kept_on_the_newest_message_only_is_healed_on_the_one_before():
+    full = session(20, 20)
+    book = await book_of(full)
+    warm = HealPolicy(book)
+    for end in range(5, len(full) + 1, 2):
+        client = [strip(m) if m["role"] == "assistant" and i < end - 2 else m for i, m in enumerate(full[:end])]
+        got = await check(book, warm, client)
+        assert got == full[:end]

@@ -43,8 +43,8 @@ log = logging.getLogger("gateway.heal")
 OPT_OUT_HEADER = "x-gateway-heal"  # "off": this request goes as sent
 HEALED_HEADER = "X-Gateway-Healed"
 MESSAGE_KINDS: tuple[MessageKind, ...] = (Arguments(), Content(), Reasoning(), ReasoningField())
-# Assistant messages compared every request however clean (the newest ones): a client that strips the
-# previous user turn's reasoning does so to these. 256 of the corpus body's cost ~0.07 ms of CPU.
+# At most this many assistant messages of the previous user turn are planned again when the next turn
+# starts (a client drops their reasoning then): ~5 us each.
 TAIL = 256
 MISSING = "missing"  # no relayed message known for it (yet): looked up again while it is the newest
 
@@ -58,13 +58,13 @@ class Memory:
 
     n: int  # how many messages it had
     positions: list[int]  # each assistant message's index (by ordinal: 0 is the first assistant message)
-    users: list[int]  # the indices of its last two user messages
+    last_user: int  # the index of its last user message (-1: none)
     fixes: list[Any]  # per ordinal: Fixes, None (nothing to repair) or MISSING
-    checked: list[int]  # the ordinals compared byte for byte next time (ascending): the repaired and the tail
+    checked: list[int]  # the ordinals compared byte for byte next time (ascending): the repaired, the new
     checked_at: list[int]  # their indices
     blob: bytes  # those messages as the client sent them, serialised together
     ends: list[int]  # end offset of each in `blob`
-    tail: int  # the first ordinal of the tail
+    new_from: int  # the first ordinal new in that request
     multi: list[int]  # ordinals of the assistant messages with two calls or more
     enabled: frozenset[str] = frozenset()
     ops: list[Op] = field(default_factory=list)  # the repairs applied for `enabled`, by ordinal
@@ -128,32 +128,45 @@ class HealPolicy:
             mem, roles = None, _walk(messages)
             if roles is None:  # a message that is not an object: validation lets the engine say so
                 return
-        positions, users = roles
+        positions, last_user = roles
         old = len(mem.positions) if mem is not None else 0
-        # The messages compared byte for byte: last time's checked ones, then the new ones. One C pass
-        # (orjson) over them as the client sent them; byte-equal to last time is the only proof that last
-        # time's repairs still fit (Python's == would call 1, 1.0 and true equal). The others, older
-        # than the tail and needing no repair last time, are not read at all: reading the 784 assistant
-        # messages of the corpus body cost 0.2-0.35 ms of CPU (fresh objects, cache misses), which is
-        # what "nothing to heal" must not cost. A change to one of them is forwarded as sent: a repair
-        # missed, never a wrong one, and the forwarded bytes stay what they were (the cache's prefix).
-        ords = (mem.checked + list(range(old, len(positions)))) if mem is not None else list(range(len(positions)))
-        at = (mem.checked_at + positions[old:]) if mem is not None else positions
+        # The messages read: last time's checked ones (every repaired message, and those new last time),
+        # byte for byte, then the new ones. One C pass (orjson) over them as the client sent them;
+        # byte-equal to last time is the only proof that last time's repairs still fit (Python's == would
+        # call 1, 1.0 and true equal). The others, which needed no repair, are not read at all: reading
+        # the corpus body's 784 assistant messages cost 0.2-0.35 ms of CPU (fresh objects, cache misses),
+        # which is what "nothing to heal" must not cost. Except when a user message arrives: a client
+        # drops the reasoning of the previous user turn's messages then, so they are planned again.
+        # A change elsewhere is forwarded as sent: a repair missed, never a wrong one, and the forwarded
+        # bytes stay what they were (the cache's prefix).
+        if mem is None:
+            ords, at, cap = list(range(len(positions))), positions, 0
+        else:
+            ords, at, cap = mem.checked, mem.checked_at, len(mem.checked)
+            if last_user != mem.last_user and mem.last_user >= 0:  # a new user turn
+                turn = range(max(bisect_right(positions, mem.last_user, 0, old), old - TAIL), old)
+                ords = sorted(set(ords).union(turn))
+                if len(ords) > cap:
+                    at = [positions[j] for j in ords]
+                    cap = next((x for x, (a, b) in enumerate(zip(ords, mem.checked)) if a != b), cap)
+            ords = ords + list(range(old, len(positions)))
+            at = at + positions[old:]
         sent = list(map(messages.__getitem__, at))
         blob = orjson.dumps(sent)
-        i = _unchanged(mem, blob)
-        if guessed and mem is not None and i < len(mem.checked):
-            walked = _walk(messages)  # an earlier message changed: the guess may be wrong too
+        same = _unchanged(mem, blob)
+        i = min(same, cap)
+        if guessed and mem is not None and same < cap:
+            walked = _walk(messages)  # a checked message changed: the guess may be wrong too
             if walked is None:
                 return
             if walked[0] != positions:  # messages moved: nothing known holds
-                mem, old, (positions, users) = None, 0, walked
+                mem, old, (positions, last_user) = None, 0, walked
                 ords, at = list(range(len(positions))), positions
                 sent = list(map(messages.__getitem__, at))
                 blob = orjson.dumps(sent)
                 i = 0
         fixes: list[Any] = mem.fixes if mem is not None else []
-        if mem is not None and old and i == len(mem.checked) and mem.checked and mem.checked[-1] == old - 1 \
+        if mem is not None and i == len(mem.checked) and old and mem.checked[-1] == old - 1 \
                 and fixes[old - 1] == MISSING:
             i -= 1  # the newest known message's relayed copy may have been written since
         ends: list[int] = mem.ends[:i] if mem is not None else []
@@ -201,19 +214,19 @@ class HealPolicy:
         ex.healed = [Healed(kind, indices) for kind, indices in by_kind.items() if indices]  # never mutated
         if not ends or ends[-1] + 1 != len(blob):
             return
-        # Checked next time: every repaired message (its repair must still fit) and the tail, where a
-        # client strips the reasoning of the previous user turn's messages once the next turn starts.
-        tail = max(bisect_right(positions, users[0]) if len(users) == 2 else 0, len(positions) - TAIL)
-        lo = min(i, bisect_left(ords, mem.tail)) if mem is not None else 0
-        drop = [idx for idx in range(lo, bisect_left(ords, tail)) if type(fixes[ords[idx]]) is not tuple]
+        # Checked next time: every repaired message (its repair must still fit) and the new ones (a
+        # client may drop the reasoning of all but its newest assistant message).
+        new_from = old if mem is not None else bisect_right(positions, last_user)
+        lo = min(i, bisect_left(ords, mem.new_from)) if mem is not None else 0
+        drop = [idx for idx in range(lo, bisect_left(ords, new_from)) if type(fixes[ords[idx]]) is not tuple]
         if drop:
             ords, at, blob, ends = _without(drop, ords, at, sent, ends)
         if rat:
             # The client's replaced messages are freed once the request is on its way, not here:
             # freeing 784 of them cost 0.1-0.15 ms of the step.
             asyncio.get_running_loop().call_soon(sent.clear)
-        self._remember(cid, Memory(len(messages), positions, users, fixes, ords, at, blob, ends, tail, multi,
-                                   enabled, ops, rat, put, memo_by_kind, groups))
+        self._remember(cid, Memory(len(messages), positions, last_user, fixes, ords, at, blob, ends, new_from,
+                                   multi, enabled, ops, rat, put, memo_by_kind, groups))
 
     async def _plan(self, tenant: str, sent: list[dict[str, Any]], i: int, ords: list[int], fixes: list[Any],
                     ends: list[int], multi: list[int]) -> None:
@@ -252,31 +265,31 @@ def plan(msg: dict[str, Any], relayed: Relayed) -> Fixes | None:
     return out or None
 
 
-def _guess(messages: list[Any], mem: Memory | None) -> tuple[list[int], list[int]] | None:
-    """(assistant indices, last two user indices) if nothing before the previous request's end moved:
-    its, plus those among the messages added since. None when that cannot be so."""
+def _guess(messages: list[Any], mem: Memory | None) -> tuple[list[int], int] | None:
+    """(assistant indices, last user index) if nothing before the previous request's end moved: its,
+    and those among the messages added since. None when that cannot be so."""
     if mem is None or len(messages) < mem.n or (mem.positions and mem.positions[-1] >= len(messages)):
         return None
     added = _walk(messages, mem.n)
     if added is None:
         return None
-    return mem.positions + added[0], (mem.users + added[1])[-2:]
+    return mem.positions + added[0], max(mem.last_user, added[1])
 
 
-def _walk(messages: list[Any], start: int = 0) -> tuple[list[int], list[int]] | None:
-    """(assistant indices, last two user indices) from `start` on; None when a message is not an object."""
+def _walk(messages: list[Any], start: int = 0) -> tuple[list[int], int] | None:
+    """(assistant indices, last user index or -1) from `start` on; None when a message is not an object."""
     assistants: list[int] = []
-    users: list[int] = []
+    last_user = -1
     try:
         for i, m in enumerate(messages[start:] if start else messages, start):  # (islice would step over the first)
             role = m.get("role")
             if role == "assistant":
                 assistants.append(i)
             elif role == "user":
-                users.append(i)
+                last_user = i
     except AttributeError:
         return None
-    return assistants, users[-2:]
+    return assistants, last_user
 
 
 def _without(drop: list[int], ords: list[int], at: list[int], sent: list[Any],
