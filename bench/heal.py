@@ -1,17 +1,22 @@
 #!/usr/bin/env python3
 """Drift healing's cost on the hot path, for the ~1,600-message corpus body (784 assistant messages).
 
-The heal step (gateway/heal/policy.py) is timed in process on the body as the pipeline hands it over
-(parsed), the previous turn already seen, for:
+A conversation's last turns are replayed (each request the previous one plus the next assistant message
+and its tool result: the body ends at 1,600 messages). Every turn is sent three times on the same body,
+in an order that rotates: heal on, heal off, and heal off again, the control (how far apart two
+identical requests measure). Each request is the in-process hot path around the heal step as the
+pipeline runs it: the body parsed, the step, the body serialised for upstream, the body freed. Printed:
+the median over turns of (on - off), wall and CPU, with a 95% bootstrap interval, beside the control's;
+and the step alone. Two clients:
 
   heals     an agent that sorts every call's argument keys and strips every reasoning: each of the
             784 assistant messages gets two repairs, every turn;
   clean     the same session sent back exactly as relayed: nothing to repair;
-  first     heals, but the conversation's previous request unseen by this process (a restart, another
-            gateway process): every message looked up and planned;
-  off       a lane without `heal` (the control).
 
-    python bench/heal.py [--rounds 200]
+and `first`: the step alone when this process never saw the conversation's previous request (a
+restart, another gateway process): every message looked up and planned.
+
+    python bench/heal.py [--rounds 150]
 """
 
 from __future__ import annotations
@@ -103,30 +108,36 @@ async def request(policy: HealPolicy, lane_rt, raw: bytes, cid: str) -> tuple[fl
     return (time.perf_counter() - w0) * 1000, (time.thread_time() - c0) * 1000, (s1 - s0) * 1000, repairs
 
 
-async def paired(policy: HealPolicy, on, off, prev: bytes, cur: bytes, cid: str, rounds: int) -> dict:
-    """Rounds of three requests on the same body: heal on, heal off, heal off again (the control: how
-    far apart two identical requests measure), in an order that rotates every round."""
+async def paired(policy: HealPolicy, on, off, client: dict, cid: str, rounds: int, passes: int = 3) -> dict:
+    """`rounds` turns, in `passes` replays of the conversation's last turns (a new conversation id each:
+    the step's memory starts from the request before them, as a serving gateway's would)."""
     on_w, off_w, ctl_w, on_c, off_c, ctl_c, step, repairs = [], [], [], [], [], [], [], 0
-    for i in range(rounds):
-        body = orjson.loads(prev)  # the previous turn, as the gateway saw it (not timed)
-        await policy.apply(exchange(body, cid), on, body)
-        del body
-        await asyncio.sleep(0.002)  # a fresh scheduler slice for each round
-        results = {}
-        for which in ("on", "off", "ctl")[i % 3:] + ("on", "off", "ctl")[:i % 3]:
-            results[which] = await request(policy, on if which == "on" else off, cur, cid)
-        on_w.append(results["on"][0] - results["off"][0])
-        ctl_w.append(results["ctl"][0] - results["off"][0])
-        on_c.append(results["on"][1] - results["off"][1])
-        ctl_c.append(results["ctl"][1] - results["off"][1])
-        off_w.append(results["off"][0])
-        off_c.append(results["off"][1])
-        step.append(results["on"][2])
-        repairs = results["on"][3]
+    messages = client["messages"]
+    per = -(-rounds // passes)
+    for p in range(passes):
+        key = f"{cid}-{p}"
+        ends = [len(messages) - 2 * k for k in range(per, -1, -1)]
+        body = dict(client, messages=messages[:ends[0]])  # the turn before them (not timed)
+        await request(policy, on, orjson.dumps(body), key)
+        for i, end in enumerate(ends[1:]):
+            raw = orjson.dumps(dict(client, messages=messages[:end]))
+            await asyncio.sleep(0.002)  # a fresh scheduler slice for each turn
+            results = {}
+            for which in ("on", "off", "ctl")[i % 3:] + ("on", "off", "ctl")[:i % 3]:
+                results[which] = await request(policy, on if which == "on" else off, raw, key)
+            on_w.append(results["on"][0] - results["off"][0])
+            ctl_w.append(results["ctl"][0] - results["off"][0])
+            on_c.append(results["on"][1] - results["off"][1])
+            ctl_c.append(results["ctl"][1] - results["off"][1])
+            off_w.append(results["off"][0])
+            off_c.append(results["off"][1])
+            step.append(results["on"][2])
+            repairs = results["on"][3]
     return {"added_ms": med(on_w), "added_ci": ci(on_w), "control_ms": med(ctl_w), "control_ci": ci(ctl_w),
             "added_cpu_ms": med(on_c), "added_cpu_ci": ci(on_c), "control_cpu_ms": med(ctl_c),
             "control_cpu_ci": ci(ctl_c), "request_ms": med(off_w), "request_cpu_ms": med(off_c),
-            "step_ms": med(step), "step_p90_ms": round(pct(step, 0.9), 3), "repairs": repairs, "rounds": rounds}
+            "step_ms": med(step), "step_p90_ms": round(pct(step, 0.9), 3), "repairs": repairs,
+            "turns": len(step)}
 
 
 async def first(policy: HealPolicy, on, cur: bytes, rounds: int) -> dict:
@@ -169,20 +180,18 @@ async def main_async(args: argparse.Namespace) -> None:
     bad = drifted(body)
     enc = orjson.dumps
     on, off = lane(KINDS), lane([])
-    # The previous turn: the same session without its last assistant message and tool result.
     rows = {
-        "heals": await paired(policy, on, off, enc(dict(bad, messages=bad["messages"][:-2])), enc(bad), "heals",
-                              args.rounds),
-        "clean": await paired(policy, on, off, enc(dict(body, messages=body["messages"][:-2])), enc(body), "clean",
-                              args.rounds),
+        "heals": await paired(policy, on, off, bad, "heals", args.rounds),
+        "clean": await paired(policy, on, off, body, "clean", args.rounds),
         "first": await first(policy, on, enc(bad), max(10, args.rounds // 10)),
     }
     n = len(body["messages"])
+    low = n - 2 * -(-args.rounds // 3)
     print(f"heal on the corpus body: {n} messages, {sum(m['role'] == 'assistant' for m in body['messages'])} "
-          f"assistant, {len(enc(body)) / 1e6:.2f} MB; {args.rounds} rounds of paired requests (parse, policy, "
-          f"serialise, free)")
-    print("  added = median over rounds of (heal on - heal off) on the same body; control = (heal off - heal off),")
-    print("  how far apart two identical requests measure; [95% interval of the median]")
+          f"assistant, {len(enc(body)) / 1e6:.2f} MB; its last turns replayed (bodies of {low}-{n} messages), "
+          f"{rows['clean']['turns']} turns per client, three requests per turn (parse, step, serialise, free)")
+    print("  added = median over turns of (heal on - heal off) on the same body; control = (heal off - heal off),")
+    print("  how far apart two identical requests measure; (95% interval of the median)")
     for name in ("heals", "clean"):
         r = rows[name]
         print(f"  {name:5}  added {r['added_ms']:6.3f} ms {r['added_ci']}  cpu {r['added_cpu_ms']:6.3f} ms "
@@ -197,7 +206,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=150, help="turns timed per client")
     ap.add_argument("--corpus", default="/tmp/agent-corpus.json")
     asyncio.run(main_async(ap.parse_args()))
 

@@ -204,3 +204,15 @@ async def test_reasoning_kept_on_the_newest_message_only_is_healed_on_the_one_be
         client = [strip(m) if m["role"] == "assistant" and i < end - 2 else m for i, m in enumerate(full[:end])]
         got = await check(book, warm, client)
         assert got == full[:end]
+
+
+async def test_requests_that_add_no_assistant_message_keep_the_memory():
+    """A user message alone, or the same request again (a retry), between turns."""
+    full = session(12, 3)
+    book = await book_of(full)
+    warm = HealPolicy(book)
+    client = [sort_args(m) if m["role"] == "assistant" else m for m in full]
+    for end in (7, 8, 8, 9, 11, 12, 12, 15, 16, 17, 17, len(client)):
+        await check(book, warm, client[:end])
+    mem = warm._memory["c1"]
+    assert mem.n == len(client)

@@ -166,7 +166,7 @@ class HealPolicy:
                 blob = orjson.dumps(sent)
                 i = 0
         fixes: list[Any] = mem.fixes if mem is not None else []
-        if mem is not None and i == len(mem.checked) and old and mem.checked[-1] == old - 1 \
+        if mem is not None and i == len(mem.checked) and mem.checked and mem.checked[-1] == old - 1 \
                 and fixes[old - 1] == MISSING:
             i -= 1  # the newest known message's relayed copy may have been written since
         ends: list[int] = mem.ends[:i] if mem is not None else []
@@ -212,7 +212,7 @@ class HealPolicy:
             if repaired:
                 by_kind = {**by_kind, "tool_result_order": repaired}
         ex.healed = [Healed(kind, indices) for kind, indices in by_kind.items() if indices]  # never mutated
-        if not ends or ends[-1] + 1 != len(blob):
+        if (ends[-1] if ends else 1) + 1 != len(blob):  # ("[]" when none)
             return
         # Checked next time: every repaired message (its repair must still fit) and the new ones (a
         # client may drop the reasoning of all but its newest assistant message).
