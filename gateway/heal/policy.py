@@ -122,14 +122,14 @@ class HealPolicy:
             self._bytes -= mem.size()
         # Where the messages are: where they were last time, plus those among the messages added since
         # (walking 1,600 messages for their role cost 0.06-0.12 ms); the bytes compared below confirm it.
+        old = len(mem.positions) if mem is not None else 0  # (before the guess extends them)
         roles = _guess(messages, mem)
         guessed = roles is not None
         if roles is None:
-            mem, roles = None, _walk(messages)
+            mem, old, roles = None, 0, _walk(messages)
             if roles is None:  # a message that is not an object: validation lets the engine say so
                 return
         positions, last_user = roles
-        old = len(mem.positions) if mem is not None else 0
         # The messages read: last time's checked ones (every repaired message, and those new last time),
         # byte for byte, then the new ones. One C pass (orjson) over them as the client sent them;
         # byte-equal to last time is the only proof that last time's repairs still fit (Python's == would
@@ -140,7 +140,7 @@ class HealPolicy:
         # A change elsewhere is forwarded as sent: a repair missed, never a wrong one, and the forwarded
         # bytes stay what they were (the cache's prefix).
         if mem is None:
-            ords, at, cap = list(range(len(positions))), positions, 0
+            ords, at, cap = list(range(len(positions))), positions[:], 0  # (positions grows in place next time)
         else:
             ords, at, cap = mem.checked, mem.checked_at, len(mem.checked)
             if last_user != mem.last_user and mem.last_user >= 0:  # a new user turn
@@ -161,7 +161,7 @@ class HealPolicy:
                 return
             if walked[0] != positions:  # messages moved: nothing known holds
                 mem, old, (positions, last_user) = None, 0, walked
-                ords, at = list(range(len(positions))), positions
+                ords, at = list(range(len(positions))), positions[:]  # (positions grows in place next time)
                 sent = list(map(messages.__getitem__, at))
                 blob = orjson.dumps(sent)
                 i = 0
@@ -185,7 +185,9 @@ class HealPolicy:
         start = 0
         if mem is not None and mem.enabled == enabled:
             cut = _ops_before(mem.ops, first)
-            ops, rat, put = mem.ops[:cut], mem.at[:cut], mem.put[:cut]
+            ops, rat, put = mem.ops, mem.at, mem.put  # the memory's own lists: no copy of 784
+            if cut < len(ops):
+                del ops[cut:], rat[cut:], put[cut:]
             limit = positions[first] if first < len(positions) else len(messages)
             by_kind = {kind: v[:bisect_left(v, limit)] for kind, v in mem.by_kind.items()}
             start = i
@@ -273,7 +275,8 @@ def _guess(messages: list[Any], mem: Memory | None) -> tuple[list[int], int] | N
     added = _walk(messages, mem.n)
     if added is None:
         return None
-    return mem.positions + added[0], max(mem.last_user, added[1])
+    mem.positions.extend(added[0])  # (the memory is this request's now: no copy of 784 indices)
+    return mem.positions, max(mem.last_user, added[1])
 
 
 def _walk(messages: list[Any], start: int = 0) -> tuple[list[int], int] | None:
