@@ -2,17 +2,23 @@
 
 Runs after the conversation policy (it needs the conversation's identity: no repair without its state
 at hand) and before routing and forwarding, so the bytes sent upstream, and analysed after the
-response, are the repaired ones. Per request:
+response, are the repaired ones. Per request, with what this process remembers of the conversation's
+previous request:
 
-1. the assistant messages are serialised together (orjson, C speed) and compared with the same
-   serialisation of this conversation's previous request: every leading message whose bytes did not
-   change keeps the repairs worked out for it then (the common prefix of two byte strings, memcmp);
-2. only the messages after that point (usually the one just relayed) are looked up among the relayed
-   messages (memory first, then one store multi-get) and planned by each kind;
-3. the repairs of the lane's kinds are written into the messages in place.
+1. the assistant messages are where they were, plus those among the messages added since (no walk of
+   the whole list);
+2. the messages read are serialised together (orjson, C speed) and compared with their bytes last time
+   (a memcmp): every message repaired last time (its repair stands only if its bytes did not change),
+   and those that were new last time. Assistant messages that needed no repair and are older than that
+   are not read at all, except that when a user message arrives the previous user turn's are planned
+   again (clients drop its reasoning then);
+3. only what changed, and the new messages, are looked up among the relayed messages (memory first,
+   then one store multi-get) and planned by each kind;
+4. each repaired message is replaced by its repaired copy (copy on write), the same dict as last time
+   when the client's bytes did not change.
 
-Measured with bench/heal.py on the 1,600-message corpus body (784 assistant messages, all repaired
-every turn): see the README. A lane without `heal` costs one attribute read.
+Measured with bench/heal.py on the 1,600-message corpus body (784 assistant messages): see the README.
+A lane without `heal` costs one attribute read.
 """
 
 from __future__ import annotations
