@@ -202,8 +202,9 @@ async def test_reasoning_kept_on_the_newest_message_only_is_healed_on_the_one_be
     warm = HealPolicy(book)
     for end in range(5, len(full) + 1, 2):
         client = [strip(m) if m["role"] == "assistant" and i < end - 2 else m for i, m in enumerate(full[:end])]
-        got = await check(book, warm, client)
-        assert got == full[:end]
+        for _ in range(1 + end % 3):  # some sent twice (a retry)
+            got = await check(book, warm, client)
+            assert got == full[:end]
 
 
 async def test_requests_that_add_no_assistant_message_keep_the_memory():

@@ -224,7 +224,8 @@ class HealPolicy:
             return
         # Checked next time: every repaired message (its repair must still fit) and the new ones (a
         # client may drop the reasoning of all but its newest assistant message).
-        new_from = old if mem is not None else bisect_right(positions, last_user)
+        new_from = (old if len(positions) > old else mem.new_from) if mem is not None \
+            else bisect_right(positions, last_user)  # (a retry adds none: last time's stay the new ones)
         lo = min(i, bisect_left(ords, mem.new_from)) if mem is not None else 0
         drop = [idx for idx in range(lo, bisect_left(ords, new_from)) if type(fixes[ords[idx]]) is not tuple]
         if drop:
