@@ -134,6 +134,13 @@ class FastPath:
     def gateway(self) -> Gateway:
         return self.app.state.gateway
 
+    def wire_handler(self, path: str) -> Callable[[Any], Any] | None:
+        """The protected handler the HTTP protocol runs without ASGI (gateway/wire.py), if any: not
+        while CORS is configured (its headers come from Starlette's middleware)."""
+        if self.gateway.runtime.snapshot.config.gateway.cors is not None:
+            return None
+        return self.handlers.get(path)
+
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         handler = self.handlers.get(scope.get("path", "")) if scope["type"] == "http" else None
         if handler is None or scope["method"] != "POST":

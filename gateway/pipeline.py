@@ -18,10 +18,12 @@ from .errors import GatewayError, invalid_request
 from .exchange import Exchange
 from .fallback import choose_lane
 from .headers import safe_value
-from .proxy import ClientGone, forward
+from .client_link import AsgiLink, ClientGone
+from .proxy import forward
 from .runtime import LaneRuntime, Policy, Snapshot
 from .security import Caller
 from .validate import check_chat, check_completion
+from .wire import WireRequest
 
 log = logging.getLogger("gateway.pipeline")
 
@@ -108,7 +110,8 @@ class Pipeline:
             for policy in self.policies if path in passthrough.POLICED else ():
                 await policy.apply(ex, lane, data)
             upstream_body = ex.forwarded = self._upstream_body(ex, lane, data)
-            response = await forward(ex, lane, path, upstream_body, request.receive, end)
+            link = request.link if isinstance(request, WireRequest) else AsgiLink(request.receive)
+            response = await forward(ex, lane, path, upstream_body, link, end)
         except GatewayError as exc:
             ex.fail(exc.status, exc.code, exc.message)
             response = Response(exc.json_bytes(), status_code=exc.status, media_type="application/json",

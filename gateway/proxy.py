@@ -10,9 +10,9 @@ from typing import Any, AsyncIterator, Callable
 import aiohttp
 import orjson
 from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive
 
 from . import passthrough, reshape
+from .client_link import ClientGone, ClientLink
 from .encoding import DecodeError, decoder_for
 from .errors import GatewayError, error_body
 from .exchange import Exchange
@@ -34,7 +34,7 @@ async def forward(
     lane: LaneRuntime,
     path: str,
     body: bytes,
-    receive: Receive,
+    link: ClientLink,
     on_end: Callable[[], None],
 ) -> Response:
     """Send `body` to the lane and return the client's response. `on_end` runs once, when it is over.
@@ -51,9 +51,7 @@ async def forward(
         ex.retries += 1
 
     try:
-        replica, resp = await _race_disconnect(
-            upstream.send(order, path, body, ex.request_id, on_retry=retried), receive, ex
-        )
+        replica, resp = await _race(link, upstream.send(order, path, body, ex.request_id, on_retry=retried), ex)
     except UpstreamFailure as exc:
         ex.upstream_error = exc.message
         raise exc.as_gateway_error() from None
@@ -71,8 +69,8 @@ async def forward(
         _done(replica, lane, ok=False, why=str(exc))
         raise _bad_response(ex, str(exc)) from None
     if ex.stream:
-        return await _relay_stream(ex, lane, replica, resp, decoder, receive, on_end)
-    return await _relay_whole(ex, lane, replica, resp, decoder, receive, on_end)
+        return await _relay_stream(ex, lane, replica, resp, decoder, link, on_end)
+    return await _relay_whole(ex, lane, replica, resp, decoder, link, on_end)
 
 
 async def _read_all(resp: aiohttp.ClientResponse, decoder: Any, have: bytes = b"",
@@ -92,10 +90,10 @@ async def _read_all(resp: aiohttp.ClientResponse, decoder: Any, have: bytes = b"
             return b"".join(parts)
 
 
-async def _relay_whole(ex, lane, replica, resp, decoder, receive, on_end, have: bytes = b"") -> Response:
+async def _relay_whole(ex, lane, replica, resp, decoder, link, on_end, have: bytes = b"") -> Response:
     try:
         async with asyncio.timeout(lane.upstream.timeouts.first_byte):
-            data = await _race_disconnect(_read_all(resp, decoder, have), receive, ex)
+            data = await _race(link, _read_all(resp, decoder, have), ex)
     except TimeoutError:
         resp.close()
         _done(replica, lane, ok=False, why="timeout reading the body")
@@ -214,7 +212,7 @@ def _looks_like_sse(resp: aiohttp.ClientResponse, first: bytes) -> bool:
     return first.lstrip().startswith(_SSE_STARTS)
 
 
-async def _relay_stream(ex, lane, replica, resp, decoder, receive, on_end) -> Response:
+async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end) -> Response:
     observer = StreamObserver(ex, drop_usage_chunk=not ex.client_wants_usage, scrubber=lane.upstream.scrubber) \
         if ex.path != passthrough.RESPONSES else passthrough.ResponsesObserver(ex)
     shape = reshape.for_lane(ex, lane).event
@@ -227,7 +225,7 @@ async def _relay_stream(ex, lane, replica, resp, decoder, receive, on_end) -> Re
             # Enough to tell SSE from JSON when the Content-Type does not say (see _looks_like_sse).
             need = 1 if resp.content_type == "text/event-stream" else 8
             while len(first.lstrip()) < need and len(first) < 65536:
-                raw = await _race_disconnect(resp.content.readany(), receive, ex)
+                raw = await _race(link, resp.content.readany(), ex)
                 if not raw:
                     first += decoder.finish()
                     break
@@ -256,7 +254,7 @@ async def _relay_stream(ex, lane, replica, resp, decoder, receive, on_end) -> Re
         raise GatewayError(502, "the upstream closed the stream without sending anything", code="upstream_error")
     if not _looks_like_sse(resp, first):
         # A JSON answer (an engine that ignored `stream`, or an error in a 200): judged whole.
-        return await _relay_whole(ex, lane, replica, resp, decoder, receive, on_end, have=first)
+        return await _relay_whole(ex, lane, replica, resp, decoder, link, on_end, have=first)
     ex.status = 200
 
     started = False
@@ -431,40 +429,13 @@ def _done(replica, lane: LaneRuntime, ok: bool, why: str = "") -> None:
         lane.upstream.record_failure(replica, why)
 
 
-async def _race_disconnect(awaitable, receive: Receive, ex: Exchange):
-    """Await `awaitable`, but give up (cancelling it) as soon as the client disconnects.
-
-    One watcher task per call: when the client goes away it cancels the task awaiting here.
-    """
-    current = asyncio.current_task()
-    gone = False
-
-    def on_watcher_done(task: asyncio.Task) -> None:
-        nonlocal gone
-        if not task.cancelled() and task.exception() is None and current is not None:
-            gone = True
-            current.cancel()
-
-    watcher = asyncio.ensure_future(_wait_disconnect(receive))
-    watcher.add_done_callback(on_watcher_done)
+async def _race(link: ClientLink, awaitable, ex: Exchange):
+    """`await awaitable` unless the client leaves first (then ClientGone, and the exchange is cancelled)."""
     try:
-        return await awaitable
-    except asyncio.CancelledError:
-        if gone:
-            ex.cancelled = True
-            raise ClientGone() from None
+        return await link.race(awaitable)
+    except ClientGone:
+        ex.cancelled = True
         raise
-    finally:
-        watcher.remove_done_callback(on_watcher_done)
-        watcher.cancel()
 
 
-class ClientGone(Exception):
-    """The client disconnected before the answer was ready."""
-
-
-async def _wait_disconnect(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
+__all__ = ["ClientGone", "forward"]

@@ -26,7 +26,9 @@ import os
 from typing import Any
 
 import orjson
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
+
+from . import wire
 
 HEADER_TIMEOUT_ENV = "GATEWAY_HEADER_TIMEOUT_S"
 BODY_TIMEOUT_ENV = "GATEWAY_BODY_TIMEOUT_S"
@@ -67,6 +69,22 @@ class DeadlineHttpToolsProtocol(HttpToolsProtocol):
         self.header_timeout_s, self.body_timeout_s = _deadlines()
         self._deadline: asyncio.TimerHandle | None = None
         self._in_request = False  # a byte of a request has arrived and its head is not complete
+        self._wire_routes = wire.handlers_of(self.app) if wire.ENABLED else None
+        self._wire_link: wire.WireLink | None = None
+
+    # -- the proxy endpoints without ASGI (gateway/wire.py) ---------------------------------------
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        routes = self._wire_routes
+        if routes is not None and app is self.app and cycle.scope["method"] == "POST":
+            handler = routes(cycle.scope["path"])
+            if handler is not None:
+                link = self._wire_link = wire.WireLink()
+                task = link.task = self.loop.create_task(wire.serve(cycle, handler, link))
+                task.add_done_callback(self.tasks.discard)
+                self.tasks.add(task)
+                return
+        super()._start_asgi_task(cycle, app)
 
     # -- timers --------------------------------------------------------------------------------
 
@@ -86,6 +104,9 @@ class DeadlineHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+        link = self._wire_link
+        if link is not None and link.task is not None:
+            link.lost()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()

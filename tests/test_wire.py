@@ -1,0 +1,191 @@
+"""The proxy endpoints served without ASGI (gateway/wire.py) behave as HTTP/1.1 says, on raw sockets.
+
+Keep-alive, pipelining, `Connection: close`, HTTP/1.0, `Expect: 100-continue`, a client that stops
+reading a long stream (flow control), a client that leaves mid-upload, CORS (served by Starlette),
+and the same answers with the wire path turned off (GATEWAY_WIRE=0).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+import pytest
+
+from tests.support.emulator_proc import run_emulator
+from tests.support.gateway_proc import run_gateway
+
+
+def _routes(url: str, **gateway: object) -> dict:
+    lane = {"engine": "vllm", "replicas": [url], "upstream_model": "deepseek-v4-flash",
+            "qualification": "not_required", "render": {"template": None}}
+    return {"gateway": dict(gateway), "lanes": {"l": lane}, "models": {"m": "l"}}
+
+
+@pytest.fixture(scope="module")
+def emu():
+    with run_emulator(flavour="vllm") as emu:
+        yield emu
+
+
+@pytest.fixture(scope="module")
+def gw(emu):
+    with run_gateway(_routes(emu.url)) as gw:
+        yield gw
+
+
+def _request(body: dict, *, extra: bytes = b"", version: bytes = b"1.1") -> bytes:
+    data = json.dumps(body).encode()
+    return (b"POST /v1/chat/completions HTTP/" + version + b"\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + extra + b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+
+
+def _chat(content: str, **kw: object) -> dict:
+    return {"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": 4, **kw}
+
+
+def _read_responses(sock: socket.socket, count: int, timeout: float = 10.0) -> list[tuple[bytes, bytes]]:
+    """`count` whole HTTP responses (content-length or chunked) from the socket: (head, body)."""
+    sock.settimeout(timeout)
+    buf = b""
+    out: list[tuple[bytes, bytes]] = []
+    while len(out) < count:
+        while b"\r\n\r\n" not in buf:
+            more = sock.recv(65536)
+            if not more:
+                raise AssertionError(f"connection closed after {len(out)} responses: {buf[:200]!r}")
+            buf += more
+        head, _, buf = buf.partition(b"\r\n\r\n")
+        lower = head.lower()
+        if b"transfer-encoding: chunked" in lower:
+            body = b""
+            while True:
+                while b"\r\n" not in buf:
+                    buf += sock.recv(65536)
+                size_line, _, buf = buf.partition(b"\r\n")
+                size = int(size_line, 16)
+                while len(buf) < size + 2:
+                    buf += sock.recv(65536)
+                body, buf = body + buf[:size], buf[size + 2:]
+                if size == 0:
+                    break
+        else:
+            length = int(lower.split(b"content-length: ")[1].split(b"\r\n")[0])
+            while len(buf) < length:
+                buf += sock.recv(65536)
+            body, buf = buf[:length], buf[length:]
+        out.append((head, body))
+    return out
+
+
+def _port(gw) -> int:
+    return int(gw.url.rsplit(":", 1)[1])
+
+
+def test_keep_alive_serves_many_requests_on_one_connection(gw) -> None:
+    with socket.create_connection(("127.0.0.1", _port(gw))) as s:
+        for i in range(20):
+            s.sendall(_request(_chat(f"hello {i}")))
+            [(head, body)] = _read_responses(s, 1)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            assert json.loads(body)["choices"][0]["message"]["content"]
+
+
+def test_pipelined_requests_are_answered_in_order(gw) -> None:
+    with socket.create_connection(("127.0.0.1", _port(gw))) as s:
+        s.sendall(_request(_chat("one")) + _request({"model": "nope", "messages": []})
+                  + _request(_chat("three", stream=True)))
+        (h1, b1), (h2, b2), (h3, b3) = _read_responses(s, 3)
+    assert h1.startswith(b"HTTP/1.1 200") and json.loads(b1)["object"] == "chat.completion"
+    assert h2.startswith(b"HTTP/1.1 400") and json.loads(b2)["error"]["code"]
+    assert h3.startswith(b"HTTP/1.1 200") and b3.rstrip().endswith(b"data: [DONE]")
+
+
+def test_connection_close_and_http_1_0_close_after_the_answer(gw) -> None:
+    for extra, version in ((b"Connection: close\r\n", b"1.1"), (b"", b"1.0")):
+        with socket.create_connection(("127.0.0.1", _port(gw))) as s:
+            s.sendall(_request(_chat("bye"), extra=extra, version=version))
+            [(head, body)] = _read_responses(s, 1)
+            assert b" 200 " in head.split(b"\r\n")[0] and b"connection: close" in head.lower()
+            s.settimeout(5)
+            assert s.recv(1) == b"", "the gateway closes the connection"
+
+
+def test_expect_100_continue_gets_the_interim_answer(gw) -> None:
+    data = json.dumps(_chat("continue?")).encode()
+    with socket.create_connection(("127.0.0.1", _port(gw))) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                  b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n")
+        s.settimeout(5)
+        assert s.recv(64).startswith(b"HTTP/1.1 100 Continue")
+        s.sendall(data)
+        [(head, _)] = _read_responses(s, 1)
+    assert head.startswith(b"HTTP/1.1 200")
+
+
+def test_a_client_that_stops_reading_a_long_stream_does_not_stall_others(emu, gw) -> None:
+    body = _chat("a long answer", stream=True, max_tokens=4000)
+    with socket.create_connection(("127.0.0.1", _port(gw))) as slow:
+        slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        slow.sendall(_request(body))
+        # While that one is not read, the gateway keeps serving everyone else.
+        started = time.monotonic()
+        for i in range(5):
+            r = httpx.post(gw.url + "/v1/chat/completions", json=_chat(f"meanwhile {i}"), timeout=10)
+            assert r.status_code == 200
+        assert time.monotonic() - started < 10
+        # Reading it at last, the stream is whole.
+        [(head, data)] = _read_responses(slow, 1, timeout=30)
+    assert head.startswith(b"HTTP/1.1 200") and data.rstrip().endswith(b"data: [DONE]")
+
+
+def test_a_client_that_leaves_mid_upload_is_forgotten(gw) -> None:
+    with socket.create_connection(("127.0.0.1", _port(gw))) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{\"model\":")
+    # The gateway is unharmed and answers the next request.
+    r = httpx.post(gw.url + "/v1/chat/completions", json=_chat("after"), timeout=10)
+    assert r.status_code == 200
+
+
+def test_cors_configured_answers_carry_the_cors_headers(emu) -> None:
+    routes = _routes(emu.url, cors={"allow_origins": ["https://app.example"]})
+    with run_gateway(routes) as gw:
+        r = httpx.post(gw.url + "/v1/chat/completions", json=_chat("hi"),
+                       headers={"Origin": "https://app.example"}, timeout=10)
+    assert r.status_code == 200
+    assert r.headers["access-control-allow-origin"] == "https://app.example"
+
+
+def _comparable(r: httpx.Response) -> tuple[int, dict[str, str], bytes]:
+    skip = {"date", "x-request-id", "x-gateway-conversation"}
+    return r.status_code, {k: v for k, v in r.headers.items() if k not in skip}, r.content
+
+
+def test_the_asgi_path_answers_alike(emu, gw) -> None:
+    """GATEWAY_WIRE=0 serves the same routes through Starlette: same status, headers and bodies."""
+    cases = [_chat("same", seed=1), {"model": "nope", "messages": [{"role": "user", "content": "x"}]},
+             {"model": "m"}, _chat("same stream", stream=True, seed=1)]
+    with run_gateway(_routes(emu.url), env={"GATEWAY_WIRE": "0"}) as asgi:
+        for case in cases:
+            a = httpx.post(gw.url + "/v1/chat/completions", json=case, timeout=10)
+            b = httpx.post(asgi.url + "/v1/chat/completions", json=case, timeout=10)
+            sa, ha, ba = _comparable(a)
+            sb, hb, bb = _comparable(b)
+            assert (sa, ha) == (sb, hb), case
+            assert _payloads(ba) == _payloads(bb), case
+
+
+def _payloads(body: bytes) -> list[object]:
+    """The JSON payloads of a body or of a stream's events, without the per-answer id and time."""
+    if not body.startswith(b"data:"):
+        docs = [json.loads(body)]
+    else:
+        docs = [json.loads(e[5:]) if e[5:].strip() != b"[DONE]" else "[DONE]"
+                for e in body.split(b"\n\n") if e.strip()]
+    for doc in docs:
+        if isinstance(doc, dict):
+            doc.pop("created", None)
+            doc.pop("id", None)
+    return docs
