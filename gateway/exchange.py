@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .conversations.policy import Found
 
+CHAT_PATH = "/v1/chat/completions"
+
 
 @dataclass
 class GeneratedOutput:
@@ -119,6 +121,10 @@ class Exchange:
 
     # What the parts tell each other, typed (written on the hot path, read after the response).
     conversation: "Found | None" = None  # the conversation policy's finding, for routing and analysis
+    # A /v1/responses request as the chat request the engine renders (gateway/responses_chat.py), set by
+    # the conversation policy; None when it does not map (the reason is in analysis_skipped). Read it
+    # through `chat`, never directly.
+    mapped_chat: dict[str, Any] | None = None
     routing: dict[str, Any] | None = None  # the replica decision: policy, replica, reason, expected_cold
     routing_single: bool = False  # the lane has one replica: no routing lookups were made
     routing_hint: Any = None  # what the affinity router read from the store before choosing
@@ -141,6 +147,16 @@ class Exchange:
 
     usage: dict[str, Any] | None = None
     generated: GeneratedOutput = field(default_factory=GeneratedOutput)
+
+    @property
+    def chat(self) -> dict[str, Any] | None:
+        """The request as chat messages, for the conversation policy, the analysis and what reads their
+        findings (routing, records): a chat request is its own view; a /v1/responses request has its
+        mapping; anything else (completions, embeddings, a Responses request continuing engine-side
+        state) has none."""
+        if self.path == CHAT_PATH:
+            return self.body
+        return self.mapped_chat
 
     def fire_limit(self, name: str) -> None:
         if name not in self.limits_fired:

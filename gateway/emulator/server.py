@@ -239,6 +239,7 @@ class Emulator:
             if not body.get("stream"):
                 if cfg.decode_tps > 0 and plan.completion_tokens > 1:
                     await asyncio.sleep((plan.completion_tokens - 1) / cfg.decode_tps)
+                self._remember_response(chat, plan, data, hashes, seed)
                 rec.done, rec.stage = True, "done"
                 return _json(b.response(b.final_status(), usage))
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
@@ -264,6 +265,7 @@ class Emulator:
                     if gap:
                         await asyncio.sleep(gap)
                 await resp.write(b"".join(b.message_close(index)))
+            self._remember_response(chat, plan, data, hashes, seed)
             await resp.write(b"".join(b.tail_events(usage)))
             await resp.write_eof()
             rec.done, rec.stage = True, "done"
@@ -429,6 +431,17 @@ class Emulator:
         if body.get("stream"):
             return await job.stream(request, t_start + ttft)
         return await job.respond(request, t_start + ttft)
+
+    def _remember_response(self, chat: dict[str, Any], plan: Plan, data: bytes, hashes: list[int], seed: int) -> None:
+        """/v1/responses: the output is cached like a chat turn's (vLLM caches what it generated), as the
+        output items carry it back (ResponseBuilder sends no message item beside a tool call)."""
+        msg = plan.assistant_message()
+        if plan.tool_call is not None:
+            msg["content"] = ""
+        gen = self.tokenize_generated(chat, msg)
+        if gen:
+            full = data + token_bytes(gen)
+            self.cache.insert(full, self.cache.hashes(full, seed, known=hashes), seed)
 
     def remember_output(self, job: _Job) -> None:
         """Cache prompt + generated tokens as the next turn of an append-only client will render them."""
