@@ -81,9 +81,12 @@ async def run(policy: HealPolicy, messages: list[dict], cid: str = "c1") -> tupl
     raw = orjson.dumps({"model": "m", "messages": messages, "tools": TOOLS})
     body = orjson.loads(raw)
     ex = exchange(body, cid)
-    sent = orjson.loads(raw)["messages"]
+    theirs = body["messages"]
     await policy.apply(ex, LANE, body)
-    assert orjson.loads(raw)["messages"] == sent
+    # The client's list and dicts are never changed (the pipeline's history memo shares them with the
+    # next turn and forwards their bytes while the body holds that very list).
+    assert orjson.dumps(theirs) == orjson.dumps(orjson.loads(raw)["messages"])
+    assert (body["messages"] is theirs) == (not ex.healed)
     return body["messages"], ex
 
 

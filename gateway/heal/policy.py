@@ -114,14 +114,14 @@ class HealPolicy:
                                                             lane.config.render.drop_thinking, body):
             enabled.discard("reasoning")  # the template drops it: nothing the model reads to repair
         try:
-            await self._heal(ex, messages, found.state.id, frozenset(enabled), "tool_result_order" in kinds)
+            await self._heal(ex, body, messages, found.state.id, frozenset(enabled), "tool_result_order" in kinds)
         except Exception:  # a repair that fails must never cost the request: it goes as sent
             log.exception("healing %s failed; forwarded as sent", ex.request_id)
             return
         if ex.healed:
             ex.response_headers[HEALED_HEADER] = header_value(ex.healed)
 
-    async def _heal(self, ex: Exchange, messages: list[Any], cid: str, enabled: frozenset[str],
+    async def _heal(self, ex: Exchange, body: dict[str, Any], messages: list[Any], cid: str, enabled: frozenset[str],
                     watch_order: bool) -> None:
         mem = self._memory.pop(cid, None)
         if mem is not None:
@@ -206,19 +206,24 @@ class HealPolicy:
                 put.append(_repaired(sent[idx], op))
                 for kind in op[3]:
                     by_kind.setdefault(kind, []).append(positions[j])
-        # Copy on write: the repaired message takes the client's message's place; the client's own dict
-        # is never changed. A message unchanged since last time gets last time's repaired dict (equal
-        # bytes in, equal bytes out), so the repairs cost a list assignment each (0.03 ms for 784),
-        # not a dict update and a new call list each.
+        # Copy on write, list and messages: the body gets a new list with the repaired copies in their
+        # places; the client's list and dicts are never changed (the pipeline's history memo shares them
+        # with the next turn, and forwards the client's own bytes while the list is the one it parsed).
+        # A message unchanged since last time gets last time's repaired dict (equal bytes in, equal
+        # bytes out), so the repairs cost a list assignment each (0.03 ms for 784), not a dict update
+        # and a new call list each.
+        out = list(messages) if rat or (watch_order and multi) else messages
         if rat:
-            deque(map(messages.__setitem__, rat, put), maxlen=0)
+            deque(map(out.__setitem__, rat, put), maxlen=0)
         memo_by_kind = {kind: v for kind, v in by_kind.items() if v}
         groups = mem.groups if mem is not None else {}
         if watch_order and multi:
-            repaired = [group[1] for group in id_less_groups(messages, [positions[j] for j in multi])
-                        if self.tool_order.heal(messages, group, groups, "tool_result_order" in enabled)]
+            repaired = [group[1] for group in id_less_groups(out, [positions[j] for j in multi])
+                        if self.tool_order.heal(out, group, groups, "tool_result_order" in enabled)]
             if repaired:
                 by_kind = {**by_kind, "tool_result_order": repaired}
+        if rat or by_kind.get("tool_result_order"):
+            body["messages"] = out
         ex.healed = [Healed(kind, indices) for kind, indices in by_kind.items() if indices]  # never mutated
         if (ends[-1] if ends else 1) + 1 != len(blob):  # ("[]" when none)
             return
