@@ -248,3 +248,22 @@ async def test_nothing_to_repair_does_not_read_the_history():
     repaired = await cpu([sort_args(strip(m)) if m["role"] == "assistant" else m for m in full])
     print(f"clean {clean * 1e3:.3f} ms, repaired {repaired * 1e3:.3f} ms: {clean / repaired:.2f}x")
     assert clean < 0.5 * repaired, (clean, repaired)
+
+
+async def test_a_history_handed_over_as_last_turns_objects_is_healed_as_afresh():
+    """The pipeline's history memo gives a long body's unchanged history as the very message objects it
+    parsed last turn (and the new messages parsed): the step knows them by identity, and changes none."""
+    full = session(40, 8)
+    book = await book_of(full)
+    warm = HealPolicy(book)
+    client = [sort_args(strip(m)) if m["role"] == "assistant" else m for m in full]
+    history: list[dict] = []
+    for end in range(5, len(client) + 1, 2):
+        history = history + orjson.loads(orjson.dumps(client[len(history):end]))
+        before = orjson.dumps(history)
+        body = {"model": "m", "messages": list(history), "tools": TOOLS}
+        ex = exchange(body)
+        await warm.apply(ex, LANE, body)
+        assert orjson.dumps(history) == before  # the shared objects are never changed
+        want, _ = await run(HealPolicy(book), client[:end], cid="fresh")
+        assert orjson.dumps(body["messages"]) == orjson.dumps(want)
