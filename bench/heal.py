@@ -5,7 +5,8 @@ A conversation's last turns are replayed (each request the previous one plus the
 and its tool result: the body ends at 1,600 messages). Every turn is sent three times on the same body,
 in an order that rotates: heal on, heal off, and heal off again, the control (how far apart two
 identical requests measure). Each request is the in-process hot path around the heal step as the
-pipeline runs it: the body parsed, the step, the body serialised for upstream, the body freed. Printed:
+pipeline runs it: the body parsed (through the pipeline's history memo), the step, the body serialised
+for upstream (the history's own bytes when nothing replaced the messages), the body freed. Printed:
 the median over turns of (on - off), wall and CPU, with a 95% bootstrap interval, beside the control's;
 and the step alone. Two clients:
 
@@ -49,6 +50,7 @@ from gateway.gc_tuning import settle  # noqa: E402
 from gateway.heal.base import Relayed, heal_digest  # noqa: E402
 from gateway.heal.book import RelayedBook  # noqa: E402
 from gateway.heal.policy import HealPolicy  # noqa: E402
+from gateway.history_memo import HistoryMemo  # noqa: E402
 from gateway.store.memory import MemoryStore  # noqa: E402
 
 SHARED = Path(os.environ.get("GATEWAY_SHARED", REPO.parent / "shared"))
@@ -91,24 +93,33 @@ def session(body: dict, book: RelayedBook) -> None:
             book.remember("default", heal_digest(m), Relayed.from_message(m))
 
 
-async def request(policy: HealPolicy, lane_rt, raw: bytes, cid: str) -> tuple[float, float, float, int]:
-    """One request's in-process hot path around the heal step, as the pipeline runs it: the body parsed,
-    the policy, the body serialised for upstream, the body freed (and what the step deferred run).
-    Returns (wall ms, CPU ms, the step's own wall ms, repairs)."""
+async def request(policy: HealPolicy, memo: HistoryMemo, lane_rt, raw: bytes,
+                  cid: str) -> tuple[float, float, float, int]:
+    """One request's in-process hot path around the heal step, as the pipeline runs it: the body parsed
+    (through the history memo: the unchanged history is last turn's objects), the step, the body
+    serialised for upstream (the history's own bytes when no policy replaced the messages, else
+    orjson), the body freed (and what the step deferred run). Returns (wall ms, CPU ms, the step's own
+    wall ms, repairs)."""
     w0, c0 = time.perf_counter(), time.thread_time()
-    body = orjson.loads(raw)
+    parsed = memo.parse(raw)
+    body = parsed.data
     ex = exchange(body, cid)
     s0 = time.perf_counter()
     await policy.apply(ex, lane_rt, body)
     s1 = time.perf_counter()
-    out = orjson.dumps(body)
+    up = dict(body)
+    up["model"] = "m"
+    out = HistoryMemo.serialise(parsed, up) or orjson.dumps(up)
     repairs = sum(len(h.indices) for h in ex.healed)
-    del body, ex, out
+    del body, ex, out, up
+    memo.settle(parsed)
+    del parsed
     await asyncio.sleep(0)  # the step's deferred frees (call_soon) run here
     return (time.perf_counter() - w0) * 1000, (time.thread_time() - c0) * 1000, (s1 - s0) * 1000, repairs
 
 
-async def paired(policy: HealPolicy, on, off, client: dict, cid: str, rounds: int, passes: int = 3) -> dict:
+async def paired(policy: HealPolicy, memo: HistoryMemo, on, off, client: dict, cid: str, rounds: int,
+                 passes: int = 3) -> dict:
     """`rounds` turns, in `passes` replays of the conversation's last turns (a new conversation id each:
     the step's memory starts from the request before them, as a serving gateway's would)."""
     on_w, off_w, ctl_w, on_c, off_c, ctl_c, step, repairs = [], [], [], [], [], [], [], 0
@@ -118,13 +129,13 @@ async def paired(policy: HealPolicy, on, off, client: dict, cid: str, rounds: in
         key = f"{cid}-{p}"
         ends = [len(messages) - 2 * k for k in range(per, -1, -1)]
         body = dict(client, messages=messages[:ends[0]])  # the turn before them (not timed)
-        await request(policy, on, orjson.dumps(body), key)
+        await request(policy, memo, on, orjson.dumps(body), key)
         for i, end in enumerate(ends[1:]):
             raw = orjson.dumps(dict(client, messages=messages[:end]))
             await asyncio.sleep(0.002)  # a fresh scheduler slice for each turn
             results = {}
             for which in ("on", "off", "ctl")[i % 3:] + ("on", "off", "ctl")[:i % 3]:
-                results[which] = await request(policy, on if which == "on" else off, raw, key)
+                results[which] = await request(policy, memo, on if which == "on" else off, raw, key)
             on_w.append(results["on"][0] - results["off"][0])
             ctl_w.append(results["ctl"][0] - results["off"][0])
             on_c.append(results["on"][1] - results["off"][1])
@@ -181,8 +192,8 @@ async def main_async(args: argparse.Namespace) -> None:
     enc = orjson.dumps
     on, off = lane(KINDS), lane([])
     rows = {
-        "heals": await paired(policy, on, off, bad, "heals", args.rounds),
-        "clean": await paired(policy, on, off, body, "clean", args.rounds),
+        "heals": await paired(policy, HistoryMemo(), on, off, bad, "heals", args.rounds),
+        "clean": await paired(policy, HistoryMemo(), on, off, body, "clean", args.rounds),
         "first": await first(policy, on, enc(bad), max(10, args.rounds // 10)),
     }
     n = len(body["messages"])
