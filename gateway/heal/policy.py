@@ -241,7 +241,7 @@ class HealPolicy:
         drop = [idx for idx in range(lo, bisect_left(ords, new_from)) if type(fixes[ords[idx]]) is not tuple]
         if drop:
             ords, at, sent, blob, ends = _without(drop, ords, at, sent, blob, ends)
-        if mem is not None:
+        if mem is not None and len(mem.objs) > 64:
             # Last time's messages are let go once the request is on its way, not here: freeing 784 of
             # them (when the history memo does not hold them) cost 0.1-0.15 ms of the step.
             asyncio.get_running_loop().call_soon(mem.objs.clear)
