@@ -7,15 +7,17 @@ previous request:
 
 1. the assistant messages are where they were, plus those among the messages added since (no walk of
    the whole list);
-2. the messages read are serialised together (orjson, C speed) and compared with their bytes last time
-   (a memcmp): every message repaired last time (its repair stands only if its bytes did not change),
+2. the messages read are compared with last time's: the very objects when the pipeline's history memo
+   hands the unchanged history over, else serialised together (orjson) and compared with last time's
+   bytes (a memcmp): every message repaired last time (its repair stands only if it did not change),
    and those that were new last time. Assistant messages that needed no repair and are older than that
    are not read at all, except that when a user message arrives the previous user turn's are planned
    again (clients drop its reasoning then);
 3. only what changed, and the new messages, are looked up among the relayed messages (memory first,
    then one store multi-get) and planned by each kind;
-4. each repaired message is replaced by its repaired copy (copy on write), the same dict as last time
-   when the client's bytes did not change.
+4. the body gets a new list with each repaired message's repaired copy in its place (copy on write:
+   the client's list and messages are shared with the next turn by the history memo), the same dict
+   as last time when the client's message did not change.
 
 Measured with bench/heal.py on the 1,600-message corpus body (784 assistant messages): see the README.
 A lane without `heal` costs one attribute read.
