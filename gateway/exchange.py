@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .conversations.policy import Found
+    from .history_memo import Parsed
 
 CHAT_PATH = "/v1/chat/completions"
 
@@ -91,6 +92,7 @@ class Exchange:
     client_wants_usage: bool = False
     body: dict[str, Any] | None = None
     body_bytes: int = 0
+    history: "Parsed | None" = None  # how the body was read (history_memo.py): the history it shares with a turn
     forwarded: bytes | None = None  # the body as sent upstream (what the analysis renders)
     request_headers: Any = None  # the client's headers (a case-insensitive mapping)
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -62,6 +62,7 @@ class Entry:
     near: int = 0  # digest of body[cut - NEAR:cut]
     whole: int = 0  # digest of body[:cut]
     open: int = 0  # offset just after the messages array's '['
+    facts: dict[Any, Any] = field(default_factory=dict)  # what the limits learnt of its messages, per scan kind
 
 
 @dataclass(slots=True)

@@ -96,7 +96,7 @@ class Pipeline:
         try:
             body = await self._read_body(request, snapshot.config.gateway.max_request_bytes)
             ex.body_bytes = len(body)
-            parsed = self._parse(body, history)
+            parsed = ex.history = self._parse(body, history)
             data = parsed.data
             model = data.get("model")
             if not isinstance(model, str) or not model:

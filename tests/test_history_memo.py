@@ -141,3 +141,17 @@ def test_shared_history_is_not_modified_by_a_copy_on_write_policy() -> None:
     body["messages"].append(_message(61))
     again = _read(memo, orjson.dumps(body))
     assert again.data["messages"][3]["content"] != "rewritten"
+
+
+def test_the_limits_scan_of_a_known_history_plus_the_new_messages_is_the_whole_scan() -> None:
+    from gateway.limits.scan import joined, scan_chat
+
+    tokens = ("<｜User｜>", "<think>", "[0]")
+    body = _body(70, 1)
+    body["messages"][5]["content"] = [{"type": "text", "text": "look <think>"},
+                                      {"type": "image_url", "image_url": {"url": "data:,x"}}]
+    body["messages"][9]["reasoning_content"] = "hmm <｜User｜>"
+    for k in (1, 10, 40, 69):
+        kw = dict(images=True, tokens=tokens, text=True, engine="vllm", request_level=False)
+        history = scan_chat({"messages": body["messages"][:k]}, **kw)
+        assert joined(history, scan_chat(body, start=k, **kw)) == scan_chat(body, **kw)
