@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import os
 import statistics
@@ -122,8 +123,8 @@ def instrument(gw: Any, timer: Timer) -> None:
     relay = sse_mod.StreamObserver.relay
     sse_mod.StreamObserver.relay = timer.sync("relay/chunk", relay)
     am = gw.aftermath
-    am.analyzers = tuple(timer.coro("analysis hand-off", a) if asyncio.iscoroutinefunction(a) else
-                         timer.sync("analysis hand-off", a) for a in am.analyzers)
+    am.analyzers = tuple(timer.coro("analysis hand-off", a) if inspect.iscoroutinefunction(getattr(a, "__call__", a))
+                         else timer.sync("analysis hand-off", a) for a in am.analyzers)
     sink_names = ["metrics", "records", "access log"]
     am.sinks = tuple(timer.sync(sink_names[i] if i < 3 else f"sink{i}", s) for i, s in enumerate(am.sinks))
     for f in gw.runtime.finishers:

@@ -70,8 +70,8 @@ class Parsed:
     data: Any  # as orjson.loads(body)
     known: int = 0  # leading messages that are an earlier body's, byte for byte (already validated)
     entry: Entry | None = None  # where they came from
-    fresh: Entry | None = None  # this body's own entry (for the next turn), once made
-    pending: Entry | None = None  # a body seen for the first time, filed once its answer has gone
+    fresh: Entry | None = None  # this body's own settled entry (its history's bytes can be forwarded)
+    pending: Entry | None = None  # this body's entry, filed once its answer has gone (`settle`)
     hasher: Any = None  # xxh3 state over the reused history's bytes
 
 
@@ -100,7 +100,7 @@ class HistoryMemo:
             parsed = self._reuse(body, view, entry)
             if parsed is not None:
                 self.hits += 1
-                parsed.fresh = self._extend(body, head, _fields(parsed.data), entry, parsed.hasher)
+                parsed.fresh = parsed.pending = self._extend(body, head, _fields(parsed.data), entry, parsed.hasher)
                 return parsed
         self.misses += 1
         data = orjson.loads(body)
@@ -110,12 +110,17 @@ class HistoryMemo:
         return Parsed(data, pending=Entry(head, fields[0], fields[1], body, after=fields[2]))
 
     def settle(self, parsed: Parsed) -> None:
-        """File a body seen for the first time (after its answer has been sent). Where its history
-        ends is only worked out when a later body starts like it (`_settle`): ~3 ms for 2 MB that a
-        burst of one-turn conversations never pays."""
+        """File the body once it has been answered (never one that was refused: its messages would
+        count as checked next time). A body seen for the first time is filed as it is; where its
+        history ends is worked out only when a later body starts like it (`_settle`): ~3 ms for
+        2 MB that a burst of one-turn conversations never pays. A body that extended an earlier
+        one replaces it: the conversation moved on."""
         entry, parsed.pending = parsed.pending, None
-        if entry is not None:
-            self._add(entry)
+        if entry is None:
+            return
+        if parsed.entry is not None:
+            self._forget(parsed.entry)
+        self._add(entry)
 
     def _reuse(self, body: bytes, view: memoryview, entry: Entry) -> Parsed | None:
         cut = entry.cut
@@ -165,7 +170,6 @@ class HistoryMemo:
 
     def _extend(self, body: bytes, head: int, fields: Any, base: Entry, hasher: Any) -> Entry | None:
         """The entry of a body that extended `base`'s history: only its new part is read."""
-        self._forget(base)  # the conversation moved on: its longer history replaces it
         if fields is None:
             return None
         before, messages, after = fields
@@ -174,10 +178,8 @@ class HistoryMemo:
         if cut < 0 or body[cut - 1:cut] != b"}":
             return None
         hasher.update(memoryview(body)[base.cut:cut])
-        entry = Entry(head, before, messages, body, settled=True, cut=cut,
-                      near=_h(memoryview(body)[max(0, cut - NEAR):cut]), whole=hasher.intdigest(), open=base.open)
-        self._add(entry)
-        return entry
+        return Entry(head, before, messages, body, settled=True, cut=cut,
+                     near=_h(memoryview(body)[max(0, cut - NEAR):cut]), whole=hasher.intdigest(), open=base.open)
 
     def _add(self, entry: Entry) -> None:
         self._entries[id(entry)] = entry

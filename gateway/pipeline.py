@@ -14,7 +14,7 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from . import passthrough
+from . import passthrough, token_ids
 from .errors import GatewayError, invalid_request
 from .exchange import Exchange
 from .fallback import choose_lane
@@ -87,8 +87,11 @@ class Pipeline:
             nonlocal ended
             if not ended:
                 ended = True
-                if parsed is not None and parsed.pending is not None and self.memo is not None:
-                    asyncio.get_running_loop().call_soon(self.memo.settle, parsed)  # after the answer is written
+                if parsed is not None and parsed.pending is not None and self.memo is not None \
+                        and 200 <= ex.status < 300 and ex.error_code is None:
+                    # Only an answered body: its messages count as checked next time. After the
+                    # answer is written (the wire path writes it before this callback runs).
+                    asyncio.get_running_loop().call_soon(self.memo.settle, parsed)
                 if lane is not None:
                     lane.inflight -= 1
                 self.runtime.finish(ex, lane)
@@ -189,6 +192,7 @@ class Pipeline:
             # Always ask for usage: the cached-token count lives there.
             so["include_usage"] = True
             out["stream_options"] = so
+        token_ids.ask(ex, lane.config, out)  # token ids (issue 13): ask the engine for them
         try:
             # Messages untouched by every policy: the client's own bytes of them (no re-serialising).
             return HistoryMemo.serialise(parsed, out) or orjson.dumps(out)

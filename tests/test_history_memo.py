@@ -155,3 +155,34 @@ def test_the_limits_scan_of_a_known_history_plus_the_new_messages_is_the_whole_s
         kw = dict(images=True, tokens=tokens, text=True, engine="vllm", request_level=False)
         history = scan_chat({"messages": body["messages"][:k]}, **kw)
         assert joined(history, scan_chat(body, start=k, **kw)) == scan_chat(body, **kw)
+
+
+def test_through_the_gateway_a_refused_turn_is_never_taken_as_checked() -> None:
+    """Turn 2 adds an invalid message (refused, 400); turn 3 repeats it and adds one: still refused,
+    and a valid turn after the history memo's hits answers as usual."""
+    import httpx
+
+    from tests.support.emulator_proc import run_emulator
+    from tests.support.gateway_proc import run_gateway
+
+    with run_emulator(flavour="vllm") as emu:
+        lane = {"engine": "vllm", "replicas": [emu.url], "upstream_model": "deepseek-v4-flash",
+                "qualification": "not_required"}
+        with run_gateway({"lanes": {"l": lane}, "models": {"m": "l"}}) as gw:
+            url = gw.url + "/v1/chat/completions"
+            body = {"model": "m", "max_tokens": 4, "messages": [
+                {"role": "system", "content": FILLER * 3}, *({"role": "user" if i % 2 else "assistant",
+                                                            "content": f"{i} {FILLER}"} for i in range(1, 60))]}
+            assert len(orjson.dumps(body)) > MIN_BYTES
+            assert httpx.post(url, content=orjson.dumps(body), timeout=30).status_code == 200
+            bad = {**body, "messages": [*body["messages"], {"role": 5, "content": "x"}]}
+            for _ in range(2):
+                r = httpx.post(url, content=orjson.dumps(bad), timeout=30)
+                assert r.status_code == 400 and r.json()["error"]["param"] == "messages[60].role"
+                bad = {**bad, "messages": [*bad["messages"], {"role": "user", "content": "again"}]}
+            good = {**body, "messages": [*body["messages"], {"role": "user", "content": "fine"}]}
+            for _ in range(3):
+                r = httpx.post(url, content=orjson.dumps(good), timeout=30)
+                assert r.status_code == 200, r.text
+                good = {**good, "messages": [*good["messages"], r.json()["choices"][0]["message"],
+                                             {"role": "user", "content": "next"}]}

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from .. import token_ids
 from ..exchange import Exchange
 from ..heal.saved import tokens_saved
 from ..render.normalize import json_digest, template_response_format, tools_digest
@@ -160,6 +161,7 @@ def make_job(ex: Exchange, lane: LaneRuntime, found: Found, in_process: bool = T
         rehomed=isinstance(routing, dict) and bool(routing.get("expected_cold")),
         repinned=found.repinned, state=found.state, healed=tuple((h.kind, i) for h in ex.healed for i in h.indices),
         prompt_token_ids=ex.generated.prompt_token_ids, generated_token_ids=ex.generated.token_ids or None,
+        token_ids_why=token_ids.why_counts(ex),  # token ids (issue 13)
         kv_block_size=cfg.cache.block_size if cfg.kv_events is not None else None,
     )
 
@@ -168,6 +170,7 @@ def analyse_job(job: Job, renderer: Renderer | None, estimator: Any) -> Outcome:
     """Compare with the freshest previous turn (another worker or process may have moved on);
     decoding and encoding the ~100 KB state happens here too, off the event loop."""
     state = job.state
+    token_ids.parse_job(job)  # token ids (issue 13): the prompt's ids, parsed here off the event loop
     if job.stored is not None:
         fresh = ConversationState.from_bytes(job.stored)
         if fresh.turn >= state.turn:
@@ -267,6 +270,7 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
     elif job.usage and isinstance(job.usage.get("prompt_tokens"), int) and rendered.exact:
         cache["render_check"] = "count"  # the engine gave no ids: a same-length difference would pass unseen
         cache["render_matches_engine"] = job.usage["prompt_tokens"] == n
+        cache["render_check_why"] = job.token_ids_why  # token ids (issue 13)
     if out is not None and job.kv_block_size and rendered.exact:
         out["kv_keys"] = _block_keys(rendered, generated, job.kv_block_size)
         out["kv_ends"] = _message_ends(rendered, len(body.get("messages") or ()))

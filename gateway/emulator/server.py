@@ -504,6 +504,9 @@ class _Job:
             for i, p in enumerate(self.extra, 1):
                 more = shapes.chat_response(cfg.flavour, self.rid, self.created, self.model, p, cfg.eff_reasoning_field, {})
                 out["choices"].append({**more["choices"][0], "index": i})
+            if shapes.wants_token_ids(cfg.flavour, self.body):  # vLLM return_token_ids
+                out["prompt_token_ids"] = list(self.prompt)
+                out["choices"][0]["token_ids"] = list(self.emu.tokenize_generated(self.body, plan.assistant_message()))
             if self.logprobs is not None:
                 for c, p in zip(out["choices"], [plan, *self.extra]):
                     c["logprobs"] = {"content": [shapes.logprob(t, self.logprobs) for t in p.content]}
@@ -578,6 +581,10 @@ class _Job:
             if include_usage:
                 events.append(ch.usage(self._usage(False)))
                 slots.append(last)
+            if not self.extra and shapes.wants_token_ids(cfg.flavour, self.body) and not continuous:
+                gen = self.emu.tokenize_generated(self.body, plan.assistant_message())
+                n_reasoning = len(plan.reasoning) if plan.content or plan.tool_call is not None else 0
+                events, slots = shapes.with_token_ids(events, slots, list(self.prompt), list(gen), n_reasoning)
         else:
             cc = shapes.CompletionChunks(cfg.flavour, self.rid, self.created, self.model)
             events += [cc.text(text) for text in plan.content]
