@@ -36,6 +36,7 @@ from .limits.feature import LimitsWarmup
 from .limits.policy import LimitsPolicy
 from .metrics import LiveCollector, Metrics, MetricsExport, build_metrics
 from .openapi import OpenAPI
+from .history_memo import HistoryMemo
 from .pipeline import Pipeline
 from .qualify.feature import LaneAddressed, QualificationService
 from .records.feature import Records, build_records
@@ -213,7 +214,7 @@ def build(settings: Settings) -> Gateway:
     )
     qualification.ensure_token_file()
     pipeline = Pipeline(runtime, gates=[qualification.gate],
-                        policies=[limits, conversations.policy, heal, routing.step])
+                        policies=[limits, conversations.policy, heal, routing.step], memo=HistoryMemo())
     status = Status(runtime, settings, security)
     health = HealthService(HealthProber(runtime))
     admin = AdminAPI(runtime, status, aftermath, records, conversations.analyzer, store)

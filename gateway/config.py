@@ -273,6 +273,10 @@ class Lane(_Strict):
     override: Override | None = None
     emulator: EmulatedUpstream | None = None
     kv_events: KVEvents | None = None  # issue 20: the replicas' KV-cache event streams
+    token_ids: Literal["auto", "off"] = Field(
+        "auto", description="ask the engine for prompt and generated token ids so the analysis compares content, "
+                            "not counts (issue 13; gateway/token_ids.py): 'auto' asks a vllm lane on chat "
+                            "completions and removes them from the answer unless the client asked itself; 'off' never")
     failover_on: tuple[FailoverTrigger, ...] = Field(
         ("connect", 502, 503, 504),
         description="what makes a request try the next replica, before the first byte reaches the client: "

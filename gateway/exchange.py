@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .conversations.policy import Found
+    from .history_memo import Parsed
+
+CHAT_PATH = "/v1/chat/completions"
 
 
 @dataclass
@@ -23,7 +26,7 @@ class GeneratedOutput:
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     finish_reason: str | None = None
     # vLLM with `return_token_ids`: the ids the engine prefilled and generated (compared with the render)
-    prompt_token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | bytes | None = None  # token ids (issue 13): bytes = their JSON, parsed later
     token_ids: list[int] = field(default_factory=list)
 
     def add_tool_call_delta(self, delta: dict[str, Any]) -> None:
@@ -89,7 +92,11 @@ class Exchange:
     client_wants_usage: bool = False
     body: dict[str, Any] | None = None
     body_bytes: int = 0
+    history: "Parsed | None" = None  # how the body was read (history_memo.py): the history it shares with a turn
     forwarded: bytes | None = None  # the body as sent upstream (what the analysis renders)
+    # token ids (issue 13): the gateway asked the engine for them (the client did not): strip them
+    token_ids_strip: bool = False
+    token_ids_why: str | None = None  # token ids (issue 13): why they were not asked for
     request_headers: Any = None  # the client's headers (a case-insensitive mapping)
 
     status: int = 0
@@ -119,6 +126,10 @@ class Exchange:
 
     # What the parts tell each other, typed (written on the hot path, read after the response).
     conversation: "Found | None" = None  # the conversation policy's finding, for routing and analysis
+    # A /v1/responses request as the chat request the engine renders (gateway/responses_chat.py), set by
+    # the conversation policy; None when it does not map (the reason is in analysis_skipped). Read it
+    # through `chat`, never directly.
+    mapped_chat: dict[str, Any] | None = None
     routing: dict[str, Any] | None = None  # the replica decision: policy, replica, reason, expected_cold
     routing_single: bool = False  # the lane has one replica: no routing lookups were made
     routing_hint: Any = None  # what the affinity router read from the store before choosing
@@ -141,6 +152,16 @@ class Exchange:
 
     usage: dict[str, Any] | None = None
     generated: GeneratedOutput = field(default_factory=GeneratedOutput)
+
+    @property
+    def chat(self) -> dict[str, Any] | None:
+        """The request as chat messages, for the conversation policy, the analysis and what reads their
+        findings (routing, records): a chat request is its own view; a /v1/responses request has its
+        mapping; anything else (completions, embeddings, a Responses request continuing engine-side
+        state) has none."""
+        if self.path == CHAT_PATH:
+            return self.body
+        return self.mapped_chat
 
     def fire_limit(self, name: str) -> None:
         if name not in self.limits_fired:

@@ -20,6 +20,7 @@ import orjson
 
 from .errors import invalid_request
 from .exchange import Exchange
+from .responses_chat import take_output
 
 RESPONSES = "/v1/responses"
 EMBEDDINGS = "/v1/embeddings"
@@ -172,11 +173,13 @@ class ResponsesObserver:
             ex.t_last_token = now
             ex.token_chunk_times.append(now)
             delta = obj.get("delta")
-            if isinstance(delta, str):
+            if isinstance(delta, str) and kind != "response.function_call_arguments.delta":
                 (ex.generated.reasoning if "reasoning" in kind else ex.generated.content).append(delta)
         elif kind in _END_EVENTS:
             self.done = True
             resp = obj.get("response") if isinstance(obj.get("response"), dict) else {}
+            # The output items, as the client sends them back next turn, replace what the deltas gathered.
+            take_output(ex.generated, resp.get("output"))
             usage = chat_usage(resp.get("usage"))
             if usage:
                 ex.usage = usage
@@ -200,13 +203,7 @@ def observe_response_body(ex: Exchange, body: bytes | dict[str, Any]) -> None:
     usage = chat_usage(data.get("usage"))
     if usage:
         ex.usage = usage
-    for item in data.get("output") or ():
-        if not isinstance(item, dict):
-            continue
-        for part in item.get("content") or ():
-            if isinstance(part, dict) and isinstance(part.get("text"), str):
-                target = ex.generated.reasoning if item.get("type") == "reasoning" else ex.generated.content
-                target.append(part["text"])
+    take_output(ex.generated, data.get("output"))
     if isinstance(data.get("status"), str):
         ex.generated.finish_reason = data["status"]
 

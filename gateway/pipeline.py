@@ -5,6 +5,7 @@ Only cheap steps run here; render, drift and records run after the response, bes
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from typing import Any, Awaitable, Callable, Protocol, Sequence
@@ -13,11 +14,12 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from . import passthrough
+from . import passthrough, token_ids
 from .errors import GatewayError, invalid_request
 from .exchange import Exchange
 from .fallback import choose_lane
 from .headers import safe_value
+from .history_memo import HistoryMemo, Parsed
 from .client_link import AsgiLink, ClientGone
 from .proxy import forward
 from .runtime import LaneRuntime, Policy, Snapshot
@@ -46,13 +48,15 @@ class Pipeline:
     """The steps of a proxied request, in the order given: gates (may refuse the lane), then
     policies (may rewrite the body or refuse it), then forwarding. Built once by the composition root."""
 
-    def __init__(self, runtime: Lanes, *, gates: Sequence[Gate] = (), policies: Sequence[Policy] = ()) -> None:
+    def __init__(self, runtime: Lanes, *, gates: Sequence[Gate] = (), policies: Sequence[Policy] = (),
+                 memo: HistoryMemo | None = None) -> None:
         self.runtime = runtime
+        self.memo = memo  # recent large chat bodies: the next turn's unchanged history is not parsed again
         self.gates = tuple(gates)  # e.g. qualification: after the route is resolved, before policies
         self.policies = tuple(policies)  # e.g. limits, conversation and effort pin, routing lookups
 
     async def chat(self, request: Request, caller: Caller) -> Response:
-        return await self._handle(request, caller, "/v1/chat/completions", check_chat)
+        return await self._handle(request, caller, "/v1/chat/completions", check_chat, history=True)
 
     async def completions(self, request: Request, caller: Caller) -> Response:
         return await self._handle(request, caller, "/v1/completions", check_completion)
@@ -70,17 +74,24 @@ class Pipeline:
     async def detokenize(self, request: Request, caller: Caller) -> Response:
         return await self._handle(request, caller, passthrough.DETOKENIZE, passthrough.check_detokenize)
 
-    async def _handle(self, request: Request, caller: Caller, path: str, check: Callable[[dict], None]) -> Response:
+    async def _handle(self, request: Request, caller: Caller, path: str, check: Callable[[dict], None],
+                      history: bool = False) -> Response:
         ex = Exchange(request_id=_request_id(request), path=path, request_headers=request.headers,
                       tenant=caller.tenant)
         snapshot = self.runtime.snapshot  # this request's config, whatever reloads happen meanwhile
         lane: LaneRuntime | None = None
+        parsed: Parsed | None = None
         ended = False
 
         def end() -> None:
             nonlocal ended
             if not ended:
                 ended = True
+                if parsed is not None and parsed.pending is not None and self.memo is not None \
+                        and 200 <= ex.status < 300 and ex.error_code is None:
+                    # Only an answered body: its messages count as checked next time. After the
+                    # answer is written (the wire path writes it before this callback runs).
+                    asyncio.get_running_loop().call_soon(self.memo.settle, parsed)
                 if lane is not None:
                     lane.inflight -= 1
                 self.runtime.finish(ex, lane)
@@ -88,13 +99,17 @@ class Pipeline:
         try:
             body = await self._read_body(request, snapshot.config.gateway.max_request_bytes)
             ex.body_bytes = len(body)
-            data = _parse_object(body)
+            parsed = ex.history = self._parse(body, history)
+            data = parsed.data
             model = data.get("model")
             if not isinstance(model, str) or not model:
                 raise invalid_request("'model' is required and must be a string", param="model",
                                       code="missing_required_parameter" if model is None else "invalid_type")
             ex.public_model = model
-            check(data)
+            if parsed.known:
+                check_chat(data, known=parsed.known)  # the history was checked in an earlier turn
+            else:
+                check(data)
             ex.stream = bool(data.get("stream"))
             ex.body = data
             primary = snapshot.resolve(model)
@@ -109,7 +124,7 @@ class Pipeline:
                 passthrough.map_responses_effort(data, lane.config)
             for policy in self.policies if path in passthrough.POLICED else ():
                 await policy.apply(ex, lane, data)
-            upstream_body = ex.forwarded = self._upstream_body(ex, lane, data)
+            upstream_body = ex.forwarded = self._upstream_body(ex, lane, data, parsed)
             link = request.link if isinstance(request, WireRequest) else AsgiLink(request.receive)
             response = await forward(ex, lane, path, upstream_body, link, end)
         except GatewayError as exc:
@@ -155,7 +170,18 @@ class Pipeline:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def _upstream_body(self, ex: Exchange, lane: LaneRuntime, data: dict[str, Any]) -> bytes:
+    def _parse(self, body: bytes, history: bool) -> Parsed:
+        if not body:
+            raise invalid_request("the request body is empty; expected a JSON object", code="invalid_json")
+        try:
+            parsed = self.memo.parse(body) if history and self.memo is not None else Parsed(orjson.loads(body))
+        except orjson.JSONDecodeError as exc:
+            raise invalid_request(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+        if not isinstance(parsed.data, dict):
+            raise invalid_request("the request body must be a JSON object", code="invalid_json")
+        return parsed
+
+    def _upstream_body(self, ex: Exchange, lane: LaneRuntime, data: dict[str, Any], parsed: Parsed) -> bytes:
         out = dict(data)
         out["model"] = lane.config.upstream_model
         for name in _GATEWAY_ONLY_FIELDS:
@@ -166,8 +192,10 @@ class Pipeline:
             # Always ask for usage: the cached-token count lives there.
             so["include_usage"] = True
             out["stream_options"] = so
+        token_ids.ask(ex, lane.config, out)  # token ids (issue 13): ask the engine for them
         try:
-            return orjson.dumps(out)
+            # Messages untouched by every policy: the client's own bytes of them (no re-serialising).
+            return HistoryMemo.serialise(parsed, out) or orjson.dumps(out)
         except TypeError:  # orjson.JSONEncodeError: it reads deeper nesting than it writes
             raise invalid_request("the request body is nested too deeply to forward", code="invalid_json") from None
 
@@ -203,18 +231,6 @@ class EndsExchange:
             if abandon is not None:
                 abandon()  # a relayed stream that never started: release its upstream connection
             self.end()
-
-
-def _parse_object(body: bytes) -> dict[str, Any]:
-    if not body:
-        raise invalid_request("the request body is empty; expected a JSON object", code="invalid_json")
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise invalid_request(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise invalid_request("the request body must be a JSON object", code="invalid_json")
-    return data
 
 
 def _too_large(limit: int) -> GatewayError:

@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 from starlette.responses import Response, StreamingResponse
 
-from . import passthrough, reshape
+from . import passthrough, reshape, token_ids
 from .client_link import ClientGone, ClientLink
 from .encoding import DecodeError, decoder_for
 from .errors import GatewayError, error_body
@@ -134,6 +134,8 @@ async def _relay_whole(ex, lane, replica, resp, decoder, link, on_end, have: byt
     now = time.perf_counter()
     ex.t_first_token = ex.t_last_token = now
     (observe_completion if ex.path in passthrough.STREAM_OPTIONS else passthrough.observe_response_body)(ex, parsed)
+    if ex.token_ids_strip:  # token ids (issue 13): the gateway asked for them, the client did not
+        data = token_ids.strip_body(data)[0]
     data = reshape.for_lane(ex, lane).body(data)  # the client's model name, the lane's reasoning field
     ex.response_bytes = len(data)
     response = Response(data, status_code=200, media_type="application/json")
@@ -216,6 +218,7 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end) -> Respo
     observer = StreamObserver(ex, drop_usage_chunk=not ex.client_wants_usage, scrubber=lane.upstream.scrubber) \
         if ex.path != passthrough.RESPONSES else passthrough.ResponsesObserver(ex)
     shape = reshape.for_lane(ex, lane).event
+    strip_ids = ex.token_ids_strip  # token ids (issue 13): the gateway asked for them, the client did not
     timeouts = lane.upstream.timeouts
     # Wait for the first data before answering, so a stalled or dead upstream still gets a clean
     # 504/502 status; the client's first byte leaves the moment the upstream's arrives.
@@ -282,6 +285,10 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end) -> Respo
                 while True:
                     out = []
                     for event in splitter.feed(data, final=not raw):
+                        if strip_ids:  # token ids (issue 13): out before the observer parses the event
+                            event = token_ids.take(ex, event)
+                            if event is None:
+                                continue
                         piece = observer.relay(event)
                         if piece is not None:
                             out.append(shape(piece))

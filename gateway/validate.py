@@ -53,7 +53,8 @@ def check_common(body: dict[str, Any]) -> None:
         raise invalid_request("'stop' must be a string or a list of strings", param="stop", code="invalid_type")
 
 
-def check_chat(body: dict[str, Any]) -> None:
+def check_chat(body: dict[str, Any], known: int = 0) -> None:
+    """`known`: leading messages already checked in an earlier body with the same bytes (history_memo.py)."""
     check_common(body)
     if body.get("logprobs") is not None and not isinstance(body["logprobs"], bool):
         raise invalid_request("'logprobs' must be a boolean", param="logprobs", code="invalid_type")
@@ -64,8 +65,8 @@ def check_chat(body: dict[str, Any]) -> None:
         raise invalid_request("'messages' must be an array", param="messages", code="invalid_type")
     if not messages:
         raise invalid_request("'messages' must contain at least one message", param="messages", code="invalid_value")
-    for i, msg in enumerate(messages):
-        _check_message(i, msg)
+    for i in range(known, len(messages)):
+        _check_message(i, messages[i])
     tools = body.get("tools")
     if tools is not None:
         if not isinstance(tools, list):

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from .. import token_ids
 from ..exchange import Exchange
 from ..heal.saved import tokens_saved
 from ..render.normalize import json_digest, template_response_format, tools_digest
@@ -60,7 +61,7 @@ class TurnEnd:
 
     async def _write(self, ex: Exchange, found: Found, lane: str, lane_engine: str) -> None:
         state = found.state
-        n = len((ex.body or {}).get("messages") or ())
+        n = len((ex.chat or {}).get("messages") or ())
         head = Head(state.turn + 1, ex.effort_applied, ex.thinking_applied, ex.replica, n, state.source, lane,
                     state.created)
         value = f"{state.id}|{state.turn + 1}".encode()
@@ -146,9 +147,11 @@ def make_job(ex: Exchange, lane: LaneRuntime, found: Found, in_process: bool = T
     (a memory copy to send, where pickling the parsed body would cost the event loop milliseconds)."""
     cfg = lane.config
     routing = ex.routing
-    body: dict[str, Any] | bytes = ex.body or {}
-    if not in_process and ex.forwarded is not None:
-        body = ex.forwarded
+    body: dict[str, Any] | bytes = ex.chat or {}
+    if not in_process:
+        # A chat request's view is the body as forwarded; a Responses request's is its mapping
+        # (gateway/responses_chat.py), serialised here (measured 0.1-0.5 ms per MB with orjson).
+        body = ex.forwarded if ex.chat is ex.body and ex.forwarded is not None else orjson.dumps(body)
     return Job(
         request_id=ex.request_id, lane=lane.name,
         lane_render=lane.renderer.defaults if lane.renderer is not None else None,
@@ -161,6 +164,7 @@ def make_job(ex: Exchange, lane: LaneRuntime, found: Found, in_process: bool = T
         rehomed=isinstance(routing, dict) and bool(routing.get("expected_cold")),
         repinned=found.repinned, state=found.state, healed=tuple((h.kind, i) for h in ex.healed for i in h.indices),
         prompt_token_ids=ex.generated.prompt_token_ids, generated_token_ids=ex.generated.token_ids or None,
+        token_ids_why=token_ids.why_counts(ex),  # token ids (issue 13)
         kv_block_size=cfg.cache.block_size if cfg.kv_events is not None else None,
     )
 
@@ -170,6 +174,7 @@ def analyse_job(job: Job, renderer: Renderer | None, estimator: Any) -> Outcome:
     decoding and encoding the ~100 KB state happens here too, off the event loop. The previous
     turn's memo (memo.py), when this process has it, spares re-reading the unchanged history."""
     state = job.state
+    token_ids.parse_job(job)  # token ids (issue 13): the prompt's ids, parsed here off the event loop
     book = memos()
     memo = book.take(state.id)
     if job.stored is not None:
@@ -301,6 +306,7 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
     elif job.usage and isinstance(job.usage.get("prompt_tokens"), int) and rendered.exact:
         cache["render_check"] = "count"  # the engine gave no ids: a same-length difference would pass unseen
         cache["render_matches_engine"] = job.usage["prompt_tokens"] == n
+        cache["render_check_why"] = job.token_ids_why  # token ids (issue 13)
     if out is not None and job.kv_block_size and rendered.exact:
         out["kv_keys"] = _block_keys(rendered, generated, job.kv_block_size)
         out["kv_ends"] = _message_ends(rendered, len(body.get("messages") or ()))
@@ -431,7 +437,7 @@ def _options(lane: LaneRuntime, ex: Exchange) -> RenderOptions:
     """This turn's render options: the body as forwarded, read the way the lane's engine reads it
     (render/told.py; `gateway render` goes through the same function)."""
     base = lane.renderer.defaults if lane.renderer is not None else options_for_lane(lane.config)
-    return read_options(ex.body or {}, base)
+    return read_options(ex.chat or {}, base)
 
 
 def _tokens_of(renderer: Renderer | None, options: RenderOptions):

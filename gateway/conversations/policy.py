@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from .. import responses_chat
 from ..exchange import Exchange
 from ..headers import token
 from ..runtime import LaneRuntime
@@ -42,18 +43,26 @@ class ConversationPolicy:
         self.ttl_s = ttl_s
 
     async def apply(self, ex: Exchange, lane: LaneRuntime, body: dict[str, Any]) -> None:
-        messages = body.get("messages")
+        if ex.path == responses_chat.PATH:
+            view = responses_chat.chat_view(body)  # measured 9 us for 20 input items, 80 us for 200
+            ex.mapped_chat = view.body
+            if view.unmapped is not None:
+                ex.analysis_skipped = "responses: " + view.unmapped  # recorded, not analysed
+        chat = ex.chat
+        messages = chat.get("messages") if chat is not None else None
         if not isinstance(messages, list):  # /v1/completions: nothing to pin or compare
             return
-        requested = effort_mod.resolve(body, lane.config)
+        requested = effort_mod.resolve(chat, lane.config)
         lin = lineage(messages, lane.config.engine)
-        state, is_new, anchor_turn, source = await self._identify(ex, body, lin, lane)
+        state, is_new, anchor_turn, source = await self._identify(ex, chat, lin, lane)
         found = Found(state, lin, is_new, anchor_turn, requested)
         ex.conversation = found
         ex.conversation_id = state.id
         ex.conversation_source = source
         ex.turn = state.turn + 1
-        self._pin(ex, lane, body, found)
+        self._pin(ex, lane, chat, found)
+        if chat is not body:
+            responses_chat.tell_back(body, chat)  # the pin, in the Responses body the engine gets
 
     async def _identify(self, ex: Exchange, body: dict[str, Any], lin: Lineage, lane: LaneRuntime):
         headers = ex.request_headers or {}

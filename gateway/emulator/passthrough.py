@@ -23,7 +23,7 @@ import xxhash
 def chat_body_of(body: dict[str, Any]) -> dict[str, Any]:
     """The chat request a Responses request maps onto."""
     messages: list[dict[str, Any]] = []
-    if isinstance(body.get("instructions"), str):
+    if isinstance(body.get("instructions"), str) and body["instructions"]:
         messages.append({"role": "system", "content": body["instructions"]})
     inp = body.get("input")
     if isinstance(inp, str):
@@ -33,22 +33,44 @@ def chat_body_of(body: dict[str, Any]) -> dict[str, Any]:
             if not isinstance(item, dict):
                 continue
             kind = item.get("type", "message")
+            # vLLM merges a reasoning item, an assistant message and function calls that follow each
+            # other into one assistant message (turn 1's output items sent back as they came).
+            prev = messages[-1] if messages and messages[-1].get("role") == "assistant" else None
             if kind == "message":
                 content = item.get("content")
+                role = item.get("role")
+                if role == "assistant":
+                    text = content if isinstance(content, str) else (
+                        str(content[0].get("text", "")) if isinstance(content, list) and content
+                        and isinstance(content[0], dict) else "")
+                    if prev is not None and prev.get("content") is None:
+                        prev["content"] = text
+                    else:
+                        messages.append({"role": "assistant", "content": text})
+                    continue
                 if isinstance(content, list):
                     text = "".join(p.get("text", "") for p in content if isinstance(p, dict))
                 else:
                     text = content if isinstance(content, str) else ""
-                role = item.get("role")
-                messages.append({"role": role if role in ("system", "developer", "user", "assistant") else "user",
+                messages.append({"role": role if role in ("system", "developer", "user") else "user",
                                  "content": text})
             elif kind == "function_call_output":
                 messages.append({"role": "tool", "tool_call_id": item.get("call_id", ""),
                                  "content": str(item.get("output", ""))})
             elif kind == "function_call":
-                messages.append({"role": "assistant", "content": None, "tool_calls": [{
-                    "id": item.get("call_id", ""), "type": "function",
-                    "function": {"name": item.get("name", ""), "arguments": item.get("arguments", "{}")}}]})
+                call = {"id": item.get("call_id", ""), "type": "function",
+                        "function": {"name": item.get("name", ""), "arguments": item.get("arguments", "{}")}}
+                if prev is not None:
+                    prev.setdefault("tool_calls", []).append(call)
+                else:
+                    messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            elif kind == "reasoning":
+                parts = item.get("content") or item.get("summary") or []
+                text = str(parts[0].get("text", "")) if parts and isinstance(parts[0], dict) else ""
+                if prev is not None and prev.get("reasoning") is None:
+                    prev["reasoning"] = text
+                else:
+                    messages.append({"role": "assistant", "content": None, "reasoning": text})
     out: dict[str, Any] = {"model": body.get("model"), "messages": messages or [{"role": "user", "content": ""}]}
     if isinstance(body.get("max_output_tokens"), int):
         out["max_tokens"] = body["max_output_tokens"]

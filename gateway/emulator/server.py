@@ -239,6 +239,7 @@ class Emulator:
             if not body.get("stream"):
                 if cfg.decode_tps > 0 and plan.completion_tokens > 1:
                     await asyncio.sleep((plan.completion_tokens - 1) / cfg.decode_tps)
+                self._remember_response(chat, plan, data, hashes, seed)
                 rec.done, rec.stage = True, "done"
                 return _json(b.response(b.final_status(), usage))
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
@@ -264,6 +265,7 @@ class Emulator:
                     if gap:
                         await asyncio.sleep(gap)
                 await resp.write(b"".join(b.message_close(index)))
+            self._remember_response(chat, plan, data, hashes, seed)
             await resp.write(b"".join(b.tail_events(usage)))
             await resp.write_eof()
             rec.done, rec.stage = True, "done"
@@ -430,6 +432,17 @@ class Emulator:
             return await job.stream(request, t_start + ttft)
         return await job.respond(request, t_start + ttft)
 
+    def _remember_response(self, chat: dict[str, Any], plan: Plan, data: bytes, hashes: list[int], seed: int) -> None:
+        """/v1/responses: the output is cached like a chat turn's (vLLM caches what it generated), as the
+        output items carry it back (ResponseBuilder sends no message item beside a tool call)."""
+        msg = plan.assistant_message()
+        if plan.tool_call is not None:
+            msg["content"] = ""
+        gen = self.tokenize_generated(chat, msg)
+        if gen:
+            full = data + token_bytes(gen)
+            self.cache.insert(full, self.cache.hashes(full, seed, known=hashes), seed)
+
     def remember_output(self, job: _Job) -> None:
         """Cache prompt + generated tokens as the next turn of an append-only client will render them."""
         gen = self.tokenize_generated(job.body, job.plan.assistant_message())
@@ -491,6 +504,9 @@ class _Job:
             for i, p in enumerate(self.extra, 1):
                 more = shapes.chat_response(cfg.flavour, self.rid, self.created, self.model, p, cfg.eff_reasoning_field, {})
                 out["choices"].append({**more["choices"][0], "index": i})
+            if shapes.wants_token_ids(cfg.flavour, self.body):  # vLLM return_token_ids
+                out["prompt_token_ids"] = list(self.prompt)
+                out["choices"][0]["token_ids"] = list(self.emu.tokenize_generated(self.body, plan.assistant_message()))
             if self.logprobs is not None:
                 for c, p in zip(out["choices"], [plan, *self.extra]):
                     c["logprobs"] = {"content": [shapes.logprob(t, self.logprobs) for t in p.content]}
@@ -565,6 +581,10 @@ class _Job:
             if include_usage:
                 events.append(ch.usage(self._usage(False)))
                 slots.append(last)
+            if not self.extra and shapes.wants_token_ids(cfg.flavour, self.body) and not continuous:
+                gen = self.emu.tokenize_generated(self.body, plan.assistant_message())
+                n_reasoning = len(plan.reasoning) if plan.content or plan.tool_call is not None else 0
+                events, slots = shapes.with_token_ids(events, slots, list(self.prompt), list(gen), n_reasoning)
         else:
             cc = shapes.CompletionChunks(cfg.flavour, self.rid, self.created, self.model)
             events += [cc.text(text) for text in plan.content]

@@ -299,3 +299,39 @@ def logprob(token: str, top: int) -> dict[str, Any]:
 def with_logprobs(event: bytes, token: str, top: int) -> bytes:
     """A chat chunk with its `"logprobs":null` replaced by this token's entry."""
     return event.replace(b'"logprobs":null', b'"logprobs":' + _dumps({"content": [logprob(token, top)]}), 1)
+
+
+# -- vLLM return_token_ids ----------------------------------------------------------------------------
+def wants_token_ids(flavour: str, body: dict[str, Any]) -> bool:
+    """vLLM (>= 0.10.2) honours `return_token_ids` on chat completions; SGLang's chat API (the version
+    these shapes follow) has no such field and ignores it."""
+    return flavour == "vllm" and body.get("return_token_ids") is True
+
+
+def with_token_ids(events: list[bytes], slots: list[int], prompt: list[int], generated: list[int],
+                   n_reasoning: int) -> tuple[list[bytes], list[int]]:
+    """A one-choice vLLM chat stream as vLLM sends it with `return_token_ids`: the prompt's ids on the
+    role chunk (`"prompt_token_ids"`), the ids of each delta in its chunk (`"token_ids"`, here one per
+    delta chunk), and a chunk of its own, with an empty delta, for the token that ends the reasoning
+    (`</think>` makes no delta: vLLM sends such a chunk only when asked for ids); the rest of the
+    generated ids (the end-of-sentence token) come with the finish chunk."""
+    out_e: list[bytes] = []
+    out_s: list[int] = []
+    pos = 0
+    for i, (e, s) in enumerate(zip(events, slots)):
+        if i == 0:
+            e = e.replace(b'"prompt_token_ids":null', b'"prompt_token_ids":' + _dumps(prompt), 1)
+        elif b'"token_ids":null' in e:
+            finish = b'"finish_reason":null' not in e
+            take = generated[pos:] if finish else generated[pos:pos + 1]
+            pos += len(take)
+            e = e.replace(b'"token_ids":null', b'"token_ids":' + _dumps(take), 1)
+        out_e.append(e)
+        out_s.append(s)
+        if i == n_reasoning and n_reasoning > 0 and pos < len(generated):
+            head = e[:e.index(b'"choices":[') + 11]
+            out_e.append(head + b'{"index":0,"delta":{},"logprobs":null,"finish_reason":null,"token_ids":'
+                         + _dumps(generated[pos:pos + 1]) + b"}]}\n\n")
+            out_s.append(s)
+            pos += 1
+    return out_e, out_s

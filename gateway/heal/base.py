@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
+import xxhash
 
-from ..conversations.identity import message_digest
+from ..conversations.identity import SEP, message_digest
 
 POP = object()  # an update value: remove the field
 REASONING_FIELDS = ("reasoning_content", "reasoning")
@@ -105,7 +106,40 @@ def heal_digest(msg: dict[str, Any]) -> int:
         norm = norm_text(content)
         if norm != content:
             msg = {**msg, "content": norm}
+        fast = _plain_digest(msg, norm)
+        if fast is not None:
+            return fast
     return message_digest(msg)
+
+
+def _plain_digest(msg: dict[str, Any], content: str) -> int | None:
+    """`message_digest` of a plain assistant message (string content, calls with a name and JSON
+    arguments), the same bytes hashed without its general normalisation: 2-3 us instead of 8-15 (the
+    heal step plans every message new to a conversation). None for anything else."""
+    if msg.get("role") != "assistant" or "tool_call_id" in msg:
+        return None
+    h = xxhash.xxh64()
+    h.update(b"assistant" + SEP + content.encode("utf-8", "surrogatepass"))
+    calls = msg.get("tool_calls")
+    if calls is None:
+        return h.intdigest()
+    if not isinstance(calls, list):
+        return None
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        args = fn.get("arguments") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not isinstance(args, str):
+            return None
+        try:  # what message_digest hashes: the arguments' value, keys sorted (any other value: its way)
+            value = orjson.loads(args)
+            meaning = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+        except (orjson.JSONDecodeError, TypeError):
+            return None
+        if not isinstance(value, dict):
+            return None
+        h.update(SEP + name.encode("utf-8", "surrogatepass") + SEP + meaning)
+    return h.intdigest()
 
 
 def client_reasoning(msg: dict[str, Any]) -> tuple[str | None, str]:

@@ -38,7 +38,7 @@ class HealTurnEnd:
         self.book.remember(ex.tenant, heal_digest(msg), Relayed.from_message(msg))
         content = msg.get("content")
         if "content" in lane.config.heal and isinstance(content, str) and content.strip() != content:
-            n = len((ex.body or {}).get("messages") or ())
+            n = len((ex.chat or {}).get("messages") or ())
             keys = anchor_keys(message_digest({**msg, "content": content.strip()}), n, ex.tenant)
             value = f"{found.state.id}|{found.state.turn + 1}".encode()
             task = asyncio.get_running_loop().create_task(self._anchor(keys, value))

@@ -232,7 +232,7 @@ class KVEventsService:
 
     def _note_boundaries(self, ex: "Exchange", lane: str, keys: list[int], ends_raw: bytes | None,
                          block: int) -> None:
-        body = ex.body or {}
+        body = ex.chat or {}
         messages = body.get("messages")
         if not ends_raw or not isinstance(messages, list) or not messages:
             return

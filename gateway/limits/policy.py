@@ -13,7 +13,7 @@ from .images import Images
 from .message_count import MessageCount
 from .placeholders import Placeholders
 from .request_bytes import RequestBytes
-from .scan import Facts, scan_chat, scan_prompt
+from .scan import Facts, joined, scan_chat, scan_prompt
 from .top_logprobs import TopLogprobs, check_rules
 
 log = logging.getLogger("gateway.limits")
@@ -43,10 +43,27 @@ class Plan:
                 needs |= limit.needs_for(ctx)
         body = ctx.body
         tokens = self.tokens if NEED_PLACEHOLDERS in needs else ()
-        if "messages" in body:
-            return scan_chat(body, images=NEED_IMAGES in needs, tokens=tokens, text=NEED_TEXT in needs,
-                             engine=ctx.lane.config.engine)
-        return scan_prompt(body, tokens=tokens, text=NEED_TEXT in needs)
+        if "messages" not in body:
+            return scan_prompt(body, tokens=tokens, text=NEED_TEXT in needs)
+        images, text, engine = NEED_IMAGES in needs, NEED_TEXT in needs, ctx.lane.config.engine
+        history = ctx.ex.history
+        filed = history.fresh or history.pending if history is not None else None
+        if history is None or (filed is None and not history.known):
+            return scan_chat(body, images=images, tokens=tokens, text=text, engine=engine)
+        # An agent's next turn (gateway/history_memo.py): only the new messages are scanned.
+        key = (images, tokens, text, engine)
+        known = history.entry.facts.get(key) if history.entry is not None else None
+        messages = scan_chat(body, images=images, tokens=tokens, text=text, engine=engine,
+                             start=history.known if known is not None else 0, request_level=False)
+        if known is not None:
+            messages = joined(known, messages)
+        if filed is not None:
+            filed.facts[key] = messages  # never changed: the limits get a copy (joined)
+        request = scan_chat({"messages": [], "tools": body.get("tools")}, images=images, tokens=tokens, text=text,
+                            engine=engine)
+        facts = joined(messages, request)
+        facts.n_messages = messages.n_messages
+        return facts
 
 
 class LimitsPolicy:

@@ -75,8 +75,18 @@ class _Finder:
         return None
 
 
+def joined(history: Facts, new: Facts) -> Facts:
+    """The facts of a history's messages followed by those of the messages after it (scan_chat's
+    `start`); neither is changed."""
+    return Facts(n_messages=new.n_messages, images=history.images + new.images, spots=history.spots + new.spots,
+                 ascii_bytes=history.ascii_bytes + new.ascii_bytes, other_bytes=history.other_bytes + new.other_bytes,
+                 texts=history.texts + new.texts, n_tool_calls=history.n_tool_calls + new.n_tool_calls)
+
+
 def scan_chat(body: dict[str, Any], *, images: bool, tokens: tuple[str, ...], text: bool,
-              engine: str = "openai") -> Facts:
+              engine: str = "openai", start: int = 0, request_level: bool = True) -> Facts:
+    """The facts of messages[start:] (indices as in the whole list), and of the request-level
+    parts (tools) unless `request_level` is False."""
     messages = body.get("messages")
     f = Facts()
     if not isinstance(messages, list):
@@ -91,7 +101,8 @@ def scan_chat(body: dict[str, Any], *, images: bool, tokens: tuple[str, ...], te
     image_at = f.images
 
     strings = text or finder is not None  # anything to learn from the strings beyond content parts?
-    for i, m in enumerate(messages):
+    for i in range(start, len(messages)):
+        m = messages[i]
         if m.__class__ is not dict:
             continue
         c = m.get("content")
@@ -190,7 +201,7 @@ def scan_chat(body: dict[str, Any], *, images: bool, tokens: tuple[str, ...], te
                             break
     f.n_tool_calls = n_calls
 
-    tools = body.get("tools")
+    tools = body.get("tools") if request_level else None
     if tools and (text or finder is not None):
         s = orjson.dumps(tools).decode()
         if text:

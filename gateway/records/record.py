@@ -53,6 +53,11 @@ FIELDS: dict[str, str] = {
     "healed": "TEXT",  # drift healing's repairs, JSON {kind: messages repaired}; NULL when none
     "healed_tokens": "INTEGER",  # cached prompt tokens those repairs kept (after the analysis)
     "render": "TEXT",
+    # token ids (issue 13): how the render was checked against the engine: token_ids (the ids it
+    # prefilled, content) or count (usage.prompt_tokens only); NULL when not checked
+    "render_check": "TEXT",
+    "render_matches_engine": "INTEGER",
+    "render_check_why": "TEXT",  # why counts were compared (the engine could not say its ids, or did not)
     "completion_tokens": "INTEGER",
     "reasoning_tokens": "INTEGER",
     "ttfb_s": "REAL",  # time to the upstream's first byte (response headers)
@@ -94,7 +99,7 @@ def build_record(ex: Exchange, capture_max_bytes: int = 0) -> dict[str, Any]:
     decode_tps, decode_source = decode_speed(ex.t_first_token, ex.t_last_token, completion_tokens, chunks)
     gap_p50, gap_p99 = gap_percentiles(ex.token_chunk_times)
     output = _output_text(ex)
-    messages = body.get("messages")
+    messages = (ex.chat if ex.chat is not None else body).get("messages")  # a Responses request: as mapped
     headers = ex.request_headers or {}
     user_agent = _str(headers.get("user-agent")) if hasattr(headers, "get") else None
     rec: dict[str, Any] = {
@@ -133,6 +138,10 @@ def build_record(ex: Exchange, capture_max_bytes: int = 0) -> dict[str, Any]:
         "healed": orjson.dumps({h.kind: len(h.indices) for h in ex.healed}).decode() if ex.healed else None,
         "healed_tokens": sum(h.tokens_saved or 0 for h in ex.healed) if ex.healed else None,
         "render": _str(cache.get("render")),
+        "render_check": _str(cache.get("render_check")),
+        "render_matches_engine": None if cache.get("render_matches_engine") is None
+        else int(bool(cache["render_matches_engine"])),
+        "render_check_why": _str(cache.get("render_check_why")),
         "completion_tokens": completion_tokens,
         "reasoning_tokens": reasoning_tokens(usage),
         "ttfb_s": _since(ex.started, ex.t_first_byte),

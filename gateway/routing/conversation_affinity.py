@@ -80,6 +80,7 @@ class ConversationAffinity:
             return  # nothing to choose: no lookups on the hot path
         found = ex.conversation
         state = getattr(found, "state", None)
+        body = ex.chat if ex.chat is not None else body  # a Responses request: its chat view
         messages = body.get("messages")
         hint = Hint()
         ex.routing_hint = hint
@@ -261,7 +262,7 @@ class ConversationAffinity:
             # or a move made during a store outage that the shared copy has not heard of).
             value = orjson.dumps({"r": replica.url, "t": state.turn + 1, "at": round(time.time(), 6)})
             writes.append((HOME_PREFIX + state.id, value, self.shared.home_ttl_s))
-        messages = (ex.body or {}).get("messages")
+        messages = (ex.chat or {}).get("messages")
         if hint is not None and hint.head is not None and isinstance(messages, list) and messages:
             since = 0
             last = getattr(state, "last", None)

@@ -21,6 +21,18 @@ def wait_analysed(gw, cid: str, turn: int, timeout: float = 30.0, headers: dict 
     raise AssertionError(f"turn {turn} of {cid} was not analysed in time: {detail}\n{gw.log()[-3000:]}")
 
 
+def wait_record(gw, cid: str, turn: int, timeout: float = 20.0) -> dict:
+    """The stored record of `turn` of conversation `cid` once its analysis is in it."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = httpx.get(f"{gw.url}/admin/api/records", params={"conversation": cid, "limit": 50}).json()["records"]
+        for row in rows:
+            if row.get("turn") == turn and row.get("verdict") not in (None, "unknown"):
+                return row
+        time.sleep(0.05)
+    raise AssertionError(f"no record of turn {turn} of {cid}")
+
+
 TOOLS = [{"type": "function", "function": {
     "name": "read_file", "description": "Read a file from the workspace.",
     "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]

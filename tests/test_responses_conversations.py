@@ -1,0 +1,227 @@
+"""Conversation analysis for /v1/responses: the openai SDK's `responses.create`, multi-turn, through the
+real gateway to the emulator (which serves /v1/responses through its chat machinery and real prefix
+cache, like vLLM). Turn 2 sends turn 1's output items back with a new input: the gateway reads the
+request as the chat messages the engine renders (gateway/responses_chat.py) and judges its cache like
+a chat turn; a request that continues engine-side state (previous_response_id) is recorded only."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+
+from gateway.exchange import GeneratedOutput
+from gateway.responses_chat import chat_view, take_output
+from tests.support.conversations import SYSTEM, routes, wait_analysed
+from tests.support.emulator_proc import run_emulator
+from tests.support.gateway_proc import run_gateway
+
+TOOLS = [{"type": "function", "name": "read_file", "description": "Read a file from the workspace.",
+          "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}]
+ASK = "Find why test_split fails and fix it."
+
+
+@pytest.fixture(scope="module")
+def emu_proc():
+    with run_emulator(flavour="vllm", tokenizer="dsv41", default_thinking=True, block_size=16) as e:
+        yield e
+
+
+@pytest.fixture()
+def gw(emu_proc):
+    emu_proc.reset()  # an empty prefix cache: earlier tests' identical first turns would hit
+    with run_gateway(routes(emu_proc.url)) as g:
+        yield g
+
+
+class ResponsesAgent:
+    """An append-only Responses client: sends every output item back, then a tool result or a new input."""
+
+    def __init__(self, gw, *, stream: bool, tools: bool = True, instructions: str = SYSTEM) -> None:
+        self.gw = gw
+        self.client = openai.OpenAI(base_url=gw.base_url, api_key="x", max_retries=0, timeout=30)
+        self.stream = stream
+        self.tools = TOOLS if tools else None
+        self.instructions = instructions
+        self.items: list = [{"role": "user", "content": [{"type": "input_text", "text": ASK}]}]
+        self.turns = 0
+        self.cid: str | None = None
+
+    def turn(self, **kw) -> tuple[dict, openai.types.responses.Response]:
+        args = {"model": "ds", "input": self.items, "instructions": self.instructions, "max_output_tokens": 20, **kw}
+        if self.tools:
+            args["tools"] = self.tools
+        raw = self.client.responses.with_raw_response.create(stream=self.stream, **args)
+        if self.stream:
+            events = list(raw.parse())
+            assert events[-1].type in ("response.completed", "response.incomplete"), events[-1].type
+            resp = events[-1].response
+        else:
+            resp = raw.parse()
+        calls = []
+        for item in resp.output:
+            self.items.append(item.model_dump(exclude_none=True))
+            if item.type == "function_call":
+                calls.append(item)
+        for c in calls:
+            self.items.append({"type": "function_call_output", "call_id": c.call_id,
+                               "output": f"contents of {self.turns}.py\n" + "def f(x):\n    return x * 2\n" * 5})
+        if not calls:
+            self.items.append({"role": "user", "content": f"Continue with step {self.turns}."})
+        self.turns += 1
+        self.cid = raw.headers["x-gateway-conversation"].split(";")[0]
+        return raw.headers, resp
+
+
+def _cache(gw, agent: ResponsesAgent) -> dict:
+    return wait_analysed(gw, agent.cid, agent.turns)["last_cache"]
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "non-stream"])
+def test_turns_sending_output_items_back_hit(gw, stream):
+    agent = ResponsesAgent(gw, stream=stream)
+    headers, _ = agent.turn()
+    assert "turn=1" in headers["x-gateway-conversation"]
+    assert _cache(gw, agent)["verdict"] == "cold"
+    for n in range(2, 5):
+        headers, _ = agent.turn()
+        assert f"turn={n}; via=lineage" in headers["x-gateway-conversation"], headers["x-gateway-conversation"]
+        cache = _cache(gw, agent)
+        assert cache["verdict"] == "hit", cache
+        assert cache["predicted_cached_tokens"] == cache["reported_cached_tokens"] > 0, cache
+        assert cache["render"] == "exact" and cache["render_matches_engine"], cache
+
+
+def test_changed_instructions_are_drift_with_the_system_prompt_as_cause(gw):
+    agent = ResponsesAgent(gw, stream=True)  # tools: the template keeps earlier reasoning
+    agent.turn()
+    agent.turn()
+    assert _cache(gw, agent)["verdict"] == "hit"
+    agent.instructions = SYSTEM + " Today is Tuesday."
+    agent.turn()
+    cache = _cache(gw, agent)
+    assert cache["verdict"] == "drift" and cache["cause"] == "system_prompt_changed", cache
+    assert cache["divergence_message_index"] == 0 and cache["reported_cached_tokens"] < cache["rendered_prompt_tokens"]
+
+
+def test_an_effort_change_is_pinned_in_the_responses_body(emu_proc):
+    emu_proc.reset()
+    with run_gateway(routes(emu_proc.url, effort_policy="pin")) as g:
+        agent = ResponsesAgent(g, stream=False)
+        headers, _ = agent.turn(reasoning={"effort": "high"})
+        assert headers["x-gateway-effort"] == "50"
+        headers, _ = agent.turn(reasoning={"effort": "low"})
+        assert headers["x-gateway-effort"] == "50; requested=25; pinned", headers["x-gateway-effort"]
+        sent = emu_proc.stats()["recent"][-1]["body"]
+        assert sent["chat_template_kwargs"]["reasoning_effort"] == 50 and not (sent.get("reasoning") or {}).get("effort")
+        cache = _cache(g, agent)
+        assert cache["verdict"] == "hit" and cache["predicted_cached_tokens"] == cache["reported_cached_tokens"], cache
+
+
+@pytest.mark.parametrize("extra, why", [
+    ({"input": "And then?", "previous_response_id": "resp_0123"}, "responses: previous_response_id"),
+    ({"input": [{"role": "user", "content": 5}]}, "responses: as chat messages: messages[0].content"),
+], ids=["previous_response_id", "malformed-item"])
+def test_unmapped_requests_are_recorded_without_analysis_and_say_why(gw, extra, why):
+    rid = "resp-unmapped-" + why.split()[1].rstrip(":")
+    r = httpx.post(gw.base_url + "/responses", json={"model": "ds", "max_output_tokens": 8, **extra},
+                   headers={"X-Request-Id": rid})
+    assert r.status_code == 200, r.text  # passed through: the engine decides
+    assert "x-gateway-conversation" not in r.headers  # no conversation: nothing to pin or compare
+    rec = _record(gw, rid)
+    assert rec["path"] == "/v1/responses" and rec["verdict"] in (None, "unknown")
+    assert rec["analysis"].startswith(why), rec["analysis"]
+
+
+def _record(gw, request_id: str) -> dict:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        r = httpx.get(gw.url + "/admin/api/records", params={"limit": 50})
+        recs = [x for x in r.json().get("records", []) if x.get("request_id") == request_id] \
+            if r.status_code == 200 else []
+        if recs:
+            return recs[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no record for {request_id}: {gw.log()[-2000:]}")
+
+
+# -- the mapping, read the way vLLM reads it (entrypoints/openai/responses/utils.py) -----------------
+
+
+def test_output_items_sent_back_merge_into_one_assistant_message():
+    view = chat_view({"model": "m", "instructions": "Be brief.", "tools": TOOLS + [{"type": "web_search"}],
+                      "reasoning": {"effort": "high"}, "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "a"},
+                                     {"type": "input_image", "image_url": "data:image/png;base64,AA"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "think"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "answer"}]},
+        {"type": "function_call", "call_id": "c1", "name": "read_file", "arguments": "{\"path\": \"a\"}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "x"},
+        {"type": "message", "role": "developer", "content": "dev"},
+    ]})
+    assert view.unmapped is None
+    assert view.body["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "a"},
+                                     {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]},
+        {"role": "assistant", "reasoning": "think", "content": "answer", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\": \"a\"}"}}]},
+        {"role": "tool", "content": "x", "tool_call_id": "c1"},
+        {"role": "developer", "content": "dev"},
+    ]
+    assert view.body["tools"] == [{"type": "function", "function": {k: v for k, v in TOOLS[0].items() if k != "type"}}]
+    assert view.body["reasoning_effort"] == "high"
+    assert chat_view({"model": "m", "input": "hi", "instructions": ""}).body["messages"] == [
+        {"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("body, why", [
+    ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]: item type 'item_reference'"),
+    ({"input": [{"type": "reasoning", "encrypted_content": "gAAA", "summary": []}]}, "input[0]: encrypted"),
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input[0]: content part"),
+    ({"input": [{"type": "message", "role": "assistant", "status": "incomplete", "content": []}]}, "input: a partial"),
+    ({"input": [{"role": "user", "content": 5}]}, "as chat messages: "),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": 7, "arguments": "{}"}]}, "as chat messages: "),
+    ({"input": []}, "input: no messages"),
+])
+def test_requests_that_do_not_map_say_why(body, why):
+    view = chat_view({"model": "m", **body})
+    assert view.body is None and view.unmapped.startswith(why), view.unmapped
+
+
+def test_output_items_are_what_was_generated():
+    gen = GeneratedOutput(content=["from deltas"])
+    take_output(gen, [{"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "r"}]},
+                      {"type": "function_call", "call_id": "c9", "name": "f", "arguments": "{}"}])
+    assert gen.as_message() == {"role": "assistant", "content": "", "reasoning_content": "r", "tool_calls": [
+        {"id": "c9", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+
+
+# -- the real engine: vLLM's own /v1/responses renders what the gateway predicts ----------------------
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "non-stream"])
+def test_engine_responses_turns_are_predicted_exactly(stream):
+    from tests.support.engine_proc import engine_fixture, engine_routes
+    from tests.test_engine_cache import LOGIT_BIAS  # the random-weight model confined to whole words
+
+    eng = engine_fixture()
+    with run_gateway(engine_routes(eng.url)) as g:
+        agent = ResponsesAgent(g, stream=stream)  # tools: the template keeps the earlier reasoning
+        agent.client = openai.OpenAI(base_url=g.base_url, api_key="x", max_retries=0, timeout=120)
+        knobs = {"temperature": 0, "extra_body": {"logit_bias": LOGIT_BIAS, "ignore_eos": True}}
+        agent.turn(**knobs)
+        first = wait_analysed(g, agent.cid, 1, timeout=60)["last_cache"]
+        assert first["verdict"] == "cold" and first["render_matches_engine"], first
+        for n in range(2, 4):
+            agent.turn(**knobs)
+            cache = wait_analysed(g, agent.cid, n, timeout=60)["last_cache"]
+            print(f"responses turn {n} ({'stream' if stream else 'non-stream'}): predicted "
+                  f"{cache['predicted_cached_tokens']}, engine {cache['reported_cached_tokens']}, {cache['verdict']}")
+            assert cache["render_matches_engine"], cache
+            assert cache["verdict"] == "hit", cache
+            assert cache["predicted_cached_tokens"] == cache["reported_cached_tokens"] > 0, cache
