@@ -66,6 +66,7 @@ class Aftermath:
         self._idle: asyncio.Event | None = None
         self._in_flight = 0
         self._sunk: asyncio.Future[None] | None = None  # the sinks of the exchange taken last are done
+        self._shedding: set[asyncio.Task[None]] = set()
         self._started = False
         self._workers: list[asyncio.Task[None]] = []
         self._n_workers = workers or int(os.environ.get("GATEWAY_AFTERMATH_WORKERS") or DEFAULT_WORKERS)
@@ -121,7 +122,9 @@ class Aftermath:
 
     def _shed(self, ex: Exchange, lane: LaneRuntime | None, reason: str) -> None:
         ex.analysis_skipped = reason
-        asyncio.get_event_loop().create_task(self._run_sinks(ex, lane))
+        task = asyncio.get_event_loop().create_task(self._run_sinks(ex, lane))
+        self._shedding.add(task)  # held until done (the loop keeps only a weak reference)
+        task.add_done_callback(self._shedding.discard)
 
     async def drain(self, timeout: float = 10.0) -> bool:
         """Wait until everything queued so far has been processed (tests and shutdown)."""
