@@ -176,6 +176,8 @@ class Gateway:
 
     async def stop(self) -> None:
         await self.aftermath.stop()  # the last records reach their stores' queues first
+        if self.access_log is not None:
+            self.access_log.flush()  # the last batch of lines, while their stream is still open
         while self._started:
             service = self._started.pop()
             try:

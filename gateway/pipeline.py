@@ -15,12 +15,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from . import passthrough, token_ids
+from .client_link import AsgiLink, ClientGone
 from .errors import GatewayError, invalid_request
 from .exchange import Exchange
 from .fallback import choose_lane
 from .headers import safe_value
 from .history_memo import HistoryMemo, Parsed
-from .client_link import AsgiLink, ClientGone
 from .proxy import forward
 from .runtime import LaneRuntime, Policy, Snapshot
 from .security import Caller

@@ -12,14 +12,13 @@ import copy
 import itertools
 import json
 import re
-import time
 from typing import Any, Callable
 
 import httpx
 import openai
 import pytest
 
-from tests.support.conversations import wait_analysed
+from tests.support.conversations import wait_analysed, wait_record
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
 
@@ -163,14 +162,7 @@ def assert_hit(cache: dict) -> None:
 
 
 def records_of(gw, cid: str, turn: int) -> dict:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        rows = httpx.get(f"{gw.url}/admin/api/records", params={"conversation": cid, "limit": 50}).json()["records"]
-        for row in rows:
-            if row.get("turn") == turn and row.get("verdict") not in (None, "unknown"):
-                return row
-        time.sleep(0.05)
-    raise AssertionError(f"no record of turn {turn} of {cid}")
+    return wait_record(gw, cid, turn, timeout=30)
 
 
 # -- every kind -------------------------------------------------------------------------------------
