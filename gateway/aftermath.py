@@ -44,6 +44,46 @@ SUPERSEDED = "superseded"
 QUEUE_FULL = "queue_full"
 
 
+class FirstBytes:
+    """Requests on their way to their first byte go before the aftermath's work.
+
+    The event loop runs one thing at a time: at concurrency 1 a new request arrived while the last
+    one's analysis hand-off, record, metrics and access line (~0.3-0.5 ms) were running, and waited
+    for them. The pipeline holds this from a request's arrival to its answer's start; the aftermath
+    waits while any request is held, for at most `max_wait_s` (a steady stream of requests must not
+    starve it: records would pile up).
+    """
+
+    __slots__ = ("held", "_cool", "max_wait_s")
+
+    def __init__(self, max_wait_s: float = 0.005) -> None:
+        self.held = 0
+        self._cool: asyncio.Event | None = None
+        self.max_wait_s = max_wait_s
+
+    def hold(self) -> None:
+        self.held += 1
+        if self._cool is not None:
+            self._cool.clear()
+
+    def release(self) -> None:
+        self.held -= 1
+        if not self.held and self._cool is not None:
+            self._cool.set()
+
+    async def quiet(self) -> None:
+        """Return when no request is on its way to its first byte, or after max_wait_s."""
+        if not self.held:
+            return
+        if self._cool is None:
+            self._cool = asyncio.Event()
+        try:
+            async with asyncio.timeout(self.max_wait_s):
+                await self._cool.wait()
+        except TimeoutError:
+            pass
+
+
 class _Entry:
     __slots__ = ("ex", "lane", "cost")
 
@@ -55,7 +95,9 @@ class Aftermath:
     """A Finisher (see runtime.py): analyzers run in order, then sinks, per exchange."""
 
     def __init__(self, analyzers: Sequence[Step] = (), sinks: Sequence[Step] = (), workers: int | None = None,
-                 max_queue: int = 10_000, max_queue_bytes: int | None = None) -> None:
+                 max_queue: int = 10_000, max_queue_bytes: int | None = None,
+                 first_bytes: FirstBytes | None = None) -> None:
+        self.first_bytes = first_bytes or FirstBytes()
         self.analyzers = tuple(analyzers)  # e.g. render + drift verdict (writes ex.cache)
         self.sinks = tuple(sinks)  # e.g. request record, metrics (read the exchange)
         self.shed_superseded = 0  # an older queued turn of a conversation whose newer turn arrived
@@ -150,6 +192,7 @@ class Aftermath:
             before, mine = self._sunk, asyncio.get_running_loop().create_future()
             self._sunk = mine
             try:
+                await self.first_bytes.quiet()
                 try:
                     for step in self.analyzers:
                         await _call(step, ex, lane)
@@ -157,6 +200,7 @@ class Aftermath:
                     log.exception("analysis of %s failed", ex.request_id)
                 if before is not None and not before.done():
                     await before
+                await self.first_bytes.quiet()
                 await self._run_sinks(ex, lane)
                 self.processed += 1
             finally:

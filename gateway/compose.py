@@ -22,7 +22,7 @@ from typing import Callable, Protocol, TypeVar
 
 from .access import Access, Endpoint
 from .access_log import AccessLog, build_access_log
-from .aftermath import Aftermath
+from .aftermath import Aftermath, FirstBytes
 from .admin.feature import AdminAPI
 from .config import ConfigError, load_routes
 from .conversations.feature import TTL_S, Conversations
@@ -207,7 +207,8 @@ def build(settings: Settings) -> Gateway:
     heal = HealPolicy(book)
     access_log = _part("access log", build_access_log)  # None when off (GATEWAY_ACCESS_LOG=0)
     sinks = [metrics.observe, records.sink, *([access_log] if access_log is not None else [])]
-    aftermath = Aftermath(analyzers=[conversations.analyzer], sinks=sinks)
+    first_bytes = FirstBytes()  # requests on their way to their first byte go before the aftermath
+    aftermath = Aftermath(analyzers=[conversations.analyzer], sinks=sinks, first_bytes=first_bytes)
     qualification.reload_index()  # at start-up, before serving (blocking is fine here), before the lane hooks
     runtime.wire(
         lane_hooks=[attach_renderer, limits.attach, routing.bind, qualification.hook, kv_events.lane_changed],
@@ -216,7 +217,8 @@ def build(settings: Settings) -> Gateway:
     )
     qualification.ensure_token_file()
     pipeline = Pipeline(runtime, gates=[qualification.gate],
-                        policies=[limits, conversations.policy, heal, routing.step], memo=HistoryMemo())
+                        policies=[limits, conversations.policy, heal, routing.step], memo=HistoryMemo(),
+                        first_bytes=first_bytes)
     status = Status(runtime, settings, security)
     health = HealthService(HealthProber(runtime))
     admin = AdminAPI(runtime, status, aftermath, records, conversations.analyzer, store)

@@ -19,6 +19,7 @@ from .client_link import AsgiLink, ClientGone
 from .errors import GatewayError, invalid_request
 from .exchange import Exchange
 from .fallback import choose_lane
+from .aftermath import FirstBytes
 from .headers import safe_value
 from .history_memo import HistoryMemo, Parsed
 from .proxy import forward
@@ -49,8 +50,9 @@ class Pipeline:
     policies (may rewrite the body or refuse it), then forwarding. Built once by the composition root."""
 
     def __init__(self, runtime: Lanes, *, gates: Sequence[Gate] = (), policies: Sequence[Policy] = (),
-                 memo: HistoryMemo | None = None) -> None:
+                 memo: HistoryMemo | None = None, first_bytes: FirstBytes | None = None) -> None:
         self.runtime = runtime
+        self.first_bytes = first_bytes or FirstBytes()  # the aftermath waits while requests are held
         self.memo = memo  # recent large chat bodies: the next turn's unchanged history is not parsed again
         self.gates = tuple(gates)  # e.g. qualification: after the route is resolved, before policies
         self.policies = tuple(policies)  # e.g. limits, conversation and effort pin, routing lookups
@@ -76,6 +78,14 @@ class Pipeline:
 
     async def _handle(self, request: Request, caller: Caller, path: str, check: Callable[[dict], None],
                       history: bool = False) -> Response:
+        self.first_bytes.hold()
+        try:
+            return await self._answer(request, caller, path, check, history)
+        finally:
+            self.first_bytes.release()  # the answer starts now (the wire path writes it before awaiting)
+
+    async def _answer(self, request: Request, caller: Caller, path: str, check: Callable[[dict], None],
+                      history: bool) -> Response:
         ex = Exchange(request_id=_request_id(request), path=path, request_headers=request.headers,
                       tenant=caller.tenant)
         snapshot = self.runtime.snapshot  # this request's config, whatever reloads happen meanwhile

@@ -282,6 +282,7 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end) -> Respo
         try:
             try:
                 raw = first
+                sent = False
                 while True:
                     out = []
                     for event in splitter.feed(data, final=not raw):
@@ -292,6 +293,12 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end) -> Respo
                         piece = observer.relay(event)
                         if piece is not None:
                             out.append(shape(piece))
+                            if not sent:
+                                # The first event leaves on its own, not after the rest of its read
+                                # (an engine's first read can hold dozens): the client's first token.
+                                sent = True
+                                ex.response_bytes += len(out[0])
+                                yield out.pop()
                         if observer.done:
                             break
                     if out:
