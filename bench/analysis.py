@@ -104,7 +104,7 @@ def new_conversation(body: dict, options: RenderOptions, n: int) -> None:
 
 
 def hand_off(body: dict, options: RenderOptions, n_small: int, n_big: int) -> None:
-    """Gateway-process CPU per job through a real worker process (pickling, the executor's threads)."""
+    """Gateway-process CPU per job through the real worker process (pickling, the pipe)."""
     small = {"messages": [{"role": "system", "content": "You are agent 1."}, {"role": "user", "content": "Step 1."}]}
 
     async def run(jobs: list[Job], process: AnalysisProcess, concurrent: int) -> float:

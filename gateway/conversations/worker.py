@@ -24,8 +24,6 @@ import signal
 import tempfile
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from ..render.renderer import Renderer, RenderOptions
@@ -110,11 +108,7 @@ def run(job: Job) -> Outcome:
 
 
 def run_spooled(path: str) -> Outcome:
-    with open(path, "rb") as f:
-        job = pickle.loads(f.read())
-    with contextlib.suppress(OSError):
-        os.unlink(path)
-    return run(job)
+    return run(pickle.loads(_take_file(path)))
 
 
 def run_batch(items: list[Job | str]) -> list[tuple[bool, Any]]:
@@ -128,20 +122,72 @@ def run_batch(items: list[Job | str]) -> list[tuple[bool, Any]]:
     return out
 
 
+def serve(conn: Any, parent: int, spool: str | None, renders: list[RenderOptions]) -> None:
+    """The worker's life: load, then answer batches of jobs from the gateway until its pipe closes."""
+    _init(parent, spool)
+    try:
+        preload(renders)
+    except Exception:  # the jobs will say what is missing
+        log.exception("the analysis worker could not load tokenizers and templates")
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        items = pickle.loads(data)
+        if isinstance(items, str):  # a large batch, through the spool
+            items = pickle.loads(_take_file(items))
+        results = run_batch(items)
+        try:
+            out = pickle.dumps(results, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # an exception that does not pickle: say so instead
+            out = pickle.dumps([(False, RuntimeError(f"analysis result could not be sent: {exc}"))] * len(results))
+        try:
+            conn.send_bytes(out)
+        except (EOFError, OSError):
+            return
+
+
+def _take_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        data = f.read()
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    return data
+
+
 # -- in the gateway process ----------------------------------------------------------------------------
 
 
-# Jobs larger than this go through a file in memory (tmpfs) instead of the executor's pipe: 1.76 MB
-# through the pipe took ~15 ms on a 2-core machine (64 KB at a time, a context switch each), a
-# write and a read of the file well under 1 ms.
+# Jobs larger than this go through a file in memory (tmpfs) instead of the pipe: 1.76 MB through the
+# pipe took ~15 ms on a 2-core machine (64 KB at a time, a context switch each), a write and a read
+# of the file well under 1 ms. A batch larger than BATCH_PIPE_MAX goes the same way, so that writing
+# it to the pipe never waits for the worker (the pipe holds 64 KB; one batch is in flight at a time).
 SPOOL_MIN_BYTES = 64 * 1024
+BATCH_PIPE_MAX = 48 * 1024
+
+
+class WorkerDied(Exception):
+    """The analysis worker process died with jobs in its hands."""
 
 
 class AnalysisProcess:
+    """The worker process and its pipe, driven by the event loop itself.
+
+    A concurrent.futures process pool took two threads of the gateway (a queue feeder and a result
+    manager) and four thread hand-offs per round trip: ~0.2 ms of gateway CPU per small request at
+    concurrency 1 (/proc per-thread CPU), GIL switches with the event loop besides. Here a batch is
+    one `send_bytes` on a pipe the worker is waiting on (it is idle: one batch in flight at a time,
+    and small enough for the pipe's buffer), and the answer is read when the loop sees the pipe
+    readable. The worker's death is seen on its process sentinel.
+    """
+
     def __init__(self, spool_parent: str | None = None) -> None:
-        self._pool: ProcessPoolExecutor | None = None
+        self._proc: Any = None
+        self._conn: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._batch: list[tuple[Job | str, asyncio.Future[Outcome]]] = []
-        self._sending = 0  # batches in the worker's hands
+        self._in_hand: list[tuple[Job | str, asyncio.Future[Outcome]]] | None = None  # the batch sent
         self.batches = 0
         self.jobs = 0
         self._preload: list[RenderOptions] = []
@@ -155,22 +201,29 @@ class AnalysisProcess:
         self._preload = preload_renders
         self._ensure()
 
-    def _ensure(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_init,
-                                             initargs=(os.getpid(), self._spool))
-            self.starts += 1
-            self._pool.submit(preload, self._preload).add_done_callback(_log_failure)
-        return self._pool
+    def _ensure(self) -> None:
+        if self._proc is not None:
+            return
+        ctx = multiprocessing.get_context("spawn")  # not forked: the gateway runs threads
+        ours, theirs = ctx.Pipe(duplex=True)
+        proc = ctx.Process(target=serve, args=(theirs, os.getpid(), self._spool, self._preload),
+                           name="analysis-worker", daemon=True)
+        proc.start()
+        theirs.close()
+        self._proc, self._conn = proc, ours
+        self.starts += 1
+        loop = self._loop = asyncio.get_running_loop()
+        loop.add_reader(ours.fileno(), self._readable)
+        loop.add_reader(proc.sentinel, self._died)
 
     async def run(self, job: Job) -> Outcome:
         """The job's outcome. Jobs that arrive while the worker is busy leave together, in one batch,
-        when it is free: one round trip (two pipe messages, two wake-ups) for many, where a round trip
-        each left the worker idle between jobs, waiting for the event loop to send the next."""
+        when it is free: one round trip for many, where a round trip each left the worker idle
+        between jobs, waiting for the event loop to send the next."""
         path = self._spooled(job)
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._batch.append((path if path is not None else job, future))
-        if not self._sending:
+        if self._in_hand is None:
             self._send()
         try:
             return await future
@@ -183,53 +236,76 @@ class AnalysisProcess:
         batch, self._batch = self._batch, []
         if not batch:
             return
-        pool = self._ensure()
-        self._sending += 1
+        self._ensure()
+        data = pickle.dumps([item for item, _ in batch], protocol=pickle.HIGHEST_PROTOCOL)
+        if len(data) > BATCH_PIPE_MAX:
+            path = self._spool_bytes(data)
+            if path is not None:
+                data = pickle.dumps(path)
+        self._in_hand = batch
         self.batches += 1
         self.jobs += len(batch)
         try:
-            done = asyncio.wrap_future(pool.submit(run_batch, [item for item, _ in batch]))
-        except (BrokenProcessPool, RuntimeError) as exc:  # dead, or shut down
-            self._sending -= 1
-            self._broken(pool, batch, exc)
-            return
-        done.add_done_callback(lambda f: self._returned(pool, batch, f))
+            self._conn.send_bytes(data)
+        except OSError as exc:  # the worker is gone; its sentinel says so in a moment
+            self._fail(batch, WorkerDied(f"the analysis worker could not be reached: {exc}"))
 
-    def _returned(self, pool: ProcessPoolExecutor, batch: list, done: asyncio.Future) -> None:
-        self._sending -= 1
-        exc = RuntimeError("the analysis process stopped") if done.cancelled() else done.exception()
-        if exc is not None:
-            self._broken(pool, batch, exc)
-        else:
-            for (_, future), (ok, value) in zip(batch, done.result()):
-                if future.done():
-                    continue
-                if ok:
-                    future.set_result(value)
-                else:
-                    future.set_exception(value)
+    def _readable(self) -> None:
+        conn = self._conn
+        try:
+            if not conn.poll():
+                return
+            results = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            self._died()
+            return
+        batch, self._in_hand = self._in_hand or [], None
+        for (_, future), (ok, value) in zip(batch, results):
+            if not future.done():
+                future.set_result(value) if ok else future.set_exception(value)
         if self._batch:
             self._send()
 
-    def _broken(self, pool: ProcessPoolExecutor, batch: list, exc: BaseException) -> None:
-        if isinstance(exc, BrokenProcessPool):
-            self.deaths += 1
-            log.error("the analysis worker process died; starting a new one")
-            if self._pool is pool:
-                self._pool = None
-                pool.shutdown(wait=False, cancel_futures=True)
+    def _died(self) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        self._detach()
+        self.deaths += 1
+        log.error("the analysis worker process died (exit code %s); starting a new one", proc.exitcode)
+        batch, self._in_hand = self._in_hand or [], None
+        self._fail(batch, WorkerDied("the analysis worker process died"))
+        if self._batch:
+            self._send()  # a new worker for the jobs that waited
+
+    def _fail(self, batch: list, exc: BaseException) -> None:
         for _, future in batch:
             if not future.done():
                 future.set_exception(exc)
+
+    def _detach(self) -> None:
+        proc, conn, self._proc, self._conn = self._proc, self._conn, None, None
+        if self._loop is not None and conn is not None:
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(conn.fileno())
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(proc.sentinel)
+        if conn is not None:
+            conn.close()
 
     def _spooled(self, job: Job) -> str | None:
         """The job written to the spool directory, if it is large and there is one."""
         if self._spool is None or len(job.body) < SPOOL_MIN_BYTES:
             return None
+        return self._spool_bytes(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def _spool_bytes(self, data: bytes) -> str | None:
+        if self._spool is None:
+            return None
         path = os.path.join(self._spool, str(next(self._jobs)))
         try:
             with open(path, "wb") as f:
-                f.write(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
+                f.write(data)
         except OSError:  # full or gone: the pipe still works
             with contextlib.suppress(OSError):
                 os.unlink(path)
@@ -237,16 +313,16 @@ class AnalysisProcess:
         return path
 
     def pid(self) -> int | None:
-        processes = getattr(self._pool, "_processes", None) or {}
-        return next(iter(processes), None)
+        return self._proc.pid if self._proc is not None else None
 
     def stop(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            processes = list((getattr(pool, "_processes", None) or {}).values())
-            pool.shutdown(wait=False, cancel_futures=True)
-            for process in processes:  # a render in hand is not worth waiting for at shutdown
-                process.terminate()
+        proc = self._proc
+        self._detach()
+        if proc is not None:
+            proc.terminate()  # a render in hand is not worth waiting for at shutdown
+        self._fail(self._in_hand or [], WorkerDied("the gateway is stopping"))
+        self._fail(self._batch, WorkerDied("the gateway is stopping"))
+        self._in_hand, self._batch = None, []
         if self._spool is not None:
             shutil.rmtree(self._spool, ignore_errors=True)
             self._spool = None
@@ -261,8 +337,3 @@ def _spool_dir(parent: str | None) -> str | None:
         return tempfile.mkdtemp(prefix=f"gateway-analysis-{os.getpid()}-", dir=parent)
     except OSError:
         return None
-
-
-def _log_failure(future: Any) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.error("the analysis worker could not load tokenizers and templates: %s", future.exception())
