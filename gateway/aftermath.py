@@ -45,13 +45,14 @@ QUEUE_FULL = "queue_full"
 
 
 class FirstBytes:
-    """Requests on their way to their first byte go before the aftermath's work.
+    """Requests on their way to the upstream go before the aftermath's work.
 
     The event loop runs one thing at a time: at concurrency 1 a new request arrived while the last
     one's analysis hand-off, record, metrics and access line (~0.3-0.5 ms) were running, and waited
-    for them. The pipeline holds this from a request's arrival to its answer's start; the aftermath
-    waits while any request is held, for at most `max_wait_s` (a steady stream of requests must not
-    starve it: records would pile up).
+    for them. The pipeline holds this while a request is on the CPU before it is forwarded (not while
+    it waits for the engine: that wait needs no CPU, and can last minutes); the aftermath waits while
+    any request is held, for at most `max_wait_s` (a steady stream of requests must not starve it:
+    records would pile up).
     """
 
     __slots__ = ("held", "_cool", "max_wait_s")
@@ -61,10 +62,11 @@ class FirstBytes:
         self._cool: asyncio.Event | None = None
         self.max_wait_s = max_wait_s
 
-    def hold(self) -> None:
+    def hold(self) -> "Hold":
         self.held += 1
         if self._cool is not None:
             self._cool.clear()
+        return Hold(self)
 
     def release(self) -> None:
         self.held -= 1
@@ -82,6 +84,20 @@ class FirstBytes:
                 await self._cool.wait()
         except TimeoutError:
             pass
+
+
+class Hold:
+    """One request's hold on FirstBytes; released once, however often `release` is called."""
+
+    __slots__ = ("_of",)
+
+    def __init__(self, of: FirstBytes) -> None:
+        self._of: FirstBytes | None = of
+
+    def release(self) -> None:
+        of, self._of = self._of, None
+        if of is not None:
+            of.release()
 
 
 class _Entry:

@@ -19,7 +19,7 @@ from .client_link import AsgiLink, ClientGone
 from .errors import GatewayError, invalid_request
 from .exchange import Exchange
 from .fallback import choose_lane
-from .aftermath import FirstBytes
+from .aftermath import FirstBytes, Hold
 from .headers import safe_value
 from .history_memo import HistoryMemo, Parsed
 from .proxy import forward
@@ -78,14 +78,14 @@ class Pipeline:
 
     async def _handle(self, request: Request, caller: Caller, path: str, check: Callable[[dict], None],
                       history: bool = False) -> Response:
-        self.first_bytes.hold()
+        hold = self.first_bytes.hold()  # on the CPU until it is forwarded: the aftermath waits
         try:
-            return await self._answer(request, caller, path, check, history)
+            return await self._answer(request, caller, path, check, history, hold)
         finally:
-            self.first_bytes.release()  # the answer starts now (the wire path writes it before awaiting)
+            hold.release()
 
     async def _answer(self, request: Request, caller: Caller, path: str, check: Callable[[dict], None],
-                      history: bool) -> Response:
+                      history: bool, hold: Hold) -> Response:
         ex = Exchange(request_id=_request_id(request), path=path, request_headers=request.headers,
                       tenant=caller.tenant)
         snapshot = self.runtime.snapshot  # this request's config, whatever reloads happen meanwhile
@@ -136,6 +136,7 @@ class Pipeline:
                 await policy.apply(ex, lane, data)
             upstream_body = ex.forwarded = self._upstream_body(ex, lane, data, parsed)
             link = request.link if isinstance(request, WireRequest) else AsgiLink(request.receive)
+            hold.release()  # waiting for the engine needs no CPU
             response = await forward(ex, lane, path, upstream_body, link, end)
         except GatewayError as exc:
             ex.fail(exc.status, exc.code, exc.message)
