@@ -18,6 +18,7 @@ GATEWAY_AFTERMATH_MAX_BYTES.
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import itertools
 import logging
@@ -120,7 +121,9 @@ class Aftermath:
         self.shed_queue_full = 0  # the queue was full
         self.processed = 0
         self._pending: OrderedDict[Hashable, _Entry] = OrderedDict()  # conversation (or exchange) -> its latest turn
-        self._wake: asyncio.Event | None = None
+        # Idle workers, each waiting on its own future: an exchange wakes one of them. (One Event for
+        # all woke the 64 of them for every exchange, 63 to find nothing: ~0.3 ms of loop per request.)
+        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
         self._idle: asyncio.Event | None = None
         self._in_flight = 0
         self._sunk: asyncio.Future[None] | None = None  # the sinks of the exchange taken last are done
@@ -144,7 +147,7 @@ class Aftermath:
         return len(self._pending)
 
     def start(self) -> None:
-        self._wake, self._idle = asyncio.Event(), asyncio.Event()
+        self._idle = asyncio.Event()
         self._idle.set()
         self._started = True
         self._workers = [asyncio.create_task(self._work()) for _ in range(self._n_workers)]
@@ -158,7 +161,7 @@ class Aftermath:
         if not self._started:  # not started (e.g. a unit test): do the cheap part inline
             asyncio.get_event_loop().create_task(self._run_sinks(ex, lane))
             return
-        assert self._wake is not None and self._idle is not None
+        assert self._idle is not None
         key = _conversation(ex)
         older = self._pending.get(key) if key is not None else None
         cost = _weight(ex)
@@ -176,7 +179,11 @@ class Aftermath:
         self._pending[key if key is not None else ("exchange", next(self._seq))] = _Entry(ex, lane, cost)
         self.queued_bytes += cost
         self._idle.clear()
-        self._wake.set()
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                break
 
     def _shed(self, ex: Exchange, lane: LaneRuntime | None, reason: str) -> None:
         ex.analysis_skipped = reason
@@ -195,11 +202,13 @@ class Aftermath:
             return False
 
     async def _work(self) -> None:
-        assert self._wake is not None and self._idle is not None
+        assert self._idle is not None
+        loop = asyncio.get_running_loop()
         while True:
             while not self._pending:
-                self._wake.clear()
-                await self._wake.wait()
+                waiter = loop.create_future()
+                self._waiting.append(waiter)
+                await waiter
             _, entry = self._pending.popitem(last=False)
             self._in_flight += 1
             ex, lane = entry.ex, entry.lane
