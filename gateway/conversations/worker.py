@@ -6,8 +6,8 @@ request in flight by taking turns at the GIL with it).
 One process per gateway process: its render cache (what earlier turns rendered and tokenized) is
 what makes an append-only turn cheap, so every turn goes to the same one. It is spawned (not
 forked: the gateway runs threads) when the gateway starts and loads the lanes' tokenizers and
-templates before its first job; if it dies, the job in hand fails as "analysis failed" and the
-next job starts a new one.
+templates before its first job; if it dies (heard at once, from its process sentinel), the jobs in
+its hands fail as "analysis failed" and the next job starts a new one.
 """
 
 from __future__ import annotations
