@@ -21,6 +21,7 @@ import os
 import pickle
 import shutil
 import signal
+import struct
 import tempfile
 import threading
 import time
@@ -165,6 +166,25 @@ def _take_file(path: str) -> bytes:
 # it to the pipe never waits for the worker (the pipe holds 64 KB; one batch is in flight at a time).
 SPOOL_MIN_BYTES = 64 * 1024
 BATCH_PIPE_MAX = 48 * 1024
+READ_CHUNK = 1 << 20
+
+
+def _take_frame(buf: bytearray) -> tuple[bytes, int] | None:
+    """One message of multiprocessing.Connection's framing from the front of `buf` (its payload and
+    the bytes it took), or None while it is incomplete: a big-endian int32 length, or -1 and a
+    uint64 length for messages over 2 GiB."""
+    if len(buf) < 4:
+        return None
+    (size,) = struct.unpack_from("!i", buf)
+    start = 4
+    if size == -1:
+        if len(buf) < 12:
+            return None
+        (size,) = struct.unpack_from("!Q", buf, 4)
+        start = 12
+    if len(buf) < start + size:
+        return None
+    return bytes(buf[start:start + size]), start + size
 
 
 class WorkerDied(Exception):
@@ -188,6 +208,8 @@ class AnalysisProcess:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._batch: list[tuple[Job | str, asyncio.Future[Outcome]]] = []
         self._in_hand: list[tuple[Job | str, asyncio.Future[Outcome]]] | None = None  # the batch sent
+        self._inbox = bytearray()  # what the pipe has given of the worker's answer so far
+        self._outbox = bytearray()  # a batch the pipe has not taken yet
         self.batches = 0
         self.jobs = 0
         self._preload: list[RenderOptions] = []
@@ -245,20 +267,52 @@ class AnalysisProcess:
         self._in_hand = batch
         self.batches += 1
         self.jobs += len(batch)
-        try:
-            self._conn.send_bytes(data)
-        except OSError as exc:  # the worker is gone; its sentinel says so in a moment
-            self._fail(batch, WorkerDied(f"the analysis worker could not be reached: {exc}"))
+        self._outbox += struct.pack("!i", len(data)) + data  # the framing the worker's recv_bytes reads
+        self._write()
 
-    def _readable(self) -> None:
-        conn = self._conn
+    def _write(self) -> None:
+        """Write what the pipe takes now; the rest when it is writable again (its end is
+        non-blocking: see `_readable`). A batch is small and the worker waits for it, so the rest
+        is rare."""
+        if self._conn is None or self._loop is None:
+            return
+        fd = self._conn.fileno()
         try:
-            if not conn.poll():
-                return
-            results = pickle.loads(conn.recv_bytes())
-        except (EOFError, OSError):
+            while self._outbox:
+                n = os.write(fd, self._outbox)
+                del self._outbox[:n]
+        except (BlockingIOError, InterruptedError):
+            self._loop.add_writer(fd, self._write)
+            return
+        except OSError:
             self._died()
             return
+        self._loop.remove_writer(fd)
+
+    def _readable(self) -> None:
+        """Read what the pipe holds. The event loop made its end non-blocking (libuv does, for any fd
+        it polls), so an answer larger than one read comes in pieces: gathered here, frame by frame
+        (multiprocessing's framing, as the worker's `send_bytes` writes it)."""
+        try:
+            chunk = os.read(self._conn.fileno(), READ_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._died()
+            return
+        if not chunk:
+            self._died()
+            return
+        self._inbox += chunk
+        while True:
+            frame = _take_frame(self._inbox)
+            if frame is None:
+                return
+            payload, used = frame
+            del self._inbox[:used]
+            self._answered(pickle.loads(payload))
+
+    def _answered(self, results: list[tuple[bool, Any]]) -> None:
         batch, self._in_hand = self._in_hand or [], None
         for (_, future), (ok, value) in zip(batch, results):
             if not future.done():
@@ -271,6 +325,8 @@ class AnalysisProcess:
         if proc is None:
             return
         self._detach()
+        if proc.exitcode is None:  # its pipe broke but it lives on: it is of no use without its pipe
+            proc.terminate()
         self.deaths += 1
         log.error("the analysis worker process died (exit code %s); starting a new one", proc.exitcode)
         batch, self._in_hand = self._in_hand or [], None
@@ -285,9 +341,12 @@ class AnalysisProcess:
 
     def _detach(self) -> None:
         proc, conn, self._proc, self._conn = self._proc, self._conn, None, None
+        self._inbox, self._outbox = bytearray(), bytearray()
         if self._loop is not None and conn is not None:
             with contextlib.suppress(Exception):
                 self._loop.remove_reader(conn.fileno())
+            with contextlib.suppress(Exception):
+                self._loop.remove_writer(conn.fileno())
             with contextlib.suppress(Exception):
                 self._loop.remove_reader(proc.sentinel)
         if conn is not None:
