@@ -16,13 +16,13 @@ import httpx
 import openai
 import pytest
 
-from tests.support.conversations import SYSTEM, TOOLS, Agent, lane, routes, wait_analysed  # noqa: F401
+from tests.support.conversations import AGENT_EMULATOR, SYSTEM, TOOLS, Agent, lane, routes, wait_analysed  # noqa: F401
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
 
 @pytest.fixture(scope="module")
 def emu_proc():
-    with run_emulator(flavour="vllm", tokenizer="dsv41", default_thinking=True, block_size=16) as e:
+    with run_emulator(**AGENT_EMULATOR) as e:
         yield e
 
 
@@ -139,8 +139,7 @@ def test_lineage_separates_agents_with_the_same_start(emu):
 
 
 def test_small_cache_pool_gives_eviction_not_drift():
-    with run_emulator(flavour="vllm", tokenizer="dsv41", default_thinking=True, block_size=16,
-                      cache_blocks=40) as emu:
+    with run_emulator(**AGENT_EMULATOR, cache_blocks=40) as emu:
         with run_gateway(routes(emu.url)) as gw:
             agents = [Agent(gw, user=f"agent-{i}") for i in range(3)]
             for ag in agents:

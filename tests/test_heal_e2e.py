@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.conversations import wait_analysed, wait_record
+from tests.support.conversations import AGENT_EMULATOR, wait_analysed, wait_record
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
 
@@ -146,7 +146,7 @@ def healed_kinds(headers: dict) -> list[str]:
 
 @pytest.fixture(scope="module")
 def emu_proc():
-    with run_emulator(flavour="vllm", tokenizer="dsv41", default_thinking=True, block_size=16) as e:
+    with run_emulator(**AGENT_EMULATOR) as e:
         yield e
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from gateway.exchange import GeneratedOutput
 from gateway.responses_chat import chat_view, take_output
-from tests.support.conversations import SYSTEM, routes, wait_analysed
+from tests.support.conversations import AGENT_EMULATOR, SYSTEM, routes, wait_analysed
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
 
@@ -25,7 +25,7 @@ ASK = "Find why test_split fails and fix it."
 
 @pytest.fixture(scope="module")
 def emu_proc():
-    with run_emulator(flavour="vllm", tokenizer="dsv41", default_thinking=True, block_size=16) as e:
+    with run_emulator(**AGENT_EMULATOR) as e:
         yield e
 
 

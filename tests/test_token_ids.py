@@ -20,7 +20,7 @@ from gateway.conversations.state import ConversationState
 from gateway.exchange import Exchange
 from gateway.render.renderer import RenderOptions
 from gateway.sse import EventSplitter
-from tests.support.conversations import lane, routes, wait_analysed, wait_record
+from tests.support.conversations import AGENT_EMULATOR, lane, routes, wait_analysed, wait_record
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
 
@@ -152,7 +152,7 @@ MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 
 @pytest.fixture(scope="module")
 def emu():
-    with run_emulator(flavour="vllm", tokenizer="dsv41", default_thinking=True, block_size=16) as e:
+    with run_emulator(**AGENT_EMULATOR) as e:
         yield e
 
 
@@ -208,7 +208,7 @@ def test_client_that_asks_gets_them(emu):
 
 def test_lanes_that_are_not_asked_compare_counts_and_say_why(emu):
     emu.reset()
-    with run_emulator(flavour="sglang", tokenizer="dsv41", default_thinking=True, block_size=16) as sg:
+    with run_emulator(**{**AGENT_EMULATOR, "flavour": "sglang"}) as sg:
         config = {"lanes": {"off": lane(emu.url, token_ids="off"), "sg": lane(sg.url, engine="sglang")},
                   "models": {"off": "off", "sg": "sg"}}
         with run_gateway(config) as gw:

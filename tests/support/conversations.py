@@ -37,6 +37,8 @@ TOOLS = [{"type": "function", "function": {
     "name": "read_file", "description": "Read a file from the workspace.",
     "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
 SYSTEM = "You are a coding agent. Read files before you change them."
+# The emulator the conversation tests talk to: a vLLM-shaped DeepSeek-V4.1 engine that thinks, 16-token blocks.
+AGENT_EMULATOR = {"flavour": "vllm", "tokenizer": "dsv41", "default_thinking": True, "block_size": 16}
 
 
 def lane(url: str, **extra) -> dict:
