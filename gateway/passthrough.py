@@ -66,6 +66,13 @@ def check_responses(body: dict[str, Any]) -> None:
         v = body.get(name)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
             raise invalid_request(f"'{name}' must be a number", param=name, code="invalid_type")
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise invalid_request("'tools' must be an array", param="tools", code="invalid_type")
+        for i, tool in enumerate(tools):
+            if not isinstance(tool, dict):
+                raise invalid_request(f"tools[{i}] must be an object", param=f"tools[{i}]", code="invalid_type")
 
 
 def check_embeddings(body: dict[str, Any]) -> None:

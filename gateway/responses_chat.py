@@ -57,7 +57,15 @@ class _Unmapped(Exception):
 
 
 def chat_view(body: dict[str, Any]) -> ChatView:
-    """`body` (a /v1/responses request, shape-checked) as the chat request the engine renders."""
+    """`body` (a /v1/responses request, shape-checked) as the chat request the engine renders. A body
+    the mapping cannot read (a field of a shape the checks let through) is recorded, never a 500."""
+    try:
+        return _chat_view(body)
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        return ChatView(None, f"the request could not be read as chat messages ({type(exc).__name__})")
+
+
+def _chat_view(body: dict[str, Any]) -> ChatView:
     for name, why in _STATE_FIELDS:
         if body.get(name) is not None:
             return ChatView(None, why)

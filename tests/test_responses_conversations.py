@@ -186,10 +186,23 @@ def test_output_items_sent_back_merge_into_one_assistant_message():
     ({"input": [{"role": "user", "content": 5}]}, "as chat messages: "),
     ({"input": [{"type": "function_call", "call_id": "c", "name": 7, "arguments": "{}"}]}, "as chat messages: "),
     ({"input": []}, "input: no messages"),
+    # Shapes the checks let through are recorded, never a 500 (found by schemathesis: tools 1.0).
+    ({"input": "", "tools": 1.0}, "the request could not be read as chat messages"),
+    ({"input": "hi", "tools": [{"type": "function", "name": 5, "parameters": 3}]}, "as chat messages: "),
 ])
 def test_requests_that_do_not_map_say_why(body, why):
     view = chat_view({"model": "m", **body})
     assert view.body is None and view.unmapped.startswith(why), view.unmapped
+
+
+def test_tools_that_are_not_an_array_of_objects_are_a_400():
+    from gateway.errors import GatewayError
+    from gateway.passthrough import check_responses
+
+    for tools, param in ((1.0, "tools"), ([1], "tools[0]")):
+        with pytest.raises(GatewayError) as err:
+            check_responses({"model": "m", "input": "hi", "tools": tools})
+        assert err.value.status == 400 and err.value.param == param
 
 
 def test_output_items_are_what_was_generated():
