@@ -1,8 +1,9 @@
 """When analysis falls behind, it is shed per conversation, never silently (gateway/aftermath.py).
 
-The queue holds one turn per conversation: a newer turn takes its older one's place in line (the
-older is recorded with analysis `superseded`); a full queue sheds a new conversation's turn
-(`queue_full`). Both are counted (gateway_analysis_shed{reason}) and the record says why.
+The queue holds one place in line per conversation, with up to `coalesce` of its turns: a newer turn
+waits with its older ones and all are analysed in order; beyond `coalesce`, the oldest waiting turn
+is recorded with analysis `superseded`; a full queue sheds a new conversation's turn (`queue_full`).
+Both are counted (gateway_analysis_shed{reason}) and the record says why.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def _turn(cid: str, n: int) -> Exchange:
 
 
 async def test_the_latest_turn_of_each_conversation_is_analysed_first() -> None:
+    """coalesce=1 (one turn per conversation): a newer turn takes its older one's place."""
     gate = asyncio.Event()
     analysed: list[str] = []
     sunk: dict[str, str | None] = {}
@@ -35,7 +37,7 @@ async def test_the_latest_turn_of_each_conversation_is_analysed_first() -> None:
         analysed.append(ex.request_id)
 
     am = Aftermath(analyzers=[analysis], sinks=[lambda ex, lane: sunk.__setitem__(ex.request_id, ex.analysis_skipped)],
-                   workers=1, max_queue=3)
+                   workers=1, max_queue=3, coalesce=1)
     am.start()
     try:
         am.exchange_ended(_turn("A", 1), None)
@@ -55,11 +57,46 @@ async def test_the_latest_turn_of_each_conversation_is_analysed_first() -> None:
         await am.stop()
 
 
+async def test_a_conversations_waiting_turns_are_analysed_together_in_order() -> None:
+    """coalesce=2: a conversation's turns wait together in its place in line and are all analysed,
+    in order; a third waiting turn sheds the oldest (superseded), never silently."""
+    gate = asyncio.Event()
+    analysed: list[str] = []
+    sunk: dict[str, str | None] = {}
+
+    async def analysis(ex, lane) -> None:
+        await gate.wait()
+        analysed.append(ex.request_id)
+
+    am = Aftermath(analyzers=[analysis], sinks=[lambda ex, lane: sunk.__setitem__(ex.request_id, ex.analysis_skipped)],
+                   workers=1, max_queue=3, coalesce=2)
+    am.start()
+    try:
+        am.exchange_ended(_turn("A", 1), None)
+        await asyncio.sleep(0)  # the worker takes A1 and waits in its analysis
+        for ex in (_turn("A", 2), _turn("B", 1), _turn("A", 3), _turn("C", 1), _turn("D", 1), _turn("C", 2),
+                   _turn("A", 4)):
+            am.exchange_ended(ex, None)
+        await asyncio.sleep(0.01)
+        # A2 gave way when A4 came (A3, A4 wait); C1, C2 wait together; D1 found the queue full (A, B, C).
+        assert sunk == {"A2": "superseded", "D1": "queue_full"}
+        assert (am.shed_superseded, am.shed_queue_full) == (1, 1)
+        assert am.queued == 5
+        gate.set()
+        assert await am.drain(5)
+        assert analysed == ["A1", "A3", "A4", "B1", "C1", "C2"], "a conversation's turns in order, in its place in line"
+        assert all(sunk[r] is None for r in analysed) and len(sunk) == 8, "every exchange reaches the sinks once"
+        assert am.queued_bytes == 0 and am.queued == 0
+    finally:
+        await am.stop()
+
+
 def test_shed_turns_are_recorded_with_why_and_counted() -> None:
     """One worker busy with a big new conversation's analysis (~0.5 s of render and tokenisation)
-    while a small conversation sends three quick turns: the first two are superseded, the third
-    is analysed; the records and /metrics say so."""
-    env = {"GATEWAY_AFTERMATH_WORKERS": "1"}
+    while a small conversation sends three quick turns; one turn per conversation waits
+    (GATEWAY_AFTERMATH_COALESCE=1): the first two are superseded, the third is analysed; the
+    records and /metrics say so."""
+    env = {"GATEWAY_AFTERMATH_WORKERS": "1", "GATEWAY_AFTERMATH_COALESCE": "1"}
     with run_emulator(flavour="vllm", max_model_len=1 << 20) as emu:
         with run_gateway({"gateway": {"max_request_bytes": 16 << 20}, "lanes": {"v": lane(emu.url)},
                           "models": {"m": "v"}}, env=env) as gw:
@@ -82,3 +119,32 @@ def test_shed_turns_are_recorded_with_why_and_counted() -> None:
     assert [by_id[i]["analysis"] for i in ids] == ["superseded", "superseded", None], [by_id[i] for i in ids]
     assert by_id[ids[2]]["verdict"] != "unknown", "the conversation's latest turn got its verdict"
     assert shed[(("reason", "superseded"),)] >= 2 and (("reason", "queue_full"),) in shed
+
+
+def test_quick_turns_of_a_conversation_each_get_their_verdict() -> None:
+    """As above, with the default coalescing: the three quick turns wait together behind the big
+    analysis and each is analysed, in order, with its own verdict; nothing is shed."""
+    env = {"GATEWAY_AFTERMATH_WORKERS": "1"}
+    with run_emulator(flavour="vllm", max_model_len=1 << 20) as emu:
+        with run_gateway({"gateway": {"max_request_bytes": 16 << 20}, "lanes": {"v": lane(emu.url)},
+                          "models": {"m": "v"}}, env=env) as gw:
+            big = [{"role": "user" if i % 2 == 0 else "assistant",
+                    "content": " ".join(f"word{i}x{j}" for j in range(150))} for i in range(801)]
+            assert post(gw.url, {"model": "m", "messages": big, "max_tokens": 2,
+                                 "prompt_cache_key": "big"})[0] == 200
+            mark = len(SENT[gw.url])
+            msgs = [{"role": "user", "content": "hello"}]
+            for _ in range(3):
+                status, raw = post(gw.url, {"model": "m", "messages": msgs, "max_tokens": 2,
+                                            "prompt_cache_key": "small"})
+                assert status == 200
+                answer = json.loads(raw)["choices"][0]["message"]
+                msgs = [*msgs, {"role": "assistant", "content": answer.get("content") or ""},
+                        {"role": "user", "content": "go on"}]
+            ids = SENT[gw.url][mark:]
+            by_id = {r["request_id"]: r for r in records(gw.url, ids)}
+            shed = metric_samples(gw.url)["gateway_analysis_shed_total"]
+    assert [by_id[i]["analysis"] for i in ids] == [None, None, None], [by_id[i] for i in ids]
+    assert by_id[ids[0]]["verdict"] == "cold" and all(by_id[i]["verdict"] != "unknown" for i in ids[1:]), \
+        [by_id[i]["verdict"] for i in ids]
+    assert shed.get((("reason", "superseded"),), 0) == 0
