@@ -123,6 +123,12 @@ class SegmentCache:
             self.render_misses += len(out) - hits
             return out
 
+    def peek_item(self, key: Any) -> ItemEntry | None:
+        """The cached item under `key`, if any, leaving the LRU and the counters as they are (a look
+        for a sibling render to derive from: renderer.py `_reheader`)."""
+        slot = self._data.get(("r", key))
+        return slot[0] if slot is not None else None
+
     def touch_items(self, keys: list[Any]) -> bool:
         """What get_items does to the LRU and the counters when every key is cached, for items the
         caller already holds; False when one is not (the caller then looks them all up, which leaves

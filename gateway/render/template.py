@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from importlib import resources
 from pathlib import Path
@@ -44,6 +45,33 @@ def make_environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
+# The last block of the `render_item` macro in the templates this gateway ships: the generation header
+# an item carries when the model's turn follows it. When a template's macro ends with exactly this and
+# reads `c.header` nowhere else, an item's render with one header is its render with another but for
+# this suffix (see `header_is_suffix`).
+HEADER_TRAILER = """  {%- if c.header -%}
+    {{- F.generation_header ~ '<｜Assistant｜>' ~ c.header ~ F.e -}}
+  {%- endif -%}
+{%- endmacro -%}"""
+HEADER_PREFIX = "<｜Assistant｜>"
+
+
+def header_is_suffix(source: str) -> bool:
+    """Does `render_item` read `c.header` only in its closing trailer (HEADER_TRAILER), so that the
+    header only appends `<｜Assistant｜>` + header (a field `generation_header`) to the item? Checked
+    on the source text: a template of another shape renders every header variant with the macro."""
+    start = source.find("{%- macro render_item(")
+    end = source.find(HEADER_TRAILER, start)
+    if start < 0 or end < 0:
+        return False
+    if source.find("{%- endmacro", start) != end + HEADER_TRAILER.index("{%- endmacro"):
+        return False  # the trailer must close render_item itself
+    body = source[source.find("-%}", start) + 3:end]  # after the macro's signature
+    # Every other use of the context `c` reads a named attribute other than `header` (no c['header'],
+    # no c handed on whole to something that could read it).
+    return all(m.group(1) not in (None, "header") for m in re.finditer(r"(?<![\w.])c\b(?:\.(\w+))?", body))
+
+
 class ChatTemplate:
     """A compiled chat template plus direct access to its macros (thread-safe to share)."""
 
@@ -54,6 +82,7 @@ class ChatTemplate:
         self.template = self.env.from_string(source)
         # Executes the top level with no `messages`: nothing renders, the macros are exported.
         self.module = self.template.make_module({})
+        self.header_is_suffix = header_is_suffix(source)
 
     def render(self, **variables: Any) -> str:
         return self.template.render(**variables)
