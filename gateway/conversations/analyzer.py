@@ -121,7 +121,7 @@ class Analyzer:
             saved = outcome.cache.get("healed_tokens") or {}
             for healed in ex.healed:
                 healed.tokens_saved = saved.get(healed.kind, 0)
-            await self._save(ex, lane, found.state.id, outcome)
+            await self._save(ex, lane, found.state.id, outcome, job.stored)
         self.analysed += 1
         self.last_ms = (time.perf_counter() - t0) * 1000
         ex.analysis_ms = round(self.last_ms, 3)
@@ -132,9 +132,12 @@ class Analyzer:
             lock = self._locks[cid] = asyncio.Lock()
         return lock
 
-    async def _save(self, ex: Exchange, lane: LaneRuntime, cid: str, outcome: Outcome) -> None:
+    async def _save(self, ex: Exchange, lane: LaneRuntime, cid: str, outcome: Outcome,
+                    read: bytes | None = None) -> None:
         current = await self.store.get("conv:" + cid)
-        if current is not None and orjson.loads(current)["t"] >= outcome.turn:
+        # The state the analysis read (`read`) is older than its outcome: only another one is parsed.
+        if current is not None and current is not read and current != read and \
+                orjson.loads(current)["t"] >= outcome.turn:
             return  # another process already stored a later turn: never move the state back
         await self.store.set("conv:" + cid, outcome.data, self.ttl_s)
         ex.state_bytes = len(outcome.data)

@@ -47,7 +47,9 @@ class TextTokenizer:
             return []
         if len(texts) == 1:
             return [self.encode(texts[0])]
-        encs = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        # `encode_batch_fast` (tokenizers >= 0.21) computes no character offsets, which nothing here
+        # reads: ~50 us instead of ~85 for two small agent messages (the same ids).
+        encs = self._tok.encode_batch_fast(list(texts), add_special_tokens=False)
         return [array("I", e.ids) for e in encs]
 
     def decode(self, ids: Sequence[int]) -> str:
