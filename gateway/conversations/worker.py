@@ -48,6 +48,11 @@ def _init(parent: int, spool: str | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the gateway, which stops this process
     with contextlib.suppress(OSError):
         os.nice(int(os.environ.get("GATEWAY_ANALYSIS_NICE") or NICENESS))
+    if (os.environ.get("GATEWAY_ANALYSIS_SCHED") or "").lower() == "batch" and hasattr(os, "SCHED_BATCH"):
+        # CPU-bound, never latency-sensitive: the scheduler does not let it preempt a task that wakes up
+        # (the event loop's), though it keeps its share by niceness.
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     # One core at most: the tokenizer's thread pool would spread a big render over every core (the hot
     # path's too), and its idle threads spin between the small batches of an agent's turn.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
