@@ -66,4 +66,68 @@ def test_an_agent_turn_renders_its_previous_user_message_without_the_template() 
         if turn > 2:
             assert r.macro_calls == 3, "the new assistant and user messages and the generated answer"
         assert got.token_ids == Renderer(opts, cache=SegmentCache()).render({"messages": msgs}, opts).token_ids
-        msgs = [*msgs, {"role": "assistant", "content": said["content"]}, {"role": "user", "content": f"Step {turn}."}]
+        # Sent back edited: not the answer generated (that one is derived too: the next test).
+        msgs = [*msgs, {"role": "assistant", "content": said["content"] + " (edited)"},
+                {"role": "user", "content": f"Step {turn}."}]
+
+
+def test_the_previous_answer_sent_back_is_not_rendered_again() -> None:
+    """The answer the model gave, sent back as history without its reasoning (which the template
+    drops anyway), is derived from the render of the generated answer: a turn calls the template for
+    its new user message and its own answer only, and renders exactly as a fresh renderer does."""
+    opts = RenderOptions(engine="vllm")
+    r = Counting(opts, cache=SegmentCache())
+    msgs = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Step 1."}]
+    previous = None
+    calls = [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"b": 1, "a": "x"}'}}]
+    for turn in range(2, 8):
+        r.macro_calls = 0
+        said = {"role": "assistant", "content": f"Done with step {turn - 1}.", "reasoning_content": "Hm </think>?"
+                if turn == 4 else "Hm."}
+        if turn % 2:
+            said["tool_calls"] = calls
+        got, gen = r.render_turn({"messages": msgs}, said, opts, previous, len(msgs) - 2 if previous else 0)
+        previous = got.previous
+        if turn > 2:
+            assert r.macro_calls == 2, "the new user message and the generated answer"
+        fresh = Renderer(opts, cache=SegmentCache()).render({"messages": msgs}, opts)
+        assert _segments(got) == _segments(fresh)
+        back = {"role": "assistant", "content": said["content"]}
+        if "tool_calls" in said:
+            back["tool_calls"] = calls
+        msgs = [*msgs, back, {"role": "user", "content": f"Step {turn}."}]
+
+
+@pytest.mark.parametrize("changed", ["content", "arguments order", "tool call id"])
+def test_an_answer_sent_back_changed_is_rendered_by_the_template(changed: str) -> None:
+    opts = RenderOptions(engine="vllm")
+    r = Counting(opts, cache=SegmentCache())
+    calls = [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"b": 1, "a": "x"}'}}]
+    msgs = [{"role": "user", "content": "Go."}]
+    said = {"role": "assistant", "content": "On it.", "reasoning_content": "Hm.", "tool_calls": calls}
+    got, _ = r.render_turn({"messages": msgs}, said, opts)
+    back = {"role": "assistant", "content": "On it.", "tool_calls": calls}
+    if changed == "content":
+        back["content"] = "On it!"
+    elif changed == "arguments order":
+        back["tool_calls"] = [{**calls[0], "function": {"name": "f", "arguments": '{"a": "x", "b": 1}'}}]
+    else:
+        back["tool_calls"] = [{**calls[0], "id": "call_2"}]
+    nxt = [*msgs, back, {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]
+    r.macro_calls = 0
+    again, _ = r.render_turn({"messages": nxt}, said, opts, got.previous, 1)
+    assert r.macro_calls == 3
+    assert _segments(again) == _segments(Renderer(opts, cache=SegmentCache()).render({"messages": nxt}, opts))
+
+
+def test_the_packaged_template_reasoning_is_a_prefix() -> None:
+    from gateway.render.template import reasoning_is_prefix
+
+    source = template_source("deepseek_v4.1")
+    assert load_template("deepseek_v4.1").reasoning_is_prefix and reasoning_is_prefix(source)
+    head = "{{- F.content -}}{{- _text(m['content'], where ~ '.content') -}}{{- F.e -}}"
+    assert head in source
+    assert not reasoning_is_prefix(source.replace(head, head + "{{- m['name'] -}}", 1))
+    assert not reasoning_is_prefix(source.replace(head, head + "{{- c.think -}}", 1))
+    assert not reasoning_is_prefix(source.replace(head, head + "{{- members[0]['reasoning_content'] -}}", 1))
+    assert not reasoning_is_prefix(source.replace("F.think_end ~ '</think>'", "F.think_end ~ '</think>\\n'", 1))

@@ -465,6 +465,43 @@ def _with_header(entry: ItemEntry, old: str | None, new: str | None, tok_path: s
     return out
 
 
+def _json_of(m: dict, name: str) -> bytes | None:
+    if name not in m:
+        return None
+    try:
+        return orjson.dumps(m[name])  # key order kept: the template renders arguments in the given order
+    except TypeError:
+        return json.dumps(m[name], ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
+def _from_said(said: _Said, message: dict, tok_path: str) -> ItemEntry | None:
+    """The assistant `message` (normalized) as rendered without reasoning, derived from the previous
+    turn's render of the generated answer `said` when the message is that answer sent back: the same
+    `content` and `tool_calls` (template.reasoning_is_prefix: all that item reads). The reasoning and
+    `</think>` that `said` starts with in thinking mode are cut, and so are their token ids (`</think>`
+    is a special token: the ids after it are the rest's own). None when the message is another."""
+    if _json_of(message, "content") != _json_of(said.message, "content") or \
+            _json_of(message, "tool_calls") != _json_of(said.message, "tool_calls"):
+        return None
+    ri = said.item
+    ids = said.ids if isinstance(said.ids, array) else None
+    if not said.think:
+        out = ItemEntry(ri)
+        out.ids = ids
+        return out
+    f = ri.fields
+    if len(f) < 2 or f[0][0] != "reasoning_content" or f[0][1] != 0 or f[1][0] != "think_end" or \
+            f[1][1] != f[0][2] or ri.text[f[1][1]:f[1][2]] != "</think>":
+        return None
+    cut = f[1][2]
+    out = ItemEntry(_item(ri.text[cut:], tuple((n, s - cut, e - cut) for n, s, e in f[2:])))
+    if ids is not None and ri.text.count("</think>") == 1:
+        end = load_tokenizer(tok_path).token_to_id("</think>")
+        if end is not None and ids.count(end) == 1:
+            out.ids = ids[ids.index(end) + 1:]
+    return out
+
+
 def _item(text: str, fields: tuple) -> RenderedItem:
     return RenderedItem(text, fields, xxh64(text), text.startswith(SPECIAL_BOUNDARY_TOKENS),
                         text.endswith(SPECIAL_BOUNDARY_TOKENS))
@@ -522,6 +559,7 @@ class _Prepared:
     last_ul2: int = -1  # _plan's: reasoning dropped up to here (-1: none)
     kept: int = 0  # leading items taken from the previous turn's plan (their render too)
     held: list = field(default_factory=list)  # the previous turn's entries for them, when evicted from the cache
+    said: "_Said | None" = None  # the previous turn's generated answer, which this request may send back
 
 
 @dataclass
@@ -535,10 +573,24 @@ class Previous:
     keys: list[tuple]
     groups: list[list[int]]
     segments: list[Segment]
+    said: "_Said | None" = None  # what the model answered to this request, rendered (render_turn)
 
     def nbytes(self) -> int:
         """Rough: what keeping it costs beyond the render cache's own entries (lists and plan)."""
-        return 300 * len(self.prep.msgs) + 200 * len(self.entries)
+        said = 2 * len(self.said.item.text) + 4 * len(self.said.ids or ()) + 300 if self.said is not None else 0
+        return 300 * len(self.prep.msgs) + 200 * len(self.entries) + said
+
+
+@dataclass
+class _Said:
+    """The generated answer as `_generated` rendered it, at request index `index` of the next turn."""
+
+    index: int
+    message: dict  # normalized
+    item: RenderedItem
+    ids: Any  # array('I') or None
+    think: bool
+    template: ChatTemplate
 
 
 class Renderer:
@@ -591,12 +643,17 @@ class Renderer:
         `previous` and `unchanged`: the conversation's previous render (Rendered.previous) and how many
         leading request messages are byte for byte the same; the result is the same as without them."""
         prep = self._prepare(body, options or self.defaults, previous if unchanged > 0 else None, unchanged)
+        if previous is not None and unchanged > 0:
+            prep.said = previous.said
         tok = load_tokenizer(prep.options.tokenizer_path)
         reuse = previous if prep.kept else None
         entries, keys, misses = self._render_items(prep, reuse)
         rendered = self._assemble(prep, entries, keys, tok, misses, reuse if prep.kept else None)
         rendered.message_digests = prep.digests[prep.offset:]
-        return rendered, self._generated(prep, body, assistant_message)
+        said = self._said(prep, body, assistant_message)
+        rendered.previous.said = said
+        return rendered, Segment(said.index, "assistant", said.item.text, said.ids, said.item.fields, said.item.digest,
+                                 (said.index,))
 
     def render_generated(self, body: dict, assistant_message: dict, options: RenderOptions | None = None) -> Segment:
         """The text the model generated for `body`, as rendered when appended as the next message.
@@ -607,12 +664,18 @@ class Renderer:
         return self._generated(self._prepare(body, options or self.defaults), body, assistant_message)
 
     def _generated(self, prep: _Prepared, body: dict, assistant_message: dict) -> Segment:
+        said = self._said(prep, body, assistant_message)
+        return Segment(said.index, "assistant", said.item.text, said.ids, said.item.fields, said.item.digest,
+                       (said.index,))
+
+    def _said(self, prep: _Prepared, body: dict, assistant_message: dict) -> _Said:
         opts = prep.options
         n = len(body["messages"])
         m = dict(assistant_message)
         m["role"] = "assistant"
         norm = _normalize_message(m, n)
-        c = self._context(prep, _Item("assistant", len(prep.msgs), len(prep.msgs), False, opts.thinking, None, ()))
+        think = bool(opts.thinking)
+        c = self._context(prep, _Item("assistant", len(prep.msgs), len(prep.msgs), False, think, None, ()))
         item = self._call_macro(prep.template, "assistant", n, [norm], c)
         tok = load_tokenizer(opts.tokenizer_path)
         key = (tok.path, item.digest, len(item.text))
@@ -620,7 +683,7 @@ class Renderer:
         if ids is None:
             ids = tok.encode(item.text)
             self.cache.put_tokens([(key, ids)])
-        return Segment(n, "assistant", item.text, ids, item.fields, item.digest, (n,))
+        return _Said(n, norm, item, ids, think, prep.template)
 
     def tokens_of(self, digest: int, length: int, options: RenderOptions | None = None):
         """Token ids of an earlier segment by its text digest and length, if still cached (else None)."""
@@ -768,7 +831,7 @@ class Renderer:
             found = self.cache.get_items(keys)
         new: list[tuple[Any, ItemEntry]] = []
         tokenized: list[tuple[Any, ItemEntry]] = []  # derived items that came with their token ids
-        tok_path = load_tokenizer(prep.options.tokenizer_path).path if prep.template.header_is_suffix else ""
+        tok_path = load_tokenizer(prep.options.tokenizer_path).path
         for j in range(r, len(prep.items)):
             it = prep.items[j]
             if found[j] is not None:
@@ -781,6 +844,18 @@ class Renderer:
             if prep.template.header_is_suffix:
                 entry = self._reheader(keys[j], tok_path)
                 if entry is not None:  # the same item under another header, rendered before
+                    found[j] = entry
+                    new.append((keys[j], entry))
+                    if entry.ids is not None:
+                        tokenized.append((keys[j], entry))
+                    continue
+            said = prep.said
+            if said is not None and it.role == "assistant" and it.start == it.end and not it.first and \
+                    it.header is None and not it.think and it.start - prep.offset == said.index and \
+                    said.template is prep.template and prep.template.reasoning_is_prefix:
+                # The previous turn's answer sent back (without its reasoning, as reasoning is dropped)
+                entry = _from_said(said, _normalize_message(prep.msgs[it.start], said.index), tok_path)
+                if entry is not None:
                     found[j] = entry
                     new.append((keys[j], entry))
                     if entry.ids is not None:

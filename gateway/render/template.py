@@ -72,6 +72,41 @@ def header_is_suffix(source: str) -> bool:
     return all(m.group(1) not in (None, "header") for m in re.finditer(r"(?<![\w.])c\b(?:\.(\w+))?", body))
 
 
+# The head of `render_item`'s assistant branch in the templates this gateway ships: with `c.think` the
+# item starts with the reasoning and `</think>`, and nothing after reads the reasoning or the context.
+ASSISTANT_HEAD = """  {%- elif role == 'assistant' -%}
+    {%- set m = members[0] -%}
+    {%- if c.think -%}
+      {%- set rc = m['reasoning_content'] -%}
+      {{- F.reasoning_content -}}{%- if rc -%}{{- rc -}}{%- endif -%}{{- F.e -}}
+      {{- F.think_end ~ '</think>' ~ F.e -}}
+    {%- endif -%}
+"""
+
+
+def reasoning_is_prefix(source: str) -> bool:
+    """Does `render_item` render an assistant message (not the first item, no header) as the reasoning
+    and `</think>` (only with `c.think`) followed by what its `content` and `tool_calls` alone make?
+    Then the item without reasoning is the item with it, that prefix cut (renderer.py `_from_said`).
+    Checked on the source: the branch starts with ASSISTANT_HEAD, is the macro's last, and the rest
+    reads `m['content']` and `m['tool_calls']` and nothing else of the message or the context."""
+    start = source.find("{%- macro render_item(")
+    end = source.find(HEADER_TRAILER, start)
+    if start < 0 or end < 0 or not header_is_suffix(source):
+        return False
+    head = source.find(ASSISTANT_HEAD, start, end)
+    if head < 0:
+        return False
+    rest = source[head + len(ASSISTANT_HEAD):end]
+    # The last branch: no other branch of the role's if (indented as this one) follows it.
+    if re.search(r"\n {0,2}\{%-?\s*(elif|else)\b", rest) or "members" in rest or "role" in rest:
+        return False
+    if re.search(r"(?<![\w.])c\b", rest):
+        return False
+    return all(m.group(1) in ("content", "tool_calls")
+               for m in re.finditer(r"(?<![\w.])m\b(?:\[\s*'(\w+)'\s*\])?", rest))
+
+
 class ChatTemplate:
     """A compiled chat template plus direct access to its macros (thread-safe to share)."""
 
@@ -83,6 +118,7 @@ class ChatTemplate:
         # Executes the top level with no `messages`: nothing renders, the macros are exported.
         self.module = self.template.make_module({})
         self.header_is_suffix = header_is_suffix(source)
+        self.reasoning_is_prefix = reasoning_is_prefix(source)
 
     def render(self, **variables: Any) -> str:
         return self.template.render(**variables)
