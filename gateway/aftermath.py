@@ -10,7 +10,9 @@ analysed has one new message to render; one whose previous turns were skipped ha
 a burst coalescing gives ~1.5x the verdicts of superseding for the same CPU. When a conversation
 already has `coalesce` turns waiting, its oldest waiting turn is shed ("superseded"), so the worker
 still reaches each conversation's latest turn; when the queue is full (far beyond what analysis can
-keep up with) a new conversation's turn is shed ("queue_full"). A shed exchange still reaches the
+keep up with) a new conversation's turn is shed ("queue_full"). Past `max_coalesced` turns waiting
+together in all, a newer turn takes its oldest waiting turn's place instead of joining it (the queue's
+memory stays ~20 MB for small turns). A shed exchange still reaches the
 sinks at once, with `analysis_skipped` saying why, so records and counters are never lost and the
 shedding is never silent (`shed_superseded`, `shed_queue_full`; the metric
 gateway_analysis_shed_total{reason}). `coalesce` = 1 is the older policy: one turn per
@@ -50,6 +52,11 @@ DEFAULT_WORKERS = 64
 # Turns of one conversation waiting together (see above). Each holds its request (~16-20 KiB for a
 # small agent turn), so 400 conversations at 4 turns is ~30 MB at most, under the byte bound.
 DEFAULT_COALESCE = 4
+# Turns waiting together in all (beyond the first of each conversation): past it a conversation's newer
+# turn takes its oldest waiting turn's place instead of joining it. Without it a far-behind worker
+# (the soak at nice 10 on a busy machine) let the queue fill its 64 MiB byte budget, and new
+# conversations were shed as queue_full (~2,000 in 45 s); at ~20 KiB a small turn, 1,024 is ~20 MB.
+DEFAULT_MAX_COALESCED = 1024
 
 SUPERSEDED = "superseded"
 QUEUE_FULL = "queue_full"
@@ -132,7 +139,8 @@ class Aftermath:
 
     def __init__(self, analyzers: Sequence[Step] = (), sinks: Sequence[Step] = (), workers: int | None = None,
                  max_queue: int = 10_000, max_queue_bytes: int | None = None,
-                 first_bytes: FirstBytes | None = None, coalesce: int | None = None) -> None:
+                 first_bytes: FirstBytes | None = None, coalesce: int | None = None,
+                 max_coalesced: int = DEFAULT_MAX_COALESCED) -> None:
         self.first_bytes = first_bytes or FirstBytes()
         self.analyzers = tuple(analyzers)  # e.g. render + drift verdict (writes ex.cache)
         self.sinks = tuple(sinks)  # e.g. request record, metrics (read the exchange)
@@ -154,6 +162,8 @@ class Aftermath:
         if coalesce is None:
             coalesce = int(os.environ.get("GATEWAY_AFTERMATH_COALESCE") or DEFAULT_COALESCE)
         self._coalesce = max(1, coalesce)
+        self._max_coalesced = max_coalesced
+        self._coalesced = 0  # waiting turns beyond the first of each conversation
         if max_queue_bytes is None:
             max_queue_bytes = int(os.environ.get("GATEWAY_AFTERMATH_MAX_BYTES") or DEFAULT_MAX_QUEUE_BYTES)
         self._max_queue_bytes = max_queue_bytes
@@ -190,11 +200,16 @@ class Aftermath:
         cost = _weight(ex)
         if entry is not None:  # the conversation's place in line: the turn waits with its older ones
             turns = entry.turns
-            while turns and (len(turns) >= self._coalesce or self.queued_bytes + cost > self._max_queue_bytes):
+            while turns and (len(turns) >= self._coalesce or self._coalesced >= self._max_coalesced or
+                             self.queued_bytes + cost > self._max_queue_bytes):
                 older = turns.popleft()  # the oldest waiting turn gives way
                 self.queued_bytes -= older.cost
                 self.shed_superseded += 1
+                if turns:
+                    self._coalesced -= 1
                 self._shed(older.ex, older.lane, SUPERSEDED)
+            if turns:
+                self._coalesced += 1
             turns.append(_Turn(ex, lane, cost))
             self.queued_bytes += cost
             return
@@ -237,6 +252,7 @@ class Aftermath:
                 self._waiting.append(waiter)
                 await waiter
             _, entry = self._pending.popitem(last=False)
+            self._coalesced -= len(entry.turns) - 1
             self._in_flight += 1
             try:
                 for turn in entry.turns:  # a conversation's turns in order: each compares with the one before

@@ -91,6 +91,36 @@ async def test_a_conversations_waiting_turns_are_analysed_together_in_order() ->
         await am.stop()
 
 
+async def test_past_max_coalesced_a_newer_turn_takes_the_oldest_ones_place() -> None:
+    """All conversations together hold at most `max_coalesced` turns beyond their first: past it a
+    newer turn supersedes its conversation's oldest waiting turn instead of joining it."""
+    gate = asyncio.Event()
+    analysed: list[str] = []
+    sunk: dict[str, str | None] = {}
+
+    async def analysis(ex, lane) -> None:
+        await gate.wait()
+        analysed.append(ex.request_id)
+
+    am = Aftermath(analyzers=[analysis], sinks=[lambda ex, lane: sunk.__setitem__(ex.request_id, ex.analysis_skipped)],
+                   workers=1, coalesce=4, max_coalesced=1)
+    am.start()
+    try:
+        am.exchange_ended(_turn("X", 1), None)
+        await asyncio.sleep(0)  # the worker takes X1 and waits in its analysis
+        for ex in (_turn("A", 1), _turn("A", 2), _turn("B", 1), _turn("B", 2), _turn("A", 3)):
+            am.exchange_ended(ex, None)
+        await asyncio.sleep(0.01)
+        # A2 joined A1 (one coalesced turn: the limit); B2 then took B1's place, A3 A1's.
+        assert sunk == {"B1": "superseded", "A1": "superseded"}
+        gate.set()
+        assert await am.drain(5)
+        assert analysed == ["X1", "A2", "A3", "B2"]
+        assert am.queued_bytes == 0 and am.queued == 0 and am._coalesced == 0
+    finally:
+        await am.stop()
+
+
 def test_shed_turns_are_recorded_with_why_and_counted() -> None:
     """One worker busy with a big new conversation's analysis (~0.5 s of render and tokenisation)
     while a small conversation sends three quick turns; one turn per conversation waits
