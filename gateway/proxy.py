@@ -19,6 +19,7 @@ from .exchange import Exchange
 from .runtime import LaneRuntime
 from .sse import DONE, BadStream, EventSplitter, StreamObserver, error_event, observe_completion
 from .upstream import UpstreamFailure
+from .upstream_client import Response as UpstreamResponse  # aiohttp's (the A/B fallback) reads alike
 from .upstream_errors import MAX_ERROR_BODY, client_status, normalise_error
 from .wellformed import completion_problem
 
@@ -73,7 +74,7 @@ async def forward(
     return await _relay_whole(ex, lane, replica, resp, decoder, link, on_end)
 
 
-async def _read_all(resp: aiohttp.ClientResponse, decoder: Any, have: bytes = b"",
+async def _read_all(resp: UpstreamResponse, decoder: Any, have: bytes = b"",
                     limit: int = MAX_BODY_BYTES) -> bytes:
     """The rest of the body, decoded, at most `limit` bytes (DecodeError beyond)."""
     parts = [have] if have else []
@@ -208,7 +209,7 @@ def _bad_response(ex: Exchange, why: str) -> GatewayError:
 _SSE_STARTS = (b"data:", b":", b"event:", b"id:", b"retry:")
 
 
-def _looks_like_sse(resp: aiohttp.ClientResponse, first: bytes) -> bool:
+def _looks_like_sse(resp: UpstreamResponse, first: bytes) -> bool:
     if resp.content_type == "text/event-stream":
         return True
     return first.lstrip().startswith(_SSE_STARTS)
@@ -381,7 +382,7 @@ class RelayResponse(StreamingResponse):
         self.abandon = abandon
 
 
-async def _drain(resp: aiohttp.ClientResponse, wait_s: float = 1.0, limit: int = 65536) -> bool:
+async def _drain(resp: UpstreamResponse, wait_s: float = 1.0, limit: int = 65536) -> bool:
     """After [DONE]: read to the end of the response so its connection can be pooled again.
 
     An engine's last chunk-terminator follows [DONE] within a millisecond; an upstream that keeps
@@ -410,7 +411,7 @@ class IdleWatchdog:
     timeout; when the upstream has sent nothing for the whole timeout while we waited, it closes
     the upstream response (which ends the pending read)."""
 
-    def __init__(self, resp: aiohttp.ClientResponse, idle_s: float) -> None:
+    def __init__(self, resp: UpstreamResponse, idle_s: float) -> None:
         self.resp = resp
         self.idle_s = idle_s
         self.fired = False
