@@ -117,7 +117,7 @@ class Response:
     """One answer on one connection; also the parser's callbacks (a parser per answer)."""
 
     __slots__ = ("status", "headers", "keep_alive", "content", "_conn", "_loop", "_parser", "_reused", "_seen",
-                 "_raw", "_head_size", "_head", "_interim", "_until_close", "_buf", "_size", "_waiter",
+                 "_raw", "_head_size", "_head_bytes", "_head", "_interim", "_until_close", "_buf", "_size", "_waiter",
                  "_complete", "_error", "_finished")
 
     def __init__(self, conn: "_Connection", reused: bool) -> None:
@@ -131,7 +131,8 @@ class Response:
         self._reused = reused
         self._seen = False  # any byte of the answer arrived
         self._raw: list[tuple[bytes, bytes]] = []
-        self._head_size = 0
+        self._head_size = 0  # header bytes parsed
+        self._head_bytes = 0  # bytes received while the head was incomplete
         self._head: asyncio.Future[None] | None = self._loop.create_future()  # None once the head is in
         self._interim = False
         self._until_close = False
@@ -215,9 +216,9 @@ class Response:
             else:
                 self._fail(BadResponse(f"the upstream's answer is not HTTP/1.1: {exc or type(exc).__name__}"))
         else:
-            if self._head is not None:
-                self._head_size += len(data)
-                if self._head_size > MAX_HEAD:
+            if self._head is not None:  # an endless head line never reaches on_header
+                self._head_bytes += len(data)
+                if self._head_bytes > MAX_HEAD:
                     self._fail(BadResponse(f"the upstream's response head is larger than {MAX_HEAD} bytes"))
         if self._size > HIGH_WATER and not self._conn.paused:
             self._conn.pause()
@@ -263,6 +264,9 @@ class Response:
         size = len(name) + len(value)
         if size > MAX_LINE:
             raise BadResponse(f"a header line of the upstream's answer is longer than {MAX_LINE} bytes")
+        self._head_size += size
+        if self._head_size > MAX_HEAD:
+            raise BadResponse(f"the upstream's response head is larger than {MAX_HEAD} bytes")
         self._raw.append((name, value))
 
     def on_headers_complete(self) -> None:
