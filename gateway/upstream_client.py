@@ -96,6 +96,8 @@ class Target:
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         lines = [f"POST {path} HTTP/1.1", f"Host: {netloc}"]
         lines += [f"{name}: {value}" for name, value in headers.items()]
+        if any(c in line for line in lines for c in "\r\n\0"):
+            raise ValueError("a request header (or the replica's URL) holds a line break")
         head = ("\r\n".join(lines) + "\r\n").encode("latin-1")
         return cls((parts.scheme, host, port), host, port, tls, head)
 
@@ -193,6 +195,7 @@ class Response:
         if not self._complete and self._error is None:
             self._error = ResponseClosed("the upstream response was closed by the gateway")
         self._buf.clear()
+        self._size = 0
         self._conn.drop()
         self._wake()
 
@@ -243,6 +246,7 @@ class Response:
     def _fail(self, exc: BaseException) -> None:
         self._error = exc
         self._buf.clear()  # never half an answer after an error of the protocol's
+        self._size = 0
         head = self._head
         if head is not None and not head.done():
             head.set_exception(exc)
