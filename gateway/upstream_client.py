@@ -16,6 +16,12 @@ one request per connection at a time. So:
   that very moment) is retried once on a fresh one, as aiohttp and nginx do; a fresh connection's
   failure is the caller's to handle (failover "connect").
 
+Measured (this 2-core machine, shared, A/B interleaved): the client alone, on uvloop against
+../shared/tools/mock_upstream.py, 25-37 µs of process CPU per small request and answer (syscalls
+included) against 114-145 µs for aiohttp's; bench/steps.py's "forward" (the proxy's whole
+forwarding step) 0.18 ms against 0.46-0.54 ms for a small request, 1.5-1.7 against 2.2-2.5 ms for
+a 2 MB one.
+
 The response offers what proxy.py reads of aiohttp's (status, headers.get, content_type,
 content.readany / at_eof, close, release), so GATEWAY_UPSTREAM_CLIENT=aiohttp can still swap
 aiohttp back in for an A/B. Every error is an OSError (ConnectionError), which proxy.py's and
