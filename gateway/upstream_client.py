@@ -288,16 +288,17 @@ class Response:
             self._interim = True  # 100 Continue and the like: the answer follows
             self._raw = []
             return
-        headers = self.headers
+        found: dict[str, str] = {}
         for name, value in self._raw:
             key = name.decode("latin-1").lower()
-            if key not in headers:
-                dict.__setitem__(headers, key, value.decode("latin-1"))
+            if key not in found:
+                found[key] = value.decode("latin-1")
+        self.headers = Headers(found)
         self._raw = []
         self.status = status
         self.keep_alive = parser.should_keep_alive()
-        chunked = "chunked" in headers.get("transfer-encoding", "").lower()
-        self._until_close = not chunked and "content-length" not in headers and status not in (204, 304)
+        chunked = "chunked" in found.get("transfer-encoding", "").lower()
+        self._until_close = not chunked and "content-length" not in found and status not in (204, 304)
         head, self._head = self._head, None
         if head is not None and not head.done():
             head.set_result(None)
