@@ -371,3 +371,28 @@ def test_targets_are_parsed_once_with_their_host_header() -> None:
     assert Target.parse("https://[::1]/p", {}).head.startswith(b"POST /p HTTP/1.1\r\nHost: [::1]\r\n")
     with pytest.raises(ValueError):
         Target.parse("ftp://x/p", {})
+
+
+async def test_upstream_send_fails_over_from_a_refused_replica_with_the_lane_headers() -> None:
+    from gateway.config import Timeouts
+    from gateway.upstream import Replica, Upstream
+
+    async with serving(answer_each(OK)) as dead:
+        pass  # its port now refuses
+    async with serving(answer_each(OK)) as live:
+        up = Upstream([Replica(dead.url), Replica(live.url)], Timeouts(connect=1), api_key="lane-key")
+        try:
+            for i in range(2):
+                replica, resp = await up.send(up.replicas, "/v1/chat/completions", b"{}", f"rid-{i}")
+                assert replica.url == live.url and resp.status == 200 and await read_all(resp) == b"{}"
+                assert up.connections_held() == 1
+                resp.release()
+                replica.inflight -= 1  # as proxy._done does
+            assert up.connections_held() == 0 and live.connections == 1
+            assert up.replicas[0].failures == 2 and "cannot connect" in (up.replicas[0].last_error or "")
+            head = live.requests[-1].head
+            for line in (b"Authorization: Bearer lane-key", b"Accept-Encoding: identity",
+                         b"Content-Type: application/json", b"X-Request-Id: rid-1", b"Content-Length: 2"):
+                assert line + b"\r\n" in head
+        finally:
+            await up.close()
