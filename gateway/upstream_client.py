@@ -124,7 +124,7 @@ class Headers(dict):
 class Response:
     """One answer on one connection; also the parser's callbacks (a parser per answer)."""
 
-    __slots__ = ("status", "headers", "keep_alive", "content", "_conn", "_loop", "_parser", "_reused", "_seen",
+    __slots__ = ("status", "headers", "keep_alive", "_conn", "_loop", "_parser", "_reused", "_seen",
                  "_raw", "_head_size", "_head_bytes", "_head", "_interim", "_until_close", "_buf", "_size", "_waiter",
                  "_complete", "_error", "_finished")
 
@@ -132,7 +132,6 @@ class Response:
         self.status = 0
         self.headers = Headers()
         self.keep_alive = False
-        self.content = self  # aiohttp's `resp.content.readany()`, without an object between
         self._conn = conn
         self._loop = conn.loop
         self._parser = httptools.HttpResponseParser(self)
@@ -152,6 +151,11 @@ class Response:
         self._finished = False  # released or closed
 
     # -- what proxy.py reads ------------------------------------------------------------------
+
+    @property
+    def content(self) -> "Response":
+        """aiohttp's `resp.content.readany()`, without an object between (a property: no self-cycle)."""
+        return self
 
     @property
     def content_type(self) -> str:
@@ -187,6 +191,7 @@ class Response:
         if self._finished:
             return
         self._finished = True
+        self._parser = None  # it holds our bound methods: a reference cycle otherwise
         conn = self._conn
         if self._complete and self._error is None and self.keep_alive and conn.reusable:
             conn.idle()
@@ -198,6 +203,7 @@ class Response:
         if self._finished:
             return
         self._finished = True
+        self._parser = None
         if not self._complete and self._error is None:
             self._error = ResponseClosed("the upstream response was closed by the gateway")
         self._buf.clear()
@@ -208,9 +214,12 @@ class Response:
     # -- the connection's side ----------------------------------------------------------------
 
     def feed(self, data: bytes) -> None:
+        parser = self._parser
+        if parser is None:  # released or closed
+            return
         self._seen = True
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
             cause = exc.__context__
             if self._complete:  # a second answer, or bytes after the end: not reusable, nothing lost
@@ -388,8 +397,10 @@ class _Connection(asyncio.Protocol):
         self.reusable = False
         self.pool.forget(self)
         self.pool.busy.discard(self)
-        if self.response is not None:
-            self.response.lost()
+        resp = self.response
+        if resp is not None:
+            self.response = None  # the response keeps its connection, not the other way round
+            resp.lost()
 
 
 class Pool:
