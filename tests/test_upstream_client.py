@@ -144,6 +144,16 @@ async def test_keep_alive_reuses_one_connection_and_sends_one_clean_request(pool
         assert b"Content-Length: 7\r\n" in head and srv.requests[2].body == b'{"n":2}'
 
 
+async def test_a_large_body_arrives_whole(pool) -> None:
+    body = bytes(range(256)) * 8192  # 2 MB: written beside its head, not copied into it
+    async with serving(answer_each(OK)) as srv:
+        for _ in range(2):
+            resp = await pool.post(target(srv), body)
+            assert await read_all(resp) == b"{}"
+            resp.release()
+        assert [r.body == body for r in srv.requests] == [True, True] and srv.connections == 1
+
+
 async def test_a_chunked_answer_split_at_every_byte(pool) -> None:
     events = b"".join(b"%x\r\n%b\r\n" % (len(e), e) for e in (b"data: {\"a\":1}\n\n", b"data: [DONE]\n\n"))
     raw = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" \
