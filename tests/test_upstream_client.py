@@ -406,3 +406,4 @@ async def test_upstream_send_fails_over_from_a_refused_replica_with_the_lane_hea
                 assert line + b"\r\n" in head
         finally:
             await up.close()
+
