@@ -33,10 +33,11 @@ upstream.py's except clauses already take.
 from __future__ import annotations
 
 import asyncio
+import base64
 import ssl
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import httptools
 
@@ -104,6 +105,10 @@ class Target:
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         lines = [f"POST {path} HTTP/1.1", f"Host: {netloc}"]
         lines += [f"{name}: {value}" for name, value in headers.items()]
+        if parts.username is not None and not any(name.lower() == "authorization" for name in headers):
+            # Credentials in the replica's URL, as aiohttp sent them (Basic); a lane key wins.
+            user = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+            lines.append("Authorization: Basic " + base64.b64encode(user.encode("latin-1")).decode("ascii"))
         if any(c in line for line in lines for c in "\r\n\0"):
             raise ValueError("a request header (or the replica's URL) holds a line break")
         head = ("\r\n".join(lines) + "\r\n").encode("latin-1")

@@ -381,6 +381,11 @@ def test_targets_are_parsed_once_with_their_host_header() -> None:
     assert Target.parse("https://[::1]/p", {}).head.startswith(b"POST /p HTTP/1.1\r\nHost: [::1]\r\n")
     with pytest.raises(ValueError):
         Target.parse("ftp://x/p", {})
+    with pytest.raises(ValueError):
+        Target.parse("http://x/p", {"X-Id": "a\r\nX-Evil: 1"})
+    # Credentials in the URL: Basic, as aiohttp sent them; never beside the lane's own key.
+    assert b"\r\nAuthorization: Basic dTpwIHc=\r\n" in Target.parse("http://u:p%20w@x/p", {}).head
+    assert b"Basic" not in Target.parse("http://u:p@x/p", {"Authorization": "Bearer k"}).head
 
 
 async def test_upstream_send_fails_over_from_a_refused_replica_with_the_lane_headers() -> None:
