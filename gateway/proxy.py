@@ -17,7 +17,7 @@ from .encoding import DecodeError, decoder_for
 from .errors import GatewayError, error_body
 from .exchange import Exchange
 from .runtime import LaneRuntime
-from .sse import DONE, BadStream, EventSplitter, StreamObserver, error_event, observe_completion
+from .sse import DONE, MAX_EVENT_BYTES, BadStream, EventSplitter, StreamObserver, error_event, observe_completion
 from .upstream import UpstreamFailure
 from .upstream_client import Response as UpstreamResponse  # aiohttp's (the A/B fallback) reads alike
 from .upstream_errors import MAX_ERROR_BODY, client_status, normalise_error
@@ -70,7 +70,7 @@ async def forward(
         _done(replica, lane, ok=False, why=str(exc))
         raise _bad_response(ex, str(exc)) from None
     if ex.stream:
-        return await _relay_stream(ex, lane, replica, resp, decoder, link, on_end)
+        return await _relay_stream(ex, lane, replica, resp, decoder, link, on_end, len(body))
     return await _relay_whole(ex, lane, replica, resp, decoder, link, on_end)
 
 
@@ -215,7 +215,7 @@ def _looks_like_sse(resp: UpstreamResponse, first: bytes) -> bool:
     return first.lstrip().startswith(_SSE_STARTS)
 
 
-async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end) -> Response:
+async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end, body_bytes: int) -> Response:
     observer = StreamObserver(ex, drop_usage_chunk=not ex.client_wants_usage, scrubber=lane.upstream.scrubber) \
         if ex.path != passthrough.RESPONSES else passthrough.ResponsesObserver(ex)
     shape = reshape.for_lane(ex, lane).event
@@ -274,7 +274,10 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end) -> Respo
     async def relay() -> AsyncIterator[bytes]:
         nonlocal started
         started = True
-        splitter = EventSplitter()
+        # An event's bound grows with the request: the first chunk carries the prompt's ids when they
+        # were asked for (~7 bytes per token, at most a token per byte of the body), 10 MB for a
+        # 1.4M-token prompt, past the fixed bound alone.
+        splitter = EventSplitter(MAX_EVENT_BYTES + 8 * body_bytes)
         ok = clean = False
         why = ""
         data: bytes = first
