@@ -38,6 +38,8 @@ from typing import Any
 import orjson
 import xxhash
 
+from . import messages_span
+
 MIN_BYTES = 64 * 1024  # below this a whole parse costs less than looking (orjson: ~0.5 µs per KB)
 HEAD = 4096  # the bytes that file an entry (a conversation's system prompt and first messages)
 NEAR = 4096  # the bytes just before `cut`, checked before the whole prefix (tells conversations apart)
@@ -103,11 +105,17 @@ class HistoryMemo:
                 parsed.fresh = parsed.pending = self._extend(body, head, _fields(parsed.data), entry, parsed.hasher)
                 return parsed
         self.misses += 1
-        data = orjson.loads(body)
+        split = messages_span.split(body)  # the same data, and where its messages array lies
+        data = orjson.loads(body) if split is None else split[0]
         fields = _fields(data)  # as parsed: the policies may rewrite the body before it is filed
         if fields is None:
             return Parsed(data)
-        return Parsed(data, pending=Entry(head, fields[0], fields[1], body, after=fields[2]))
+        if split is None:
+            return Parsed(data, pending=Entry(head, fields[0], fields[1], body, after=fields[2]))
+        # Its messages' own bytes are known: forwarded as they are (`serialise`), and filed with
+        # their end already found (`_settle` only takes the digests).
+        entry = Entry(head, fields[0], fields[1], body, open=split[1] + 1, cut=_rskip(body, split[2]))
+        return Parsed(data, fresh=entry, pending=entry)
 
     def settle(self, parsed: Parsed) -> None:
         """File the body once it has been answered (never one that was refused: its messages would
@@ -156,9 +164,12 @@ class HistoryMemo:
 
     def _settle(self, entry: Entry) -> bool:
         """Work out where a filed body's history ends (False, and forgotten, if it cannot be)."""
-        open_ = _open_bracket(entry.raw, entry.before)
-        close = _close_bracket(entry.raw, entry.after or {}, open_, True) if open_ >= 0 else -1
-        cut = _rskip(entry.raw, close) if close >= 0 else -1
+        if entry.cut:  # found when it was parsed (messages_span.py)
+            open_, cut = entry.open, entry.cut
+        else:
+            open_ = _open_bracket(entry.raw, entry.before)
+            close = _close_bracket(entry.raw, entry.after or {}, open_, True) if open_ >= 0 else -1
+            cut = _rskip(entry.raw, close) if close >= 0 else -1
         if cut < 0 or entry.raw[cut - 1:cut] != b"}" or cut - open_ < 2:
             self._forget(entry)
             return False

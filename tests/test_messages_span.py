@@ -1,0 +1,141 @@
+"""A large body read in three parts (gateway/messages_span.py) reads exactly as orjson.loads reads it,
+and the span it gives is the messages array's own bytes; anything odd gives None (the whole parse)."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gateway import messages_span
+from gateway.history_memo import MIN_BYTES, HistoryMemo
+
+from .test_history_memo import _body, _dump, _message
+
+
+def _check(raw: bytes) -> tuple[int, int] | None:
+    """split(raw) is None, or the whole parse with the span of the messages array."""
+    try:
+        whole = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        whole = None
+    got = messages_span.split(raw)
+    if got is None:
+        return None
+    data, bracket, close = got
+    assert whole is not None, "split read a body the whole parse refuses"
+    assert data == whole and list(data) == list(whole)  # values and key order
+    assert raw[bracket:bracket + 1] == b"[" and raw[close:close + 1] == b"]"
+    assert orjson.loads(raw[bracket:close + 1]) == whole["messages"]
+    return bracket, close
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(style=st.integers(0, 3), layout=st.integers(0, 2), n=st.integers(40, 70))
+def test_the_formats_clients_write_are_split(style: int, layout: int, n: int) -> None:
+    raw = _dump(_body(n, layout), style)
+    assert _check(raw) is not None
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(style=st.integers(0, 3), layout=st.integers(0, 2), seed=st.integers(0, 2**32),
+       junk=st.sampled_from([b"]", b"}", b"[", b"{", b'"', b"\\", b",", b'"role":', b'"messages":[]',
+                             b"],", b"]}", b' "a"', b"\\\\", b'\\"']))
+def test_a_mutated_tail_is_split_exactly_or_not_at_all(style: int, layout: int, seed: int, junk: bytes) -> None:
+    raw = _dump(_body(40, layout), style)
+    rng = random.Random(seed)
+    at = len(raw) - rng.randrange(1, 3000)  # somewhere in the last messages or the fields after them
+    mutated = raw[:at] + junk + raw[at:]
+    _check(mutated)
+
+
+@pytest.mark.parametrize("tail", [
+    b', "messages": [{"role": "user", "content": "only me"}]}',  # a second key, after: it wins
+    b', "m\\u0065ssages": [{"role": "user", "content": "escaped"}]}',
+    b', "messages": "x"}',
+    b', "messages": []}',
+    b', "\\u006dessages": 0}',
+])
+def test_a_later_messages_key_is_never_overruled(tail: bytes) -> None:
+    raw = _dump(_body(40, 2), 0).rstrip()[:-1] + tail
+    assert _check(raw) is None
+    assert messages_span.split(raw) is None or messages_span.split(raw)[0] == orjson.loads(raw)
+
+
+def test_an_earlier_messages_key_is_overruled_as_the_whole_parse_does() -> None:
+    body = _body(40, 0)
+    raw = b'{"messages": [{"role": "user", "content": "old"}], ' + _dump(body, 0)[1:]
+    assert orjson.loads(raw)["messages"] == body["messages"]
+    _check(raw)
+
+
+def test_tools_after_the_messages_are_skipped_and_a_role_in_a_string_misleads_nothing() -> None:
+    body = _body(40, 0)
+    body["tools"] = body["tools"] * 30 + [{"type": "function", "function": {"name": "x", "description":
+                                           '"role": [{"role": "user"}] \\" ] } "role":'}}]
+    body["messages"][-1]["content"] = '], "role": "x"}] {"role": ['
+    for style in range(4):
+        assert _check(_dump(body, style)) is not None
+
+
+def test_not_an_object_or_broken_or_trailing_bytes_is_the_whole_parse() -> None:
+    raw = _dump(_body(40, 1), 0)
+    for bad in (b"[" + raw + b"]", raw + b"x", raw[:-1], raw + b"}", raw[:-1] + b',}', raw + b' {"a":1}'):
+        assert _check(bad) is None
+
+
+@pytest.mark.parametrize("depth", [251, 252, 253, 254, 255, 1022, 1023, 1024, 1025])
+def test_nesting_limits_are_those_of_the_whole_parse_and_serialise(depth: int) -> None:
+    """orjson reads 1,024 levels and writes 254: the forwarded body is refused exactly when the
+    ordinary serialise refuses it, and unreadable exactly when the whole parse is."""
+    body = _body(40, 0)
+    deep = b"[" * (depth - 3) + b"1" + b"]" * (depth - 3)  # in the body: {messages: [{x: deep}]}
+    raw = _dump(body, 0).replace(b'"role":"system"', b'"x":' + deep + b',"role":"system"', 1)
+    assert len(raw) >= MIN_BYTES
+    try:
+        whole = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        with pytest.raises(orjson.JSONDecodeError):
+            HistoryMemo().parse(raw)
+        return
+    try:
+        expected = orjson.dumps(whole)
+    except TypeError:
+        expected = None
+    parsed = HistoryMemo().parse(raw)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(10_000)  # comparing 1,000 levels of lists
+    try:
+        assert parsed.data == whole
+    finally:
+        sys.setrecursionlimit(limit)
+    try:
+        forwarded = HistoryMemo.serialise(parsed, dict(parsed.data)) or orjson.dumps(parsed.data)
+    except TypeError:
+        forwarded = None
+    assert (forwarded is None) == (expected is None), depth
+    if forwarded is not None:
+        assert parsed.fresh is not None  # the client's own bytes of the messages
+        assert orjson.loads(forwarded) == whole
+    else:
+        assert parsed.fresh is None  # refused as before: "nested too deeply to forward"
+
+
+def test_a_first_seen_body_forwards_its_own_bytes_and_is_filed_settled() -> None:
+    memo = HistoryMemo()
+    body = _body(60, 0)
+    raw = json.dumps(body, indent=2).encode()
+    parsed = memo.parse(raw)
+    assert parsed.fresh is not None and parsed.fresh is parsed.pending
+    forwarded = HistoryMemo.serialise(parsed, dict(parsed.data))
+    assert forwarded is not None and raw[parsed.fresh.open - 1:parsed.fresh.cut] in forwarded
+    assert orjson.loads(forwarded) == orjson.loads(raw)
+    memo.settle(parsed)
+    body["messages"].append(_message(60))
+    again = memo.parse(json.dumps(body, indent=2).encode())
+    assert again.known == 60 and again.data == body
