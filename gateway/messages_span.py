@@ -1,9 +1,11 @@
 """A large chat body read in three parts, so that its `messages` array's own bytes are known.
 
 The hot path forwards a first-seen 2 MB body with its messages untouched; re-serialising them cost
-~1.3 ms of the event loop per request (orjson.dumps into a fresh 2 MB buffer, measured in place by
-bench/steps.py), where copying the client's bytes of the array costs a memcpy. That needs the
-array's exact byte span, found without a second pass over 2 MB:
+~0.3-1.3 ms of the event loop per request (orjson.dumps into a fresh 2 MB buffer, measured in place
+by bench/steps.py). When the gateway changes none of the other fields (the model name is the
+upstream's, no stream options added) the client's body itself is forwarded; else the other fields
+are written and joined with the array's own bytes. That needs the array's exact byte span, found
+without a second pass over 2 MB:
 
     {"model": "m", "messages": [ m0, ..., mk ], "max_tokens": 16}
     |-- prefix P ------------|  |-- array S --|  |-- tail T ---|
@@ -19,17 +21,22 @@ array's exact byte span, found without a second pass over 2 MB:
   replaces ours. Then the body's parse is that object with S's value at our key, in the same key
   order: JSON is read left to right and S sits where a value goes.
 
-S is parsed inside `_WRAP` extra brackets so that the depth limits stay those of today: orjson
-reads 1,024 levels and writes 254, and a body whose messages nest deeper than the writer allows was
-refused ("nested too deeply to forward"); the wrapped parse fails exactly then (checked in
-tests/test_history_memo.py), and the caller falls back to the whole parse, which refuses it as
-before. Anything unexpected (a second `messages` key, broken JSON, a tail longer than the window)
-is None: the caller parses the whole body, as before; the only extra cost is the wasted attempt.
+S is parsed in place (a memoryview: no copy). Copying 2 MB into a new buffer, to wrap it or to
+re-serialise it, costs ~1 ms in the running gateway (fresh pages), more than the parse saves.
+
+One difference from the whole parse, at depths no client writes: S alone is one level shallower
+than in the body, so messages nested exactly 1,024 levels deep read here where the whole parse
+refuses them, and messages nested 254+ levels (deeper than orjson writes) are forwarded as the
+client wrote them rather than refused as "nested too deeply to forward" (the memo's later turns
+already forwarded their new messages that way). Anything unexpected (a second `messages` key,
+broken JSON, a tail longer than the window) is None: the caller parses the whole body, as before;
+the only extra cost is the wasted attempt.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -41,17 +48,24 @@ _ROLE_REV = b'"elor"'  # "role", reversed
 WINDOW = 64 * 1024  # bytes read backwards from the end; a longer last message or tail: no span
 _KEY_TRIES = 4  # `"messages"` occurrences tried for the '[' (a nested one before it: rare)
 _PREFIX_MAX = 64 * 1024  # ... within this many bytes of the start
-# orjson.loads fails beyond 1,024 levels, orjson.dumps beyond 254: a messages array of depth d is
-# written inside the body's object (d + 1 levels), so it must be that d + 1 <= 254; wrapped in _WRAP
-# brackets the parse fails iff d + _WRAP > 1024, i.e. exactly when d > 253.
-_WRAP = 1025 - 254
-_OPEN = b"[" * _WRAP
-_CLOSE = b"]" * _WRAP
 _WS = b" \t\r\n"
+_TOKEN = re.compile(rb'"(?:[^"\\]++|\\.)*+"|[\[\]{}:]')  # forward: strings, brackets, colons
+_OTHERS_MAX = 8 * 1024  # the fields besides messages, counted for a repeated key only when this short
 
 
-def split(body: bytes) -> tuple[dict[str, Any], int, int] | None:
-    """(orjson.loads(body), offset of the messages array's '[', offset of its ']'), or None."""
+@dataclass(slots=True)
+class Span:
+    data: dict[str, Any]  # as orjson.loads(body)
+    bracket: int  # offset of the messages array's '['
+    close: int  # offset of its ']'
+    # The body's top-level fields other than messages, as orjson writes them, and the position of
+    # "messages" among them: when the forwarded body's are the same, the client's bytes are the
+    # forwarded body. None: not known to be safe (a repeated top-level key, a long tail).
+    others: tuple[bytes, int] | None
+
+
+def split(body: bytes) -> Span | None:
+    """The body's parse, and where its messages array lies; None: parse it whole."""
     bracket = _open(body)
     if bracket < 0:
         return None
@@ -60,7 +74,8 @@ def split(body: bytes) -> tuple[dict[str, Any], int, int] | None:
         return None
     prefix, tail = body[:bracket], body[close + 1:]
     try:
-        data = orjson.loads(prefix + b"[]" + tail)
+        rest = prefix + b"[]" + tail
+        data = orjson.loads(rest)
         if type(data) is not dict or data.get("messages") != []:
             return None
         if b"messages" in tail or b"\\" in tail:
@@ -68,13 +83,32 @@ def split(body: bytes) -> tuple[dict[str, Any], int, int] | None:
             probe = orjson.loads(prefix + b"0" + tail)
             if type(probe.get("messages")) is not int:
                 return None
-        wrapped = orjson.loads(b"".join((_OPEN, memoryview(body)[bracket:close + 1], _CLOSE)))
+        others = _others(rest, data)  # before the messages are put in
+        data["messages"] = orjson.loads(memoryview(body)[bracket:close + 1])  # no copy
     except orjson.JSONDecodeError:
         return None
-    for _ in range(_WRAP):
-        wrapped = wrapped[0]
-    data["messages"] = wrapped
-    return data, bracket, close
+    return Span(data, bracket, close, others)
+
+
+def _others(rest: bytes, data: dict[str, Any]) -> tuple[bytes, int] | None:
+    if len(rest) > _OTHERS_MAX or _members(rest) != len(data):
+        return None  # a key given twice: the client's bytes are not what orjson would write
+    keys = list(data)
+    return orjson.dumps({k: v for k, v in data.items() if k != "messages"}), keys.index("messages")
+
+
+def _members(doc: bytes) -> int:
+    """Top-level members of a valid JSON object: the ':' at depth 1."""
+    depth = members = 0
+    for m in _TOKEN.finditer(doc):
+        c = doc[m.start()]
+        if c == 0x3A:
+            members += depth == 1
+        elif c == 0x5B or c == 0x7B:
+            depth += 1
+        elif c != 0x22:
+            depth -= 1
+    return members
 
 
 def _open(body: bytes) -> int:

@@ -27,11 +27,17 @@ def _check(raw: bytes) -> tuple[int, int] | None:
     got = messages_span.split(raw)
     if got is None:
         return None
-    data, bracket, close = got
+    data, bracket, close = got.data, got.bracket, got.close
     assert whole is not None, "split read a body the whole parse refuses"
     assert data == whole and list(data) == list(whole)  # values and key order
     assert raw[bracket:bracket + 1] == b"[" and raw[close:close + 1] == b"]"
     assert orjson.loads(raw[bracket:close + 1]) == whole["messages"]
+    if got.others is not None:  # the client's body may be forwarded as it is: no key given twice
+        keys = []
+        json.loads(raw, object_pairs_hook=lambda pairs: keys.append([k for k, _ in pairs]) or dict(pairs))
+        assert len(keys[-1]) == len(set(keys[-1])) == len(whole)
+        assert got.others == (orjson.dumps({k: v for k, v in whole.items() if k != "messages"}),
+                              list(whole).index("messages"))
     return bracket, close
 
 
@@ -89,41 +95,55 @@ def test_not_an_object_or_broken_or_trailing_bytes_is_the_whole_parse() -> None:
         assert _check(bad) is None
 
 
-@pytest.mark.parametrize("depth", [251, 252, 253, 254, 255, 1022, 1023, 1024, 1025])
-def test_nesting_limits_are_those_of_the_whole_parse_and_serialise(depth: int) -> None:
-    """orjson reads 1,024 levels and writes 254: the forwarded body is refused exactly when the
-    ordinary serialise refuses it, and unreadable exactly when the whole parse is."""
+@pytest.mark.parametrize("depth", [250, 254, 255, 1024, 1025, 1026])  # of the whole body
+def test_nesting_reads_as_the_whole_parse_up_to_where_orjson_writes(depth: int) -> None:
+    """orjson reads 1,024 levels and writes 254. Up to 254 levels (the whole body) everything is as
+    the whole parse and serialise; deeper, the messages are forwarded as the client wrote them (as
+    the memo's later turns already were) instead of refused, and at exactly 1,025 they are read
+    where the whole parse refuses them (messages_span.py's docstring)."""
     body = _body(40, 0)
     deep = b"[" * (depth - 3) + b"1" + b"]" * (depth - 3)  # in the body: {messages: [{x: deep}]}
     raw = _dump(body, 0).replace(b'"role":"system"', b'"x":' + deep + b',"role":"system"', 1)
     assert len(raw) >= MIN_BYTES
-    try:
-        whole = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        with pytest.raises(orjson.JSONDecodeError):
-            HistoryMemo().parse(raw)
-        return
-    try:
-        expected = orjson.dumps(whole)
-    except TypeError:
-        expected = None
-    parsed = HistoryMemo().parse(raw)
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(10_000)  # comparing 1,000 levels of lists
     try:
-        assert parsed.data == whole
+        try:
+            whole = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            whole = None
+        assert (whole is None) == (depth > 1024)
+        if depth > 1025:
+            with pytest.raises(orjson.JSONDecodeError):
+                HistoryMemo().parse(raw)
+            return
+        parsed = HistoryMemo().parse(raw)
+        assert parsed.fresh is not None
+        if whole is not None:
+            assert parsed.data == whole
+        forwarded = HistoryMemo.serialise(parsed, dict(parsed.data))
+        assert forwarded == raw  # nothing rewritten: the client's body
+        if depth <= 254:
+            assert orjson.dumps(parsed.data)  # what the ordinary serialise would have sent
     finally:
         sys.setrecursionlimit(limit)
-    try:
-        forwarded = HistoryMemo.serialise(parsed, dict(parsed.data)) or orjson.dumps(parsed.data)
-    except TypeError:
-        forwarded = None
-    assert (forwarded is None) == (expected is None), depth
-    if forwarded is not None:
-        assert parsed.fresh is not None  # the client's own bytes of the messages
-        assert orjson.loads(forwarded) == whole
-    else:
-        assert parsed.fresh is None  # refused as before: "nested too deeply to forward"
+
+
+def test_a_key_given_twice_or_a_rewritten_field_is_never_forwarded_as_the_client_wrote_it() -> None:
+    memo = HistoryMemo()
+    raw = _dump(_body(40, 1), 3)
+    twice = raw.replace(b'"model":"m"', b'"model":"x","model":"m"', 1)
+    for body, same in ((raw, True), (twice, False)):
+        parsed = memo.parse(body)
+        out = dict(parsed.data)
+        forwarded = HistoryMemo.serialise(parsed, out)
+        assert (forwarded is body) is same and orjson.loads(forwarded) == orjson.loads(body)
+        out["model"] = "upstream"
+        forwarded = HistoryMemo.serialise(parsed, out)
+        assert forwarded != body and orjson.loads(forwarded) == {**orjson.loads(body), "model": "upstream"}
+        out["model"] = "m"
+        out["stream"] = True
+        assert orjson.loads(HistoryMemo.serialise(parsed, out)) == {**orjson.loads(body), "stream": True}
 
 
 def test_a_first_seen_body_forwards_its_own_bytes_and_is_filed_settled() -> None:
