@@ -16,8 +16,10 @@ the history's own bytes (`serialise`) instead of writing them again.
 
 Finding `cut`: orjson reads the messages array alone from its '[' and says where the rest begins
 (its "unexpected content after document" error gives the offset), and the rest must parse to exactly
-the top-level fields after `messages`. For a body seen for the first time that is a second parse of
-its history (~3 ms for 2 MB), done only when a later body starts with the same bytes (a burst of new
+the top-level fields after `messages`. A body seen for the first time is usually read in parts
+(messages_span.py), which finds its array's span as it parses: its messages' own bytes are
+forwarded at once, and filing it costs two digests. Else finding `cut` is a second parse of its
+history (~3 ms for 2 MB), done only when a later body starts with the same bytes (a burst of new
 one-turn conversations never pays it); for a body that extended a known one, only its new messages
 are read. Anything unexpected (a second `messages` key in what follows, a
 message that is not an object) means no entry, or a miss: the ordinary parse. Nothing here can make
@@ -121,10 +123,11 @@ class HistoryMemo:
 
     def settle(self, parsed: Parsed) -> None:
         """File the body once it has been answered (never one that was refused: its messages would
-        count as checked next time). A body seen for the first time is filed as it is; where its
-        history ends is worked out only when a later body starts like it (`_settle`): ~3 ms for
-        2 MB that a burst of one-turn conversations never pays. A body that extended an earlier
-        one replaces it: the conversation moved on."""
+        count as checked next time). A body seen for the first time is filed as it is; its digests
+        (and, if it could not be read in parts, where its history ends: ~3 ms for 2 MB) are worked
+        out only when a later body starts like it (`_settle`), which a burst of one-turn
+        conversations never pays. A body that extended an earlier one replaces it: the
+        conversation moved on."""
         entry, parsed.pending = parsed.pending, None
         if entry is None:
             return
