@@ -119,7 +119,7 @@ def test_database_stopped_mid_traffic_fails_no_request() -> None:
         with run_gateway(routes_with(emu.url, pg.url)) as gw:
             statuses = [post(gw.url, {"model": "agent", "messages": prompt_of(i, 30), "max_tokens": 8})[0]
                         for i in range(3)]
-            # The records store connects on its first write, just after the answers: 503 until then.
+            # Records are written in batches (every 0.2 s), just after the answers.
             wait_for(lambda: _total_or_zero(gw.url) == 3, what="the first records")
             pg.stop()
             statuses += [post(gw.url, {"model": "agent", "messages": prompt_of(100 + i, 30), "max_tokens": 8,

@@ -109,3 +109,13 @@ def test_database_down_queues_bounded_then_catches_up() -> None:
             assert store.written == 51 and store.connected
         finally:
             store.close()
+
+
+def test_a_reader_of_a_fresh_database_sees_no_records_not_an_error(pg_url: str) -> None:
+    """`/admin/api/stats` at a gateway's start, before its writer made the table: nothing yet (it was a 503)."""
+    reader = PostgresReader(pg_url)
+    try:
+        assert reader.recent(10) == [] and reader.count() == 0 and reader.rows(time.time() - 60) == []
+        assert reader.triage_list() == []
+    finally:
+        reader.close_reader()

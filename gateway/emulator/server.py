@@ -438,19 +438,26 @@ class Emulator:
         msg = plan.assistant_message()
         if plan.tool_call is not None:
             msg["content"] = ""
-        gen = self.tokenize_generated(chat, msg)
+        gen = _computed(self.tokenize_generated(chat, msg))
         if gen:
             full = data + token_bytes(gen)
             self.cache.insert(full, self.cache.hashes(full, seed, known=hashes), seed)
 
     def remember_output(self, job: _Job) -> None:
         """Cache prompt + generated tokens as the next turn of an append-only client will render them."""
-        gen = self.tokenize_generated(job.body, job.plan.assistant_message())
+        gen = _computed(self.tokenize_generated(job.body, job.plan.assistant_message()))
         if not gen:
             return
         full = token_bytes(gen)
         data = job.data + full
         self.cache.insert(data, self.cache.hashes(data, job.seed, known=job.hashes), job.seed)
+
+
+def _computed(gen: list[int]) -> list[int]:
+    """The generated tokens whose KV the engine computed: all but the last one, which is sampled and
+    never fed back (vLLM and SGLang hold prompt + completion - 1 tokens). Caching the last one too made
+    the emulator report one block more than a real engine whenever prompt + output ended a block."""
+    return gen[:-1]
 
 
 class _Job:

@@ -93,6 +93,12 @@ class PostgresReader(SQLReader):
             try:
                 cur = self._conn().execute(sql, list(args))
                 return cur.fetchall() if fetch else []
+            except psycopg.errors.UndefinedTable:
+                # A fresh database before the writer's first connection made the tables: an admin
+                # asking for stats then is told "no records yet", not a 503. (Idempotent, locked.)
+                if attempt:
+                    raise
+                ensure_schema(self._conn())
             except psycopg.OperationalError:
                 # A connection the server dropped (restart, failover): one fresh try, then give up.
                 old = getattr(self._local, "conn", None)
