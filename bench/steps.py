@@ -100,9 +100,6 @@ class BenchRequest(WireRequest):
     async def stream(self) -> Any:
         yield self._body
 
-    async def read_body(self, limit: int) -> bytes:
-        return self._body
-
 
 def _routes(upstream: str) -> dict:
     lane = {"engine": "vllm", "replicas": [upstream], "upstream_model": "mock-model",

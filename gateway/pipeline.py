@@ -172,11 +172,6 @@ class Pipeline:
                     raise _too_large(limit)
             except ValueError:
                 raise invalid_request("invalid Content-Length header") from None
-        if isinstance(request, WireRequest):
-            body = await request.read_body(limit)
-            if body is None:
-                raise _too_large(limit)
-            return body
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.stream():

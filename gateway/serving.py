@@ -119,14 +119,6 @@ class DeadlineHttpToolsProtocol(HttpToolsProtocol):
         self._arm(self.body_timeout_s, self._body_late)
         super().on_headers_complete()
 
-    def on_body(self, body: bytes) -> None:
-        link = self._wire_link
-        collecting = link.body if link is not None else None
-        if collecting is None or collecting.cycle is not self.cycle or self.cycle.response_complete:
-            super().on_body(body)  # uvicorn's: into the cycle's buffer, an ASGI message per chunk
-            return
-        collecting.add(body)  # wire.py read_body: woken once, by on_message_complete
-
     def on_message_complete(self) -> None:
         self._disarm()
         super().on_message_complete()

@@ -54,34 +54,6 @@ class WireRequest:
     def receive(self) -> Callable[[], Awaitable[Any]]:
         return self._cycle.receive
 
-    async def read_body(self, limit: int) -> bytes | None:
-        """The whole body (None: more than `limit` bytes). The protocol keeps each chunk as httptools
-        gives it and wakes this task once, when the body is complete (serving.py `on_body`): no ASGI
-        message per chunk, no pause and resume of reading at every 64 KB (uvicorn's flow control
-        for `receive`), no copy into the cycle's bytearray and out of it again."""
-        cycle = self._cycle
-        if cycle.waiting_for_100_continue and not cycle.transport.is_closing():
-            cycle.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            cycle.waiting_for_100_continue = False
-        body = Body(cycle, limit)
-        if cycle.body:  # what arrived before this task asked (uvicorn's own buffering)
-            body.add(bytes(cycle.body))
-            cycle.body = bytearray()
-        if cycle.more_body and not body.over and not cycle.disconnected and not cycle.response_complete:
-            self.link.body = body
-            cycle.flow.resume_reading()  # uvicorn paused it above 64 KB
-            try:
-                while cycle.more_body and not body.over and not cycle.disconnected and not cycle.response_complete:
-                    await cycle.message_event.wait()
-                    cycle.message_event.clear()
-            finally:
-                self.link.body = None
-        if cycle.disconnected or cycle.response_complete:
-            raise ClientDisconnect()
-        if body.over:
-            return None
-        return b"".join(body.chunks)
-
     async def stream(self) -> AsyncIterator[bytes]:
         receive = self._cycle.receive
         while True:
@@ -95,37 +67,12 @@ class WireRequest:
                 return
 
 
-class Body:
-    """A request body being collected by the protocol for `WireRequest.read_body`."""
-
-    __slots__ = ("cycle", "limit", "chunks", "size", "over")
-
-    def __init__(self, cycle: RequestResponseCycle, limit: int) -> None:
-        self.cycle = cycle
-        self.limit = limit
-        self.chunks: list[bytes] = []
-        self.size = 0
-        self.over = False  # more than `limit`: the chunks are dropped, the reader answers 413
-
-    def add(self, chunk: bytes) -> None:
-        if self.over:
-            return
-        self.size += len(chunk)
-        if self.size > self.limit:
-            self.over = True
-            self.chunks.clear()
-            self.cycle.message_event.set()
-            return
-        self.chunks.append(chunk)
-
-
 class WireLink:
     """The connection's side of client_link.ClientLink: `connection_lost` calls `lost`."""
 
-    __slots__ = ("task", "racing", "streaming", "gone", "body")
+    __slots__ = ("task", "racing", "streaming", "gone")
 
     def __init__(self) -> None:
-        self.body: Body | None = None  # set while the request's body is being read
         self.task: asyncio.Task[None] | None = None  # the task serving this request
         self.racing: asyncio.Task[Any] | None = None  # set while it waits for the upstream
         self.streaming = False  # the answer is being relayed
