@@ -159,3 +159,17 @@ def test_a_first_seen_body_forwards_its_own_bytes_and_is_filed_settled() -> None
     body["messages"].append(_message(60))
     again = memo.parse(json.dumps(body, indent=2).encode())
     assert again.known == 60 and again.data == body
+
+
+def test_a_long_last_message_full_of_escaped_quotes_is_read_in_linear_time() -> None:
+    """A string cut by the backwards window once made every quote inside it restart the scan
+    (seconds for 64 KB of quoted JSON); now the window gives up, and the body is parsed whole."""
+    import time
+
+    for size in (3_000, 12_000, 1_000_000):
+        body = _body(40, 0)
+        body["messages"].append({"role": "tool", "tool_call_id": "c1", "content": 'x\\"]}{"' * (size // 6)})
+        raw = orjson.dumps(body)
+        t = time.process_time()
+        _check(raw)
+        assert time.process_time() - t < 0.2, size
