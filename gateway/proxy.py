@@ -17,8 +17,9 @@ from .encoding import DecodeError, decoder_for
 from .errors import GatewayError, error_body
 from .exchange import Exchange
 from .runtime import LaneRuntime
-from .sse import DONE, BadStream, EventSplitter, StreamObserver, error_event, observe_completion
+from .sse import DONE, MAX_EVENT_BYTES, BadStream, EventSplitter, StreamObserver, error_event, observe_completion
 from .upstream import UpstreamFailure
+from .upstream_client import Response as UpstreamResponse  # aiohttp's (the A/B fallback) reads alike
 from .upstream_errors import MAX_ERROR_BODY, client_status, normalise_error
 from .wellformed import completion_problem
 
@@ -69,11 +70,11 @@ async def forward(
         _done(replica, lane, ok=False, why=str(exc))
         raise _bad_response(ex, str(exc)) from None
     if ex.stream:
-        return await _relay_stream(ex, lane, replica, resp, decoder, link, on_end)
+        return await _relay_stream(ex, lane, replica, resp, decoder, link, on_end, len(body))
     return await _relay_whole(ex, lane, replica, resp, decoder, link, on_end)
 
 
-async def _read_all(resp: aiohttp.ClientResponse, decoder: Any, have: bytes = b"",
+async def _read_all(resp: UpstreamResponse, decoder: Any, have: bytes = b"",
                     limit: int = MAX_BODY_BYTES) -> bytes:
     """The rest of the body, decoded, at most `limit` bytes (DecodeError beyond)."""
     parts = [have] if have else []
@@ -208,13 +209,13 @@ def _bad_response(ex: Exchange, why: str) -> GatewayError:
 _SSE_STARTS = (b"data:", b":", b"event:", b"id:", b"retry:")
 
 
-def _looks_like_sse(resp: aiohttp.ClientResponse, first: bytes) -> bool:
+def _looks_like_sse(resp: UpstreamResponse, first: bytes) -> bool:
     if resp.content_type == "text/event-stream":
         return True
     return first.lstrip().startswith(_SSE_STARTS)
 
 
-async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end) -> Response:
+async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end, body_bytes: int) -> Response:
     observer = StreamObserver(ex, drop_usage_chunk=not ex.client_wants_usage, scrubber=lane.upstream.scrubber) \
         if ex.path != passthrough.RESPONSES else passthrough.ResponsesObserver(ex)
     shape = reshape.for_lane(ex, lane).event
@@ -273,7 +274,10 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end) -> Respo
     async def relay() -> AsyncIterator[bytes]:
         nonlocal started
         started = True
-        splitter = EventSplitter()
+        # An event's bound grows with the request: the first chunk carries the prompt's ids when they
+        # were asked for (~7 bytes per token, at most a token per byte of the body), 10 MB for a
+        # 1.4M-token prompt, past the fixed bound alone.
+        splitter = EventSplitter(MAX_EVENT_BYTES + 8 * body_bytes)
         ok = clean = False
         why = ""
         data: bytes = first
@@ -381,7 +385,7 @@ class RelayResponse(StreamingResponse):
         self.abandon = abandon
 
 
-async def _drain(resp: aiohttp.ClientResponse, wait_s: float = 1.0, limit: int = 65536) -> bool:
+async def _drain(resp: UpstreamResponse, wait_s: float = 1.0, limit: int = 65536) -> bool:
     """After [DONE]: read to the end of the response so its connection can be pooled again.
 
     An engine's last chunk-terminator follows [DONE] within a millisecond; an upstream that keeps
@@ -410,7 +414,7 @@ class IdleWatchdog:
     timeout; when the upstream has sent nothing for the whole timeout while we waited, it closes
     the upstream response (which ends the pending read)."""
 
-    def __init__(self, resp: aiohttp.ClientResponse, idle_s: float) -> None:
+    def __init__(self, resp: UpstreamResponse, idle_s: float) -> None:
         self.resp = resp
         self.idle_s = idle_s
         self.fired = False

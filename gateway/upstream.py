@@ -1,15 +1,19 @@
-"""Connections to one lane's replicas: a pooled aiohttp session, failover before the first byte.
+"""Connections to one lane's replicas: pooled connections, failover before the first byte.
 
-aiohttp's client rather than httpx: on this 2-core machine it costs ~0.6 ms of proxy CPU per
-small request against 2-3 ms for httpx 0.28 (see ../shared/tools/README.md), and the upstream
-client is what decides a Python proxy's overhead.
+The request path uses the gateway's own HTTP/1.1 client (upstream_client.py): the upstream client
+is what decides a Python proxy's overhead, and aiohttp's (itself ~0.6 ms of proxy CPU per small
+request against 2-3 ms for httpx 0.28, see ../shared/tools/README.md) was still the largest step of
+the hot path. GATEWAY_UPSTREAM_CLIENT=aiohttp puts aiohttp back on the request path (an A/B);
+health probes and /v1/models keep aiohttp's session either way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import yarl
@@ -17,6 +21,10 @@ import yarl
 from .config import Lane, Timeouts
 from .errors import GatewayError
 from .scrub import Scrubber
+from .upstream_client import Pool, Target
+
+# "raw" (default): upstream_client.py; "aiohttp": aiohttp's client, as before (the benchmark's A/B).
+CLIENT = os.environ.get("GATEWAY_UPSTREAM_CLIENT", "raw")
 
 
 @dataclass
@@ -91,6 +99,8 @@ class Upstream:
     _session: aiohttp.ClientSession | None = None
     scrubber: Scrubber = field(init=False)
     _urls: dict[tuple[str, str], yarl.URL] = field(default_factory=dict, init=False, repr=False)
+    _targets: dict[tuple[str, str], Target] = field(default_factory=dict, init=False, repr=False)
+    _pool: Pool | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.scrubber = Scrubber([self.api_key])
@@ -124,8 +134,36 @@ class Upstream:
         return self._session
 
     async def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         if self._session is not None and not self._session.closed:
             await self._session.close()
+
+    def connections_held(self) -> int:
+        """Upstream connections lent to a response not yet released or closed (tests: none leak)."""
+        held = self._pool.held() if self._pool is not None else 0
+        session = self._session
+        if session is not None and not session.closed and session.connector is not None:
+            held += len(session.connector._acquired)  # noqa: aiohttp's own count
+        return held
+
+    async def _post(self, replica: Replica, path: str, body: bytes, request_id: str) -> Any:
+        """One request on the gateway's own client; its answer once the head is in."""
+        pool = self._pool
+        if pool is None or pool.closed:
+            pool = self._pool = Pool(self.timeouts.connect, self.timeouts.keep_alive)
+        key = (replica.url, path)
+        target = self._targets.get(key)
+        if target is None:
+            headers = self.headers("")
+            del headers["X-Request-Id"]  # per request, below
+            target = self._targets[key] = Target.parse(replica.url + path, headers)
+        return await pool.post(target, body, b"X-Request-Id: %b\r\n" % request_id.encode("latin-1"))
+
+    async def _post_aiohttp(self, replica: Replica, path: str, body: bytes, request_id: str) -> Any:
+        return await self.session().post(self._url(replica, path), data=body, headers=self.headers(request_id),
+                                         allow_redirects=False)
 
     def headers(self, request_id: str) -> dict[str, str]:
         # identity: aiohttp would otherwise ask for gzip/deflate, which engines behind a compressing
@@ -137,7 +175,7 @@ class Upstream:
 
     async def send(
         self, order: list[Replica], path: str, body: bytes, request_id: str, on_retry=None
-    ) -> tuple[Replica, aiohttp.ClientResponse]:
+    ) -> tuple[Replica, Any]:
         """POST to the first replica that answers; what counts as "not this one, try the next" is the
         lane's `failover_on` (default: connection failures and 502/503/504).
 
@@ -146,8 +184,7 @@ class Upstream:
         replica's breaker is open, 502 when nobody could be reached, 504 on a first-byte timeout.
         """
         last = "no replica answered"
-        session = self.session()
-        headers = self.headers(request_id)
+        post = self._post_aiohttp if CLIENT == "aiohttp" else self._post
         failover = self.failover_on
         tried = 0
         for i, replica in enumerate(order):
@@ -160,8 +197,7 @@ class Upstream:
             replica.requests += 1
             try:
                 async with asyncio.timeout(self.timeouts.first_byte):
-                    resp = await session.post(self._url(replica, path), data=body, headers=headers,
-                                              allow_redirects=False)
+                    resp = await post(replica, path, body, request_id)
             except TimeoutError:
                 replica.inflight -= 1
                 self.record_failure(replica, "first-byte timeout")
@@ -174,7 +210,8 @@ class Upstream:
                 ) from None
             except (aiohttp.ClientError, OSError, ValueError) as exc:
                 # Refused, reset, or an answer that is not HTTP (bad status line, huge header):
-                # aiohttp raises ClientResponseError for the latter, which is no connection error.
+                # OSErrors of upstream_client.py; aiohttp raises ClientResponseError for the
+                # latter, which is no connection error.
                 replica.inflight -= 1
                 last = self.scrubber.text(f"{type(exc).__name__}: {exc}", 200)
                 self.record_failure(replica, last)

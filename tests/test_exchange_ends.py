@@ -84,8 +84,7 @@ async def settled(gw) -> None:
     deadline = time.monotonic() + 5
     state: tuple = ()
     while time.monotonic() < deadline:
-        session = lane.upstream._session
-        held = len(session.connector._acquired) if session is not None and session.connector else 0
+        held = lane.upstream.connections_held()
         state = (lane.inflight, [r.inflight for r in lane.upstream.replicas], held)
         if state == (0, [0], 0):
             return
