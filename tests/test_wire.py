@@ -149,6 +149,58 @@ def test_a_client_that_leaves_mid_upload_is_forgotten(gw) -> None:
     assert r.status_code == 200
 
 
+@pytest.fixture(scope="module")
+def small(emu):
+    """A gateway with a small body limit (200 KB)."""
+    with run_gateway(_routes(emu.url, max_request_bytes=200_000)) as gw:
+        yield gw
+
+
+def _chunked(data: bytes, piece: int) -> bytes:
+    parts = [data[i:i + piece] for i in range(0, len(data), piece)]
+    return b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+
+
+def _upload(port: int, data: bytes, *, chunked: bool, expect: bool = False, write: int = 4096) -> tuple[bytes, bytes]:
+    """A body written in small pieces (many reads on the gateway's side), framed by length or chunks."""
+    framing = b"Transfer-Encoding: chunked\r\n" if chunked else b"Content-Length: %d\r\n" % len(data)
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  + (b"Expect: 100-continue\r\n" if expect else b"") + framing + b"\r\n")
+        if expect:
+            s.settimeout(5)
+            assert s.recv(64).startswith(b"HTTP/1.1 100 Continue")
+        payload = _chunked(data, 3000) if chunked else data
+        try:
+            for i in range(0, len(payload), write):
+                s.sendall(payload[i:i + write])
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # answered (413) before the whole body was sent
+        [(head, body)] = _read_responses(s, 1, timeout=20)
+    return head, body
+
+
+def test_a_body_in_many_small_pieces_is_read_whole(small, gw) -> None:
+    """A body arriving in many reads is read whole: by length, chunked, and after
+    `Expect: 100-continue`."""
+    data = json.dumps(_chat("y" * 150_000 + " the end")).encode()
+    assert 150_000 < len(data) < 200_000
+    for chunked in (False, True):
+        head, body = _upload(_port(small), data, chunked=chunked)
+        assert head.startswith(b"HTTP/1.1 200"), (chunked, head, body[:300])
+    big = json.dumps(_chat("z" * 1_500_000)).encode()
+    head, _ = _upload(_port(gw), big, chunked=False, expect=True, write=65536)
+    assert head.startswith(b"HTTP/1.1 200")
+
+
+def test_a_chunked_body_over_the_limit_is_413_and_the_gateway_goes_on(small) -> None:
+    data = json.dumps(_chat("x" * 400_000)).encode()
+    head, body = _upload(_port(small), data, chunked=True)
+    assert head.startswith(b"HTTP/1.1 413") and json.loads(body)["error"]["code"] == "request_too_large"
+    r = httpx.post(small.url + "/v1/chat/completions", json=_chat("after"), timeout=10)
+    assert r.status_code == 200
+
+
 def test_cors_configured_answers_carry_the_cors_headers(emu) -> None:
     routes = _routes(emu.url, cors={"allow_origins": ["https://app.example"]})
     with run_gateway(routes) as gw:

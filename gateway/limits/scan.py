@@ -118,6 +118,8 @@ def scan_chat(body: dict[str, Any], *, images: bool, tokens: tuple[str, ...], te
                     if tok in c:
                         spots.append(Spot(i, "content", None, tok))
                         break
+            if len(m) == 2 and "role" in m:
+                continue  # {role, content}: no reasoning, no tool calls (~25% of the scan on 1,600 messages)
         elif c.__class__ is list:
             for j, p in enumerate(c):
                 if p.__class__ is not dict:
