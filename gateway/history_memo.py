@@ -300,20 +300,5 @@ def _close_bracket(body: bytes, after: dict[str, Any], start: int, fresh: bool) 
 def _open_bracket(body: bytes, before: dict[str, Any]) -> int:
     """Just after the messages array's '[': the first `"messages"` key preceded by exactly `before`."""
     want = {**before, "messages": []}
-    start = 0
-    while True:
-        at = body.find(b'"messages"', start)
-        if at < 0:
-            return -1
-        start = at + 1
-        colon = _skip(body, at + 10)
-        if body[colon:colon + 1] != b":":
-            continue
-        bracket = _skip(body, colon + 1)
-        if body[bracket:bracket + 1] != b"[":
-            continue
-        try:
-            if orjson.loads(body[:bracket + 1] + b"]}") == want:
-                return bracket + 1
-        except orjson.JSONDecodeError:
-            continue
+    bracket = messages_span.open_bracket(body, lambda head: head == want)
+    return bracket + 1 if bracket >= 0 else -1

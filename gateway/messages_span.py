@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
@@ -115,9 +115,18 @@ def _members(doc: bytes) -> int:
 
 def _open(body: bytes) -> int:
     """The '[' of the first top-level `"messages"` member (-1: none found cheaply)."""
+    return open_bracket(body, lambda head: type(head) is dict, _PREFIX_MAX, _KEY_TRIES)
+
+
+def open_bracket(body: bytes, accept: Callable[[Any], bool], end: int | None = None, tries: int | None = None) -> int:
+    """The '[' of a `"messages": [` whose prefix, closed with `]}`, parses to what `accept` takes
+    (-1: none). A `"messages"` inside a string or a nested object before the real one fails that
+    parse and the next occurrence is tried (at most `tries`, within `end` bytes of the start)."""
     start = 0
-    for _ in range(_KEY_TRIES):
-        at = body.find(b'"messages"', start, _PREFIX_MAX)
+    tried = 0
+    while tries is None or tried < tries:
+        tried += 1
+        at = body.find(b'"messages"', start, len(body) if end is None else end)
         if at < 0:
             return -1
         start = at + 1
@@ -128,7 +137,7 @@ def _open(body: bytes) -> int:
         if body[bracket:bracket + 1] != b"[":
             continue
         try:
-            if type(orjson.loads(body[:bracket + 1] + b"]}")) is dict:
+            if accept(orjson.loads(body[:bracket + 1] + b"]}")):
                 return bracket
         except orjson.JSONDecodeError:
             continue
