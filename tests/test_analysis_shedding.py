@@ -121,40 +121,10 @@ async def test_past_max_coalesced_a_newer_turn_takes_the_oldest_ones_place() -> 
         await am.stop()
 
 
-def test_shed_turns_are_recorded_with_why_and_counted() -> None:
-    """One worker busy with a big new conversation's analysis (~0.5 s of render and tokenisation)
-    while a small conversation sends three quick turns; one turn per conversation waits
-    (GATEWAY_AFTERMATH_COALESCE=1): the first two are superseded, the third is analysed; the
-    records and /metrics say so."""
-    env = {"GATEWAY_AFTERMATH_WORKERS": "1", "GATEWAY_AFTERMATH_COALESCE": "1"}
-    with run_emulator(flavour="vllm", max_model_len=1 << 20) as emu:
-        with run_gateway({"gateway": {"max_request_bytes": 16 << 20}, "lanes": {"v": lane(emu.url)},
-                          "models": {"m": "v"}}, env=env) as gw:
-            big = [{"role": "user" if i % 2 == 0 else "assistant",
-                    "content": " ".join(f"word{i}x{j}" for j in range(150))} for i in range(801)]
-            assert post(gw.url, {"model": "m", "messages": big, "max_tokens": 2,
-                                 "prompt_cache_key": "big"})[0] == 200
-            mark = len(SENT[gw.url])
-            msgs = [{"role": "user", "content": "hello"}]
-            for _ in range(3):
-                status, raw = post(gw.url, {"model": "m", "messages": msgs, "max_tokens": 2,
-                                            "prompt_cache_key": "small"})
-                assert status == 200
-                answer = json.loads(raw)["choices"][0]["message"]
-                msgs = [*msgs, {"role": "assistant", "content": answer.get("content") or ""},
-                        {"role": "user", "content": "go on"}]
-            ids = SENT[gw.url][mark:]
-            by_id = {r["request_id"]: r for r in records(gw.url, ids)}  # written once analysed (or shed)
-            shed = metric_samples(gw.url)["gateway_analysis_shed_total"]
-    assert [by_id[i]["analysis"] for i in ids] == ["superseded", "superseded", None], [by_id[i] for i in ids]
-    assert by_id[ids[2]]["verdict"] != "unknown", "the conversation's latest turn got its verdict"
-    assert shed[(("reason", "superseded"),)] >= 2 and (("reason", "queue_full"),) in shed
-
-
-def test_quick_turns_of_a_conversation_each_get_their_verdict() -> None:
-    """As above, with the default coalescing: the three quick turns wait together behind the big
-    analysis and each is analysed, in order, with its own verdict; nothing is shed."""
-    env = {"GATEWAY_AFTERMATH_WORKERS": "1"}
+def _three_quick_turns_behind_a_big_one(env: dict[str, str]) -> tuple[list[str], dict[str, dict], dict]:
+    """One aftermath worker busy with a big new conversation's analysis (~0.5 s of render and
+    tokenisation) while a small conversation sends three quick turns: their request ids, their
+    records (written once analysed, or shed) and the shed counters."""
     with run_emulator(flavour="vllm", max_model_len=1 << 20) as emu:
         with run_gateway({"gateway": {"max_request_bytes": 16 << 20}, "lanes": {"v": lane(emu.url)},
                           "models": {"m": "v"}}, env=env) as gw:
@@ -173,7 +143,26 @@ def test_quick_turns_of_a_conversation_each_get_their_verdict() -> None:
                         {"role": "user", "content": "go on"}]
             ids = SENT[gw.url][mark:]
             by_id = {r["request_id"]: r for r in records(gw.url, ids)}
-            shed = metric_samples(gw.url)["gateway_analysis_shed_total"]
+            return ids, by_id, metric_samples(gw.url)["gateway_analysis_shed_total"]
+
+
+def test_shed_turns_are_recorded_with_why_and_counted() -> None:
+    """One worker busy with a big new conversation's analysis (~0.5 s of render and tokenisation)
+    while a small conversation sends three quick turns; one turn per conversation waits
+    (GATEWAY_AFTERMATH_COALESCE=1): the first two are superseded, the third is analysed; the
+    records and /metrics say so."""
+    env = {"GATEWAY_AFTERMATH_WORKERS": "1", "GATEWAY_AFTERMATH_COALESCE": "1"}
+    ids, by_id, shed = _three_quick_turns_behind_a_big_one(env)
+    assert [by_id[i]["analysis"] for i in ids] == ["superseded", "superseded", None], [by_id[i] for i in ids]
+    assert by_id[ids[2]]["verdict"] != "unknown", "the conversation's latest turn got its verdict"
+    assert shed[(("reason", "superseded"),)] >= 2 and (("reason", "queue_full"),) in shed
+
+
+def test_quick_turns_of_a_conversation_each_get_their_verdict() -> None:
+    """As above, with the default coalescing: the three quick turns wait together behind the big
+    analysis and each is analysed, in order, with its own verdict; nothing is shed."""
+    env = {"GATEWAY_AFTERMATH_WORKERS": "1"}
+    ids, by_id, shed = _three_quick_turns_behind_a_big_one(env)
     assert [by_id[i]["analysis"] for i in ids] == [None, None, None], [by_id[i] for i in ids]
     assert by_id[ids[0]]["verdict"] == "cold" and all(by_id[i]["verdict"] != "unknown" for i in ids[1:]), \
         [by_id[i]["verdict"] for i in ids]

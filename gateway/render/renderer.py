@@ -592,6 +592,10 @@ class _Said:
     think: bool
     template: ChatTemplate
 
+    def segment(self) -> Segment:
+        return Segment(self.index, "assistant", self.item.text, self.ids, self.item.fields, self.item.digest,
+                       (self.index,))
+
 
 class Renderer:
     """Renders requests for one lane configuration. Thread-safe; share one per lane."""
@@ -659,8 +663,7 @@ class Renderer:
         rendered.message_digests = prep.digests[prep.offset:]
         said = _Said(n, norm, item, ids, think, prep.template)
         rendered.previous.said = said
-        return rendered, Segment(said.index, "assistant", said.item.text, said.ids, said.item.fields, said.item.digest,
-                                 (said.index,))
+        return rendered, said.segment()
 
     def render_generated(self, body: dict, assistant_message: dict, options: RenderOptions | None = None) -> Segment:
         """The text the model generated for `body`, as rendered when appended as the next message.
@@ -671,9 +674,7 @@ class Renderer:
         return self._generated(self._prepare(body, options or self.defaults), body, assistant_message)
 
     def _generated(self, prep: _Prepared, body: dict, assistant_message: dict) -> Segment:
-        said = self._said(prep, body, assistant_message)
-        return Segment(said.index, "assistant", said.item.text, said.ids, said.item.fields, said.item.digest,
-                       (said.index,))
+        return self._said(prep, body, assistant_message).segment()
 
     def _said_item(self, prep: _Prepared, body: dict, assistant_message: dict,
                    ) -> tuple[int, dict, RenderedItem, bool]:
