@@ -11,6 +11,8 @@ from typing import Any
 
 import orjson
 
+from . import chunk_shape
+from .chunk_shape import Shape
 from .exchange import Exchange
 from .scrub import Scrubber
 from .upstream_errors import normalise_error
@@ -75,14 +77,17 @@ class StreamObserver:
     (`BadStream`: an event that is not a completion chunk must not reach the client's parser).
     """
 
-    __slots__ = ("ex", "drop_usage_chunk", "done", "error", "scrubber")
+    __slots__ = ("ex", "drop_usage_chunk", "done", "error", "scrubber", "shapes", "tries")
 
-    def __init__(self, ex: Exchange, drop_usage_chunk: bool, scrubber: Scrubber | None = None) -> None:
+    def __init__(self, ex: Exchange, drop_usage_chunk: bool, scrubber: Scrubber | None = None,
+                 learn_shapes: bool = True) -> None:
         self.ex = ex
         self.drop_usage_chunk = drop_usage_chunk
         self.done = False
         self.error: dict[str, Any] | None = None
         self.scrubber = scrubber or _NO_SECRETS
+        self.shapes: list[Shape] = []  # the token chunks' shapes learnt in this stream (chunk_shape.py)
+        self.tries = 0 if learn_shapes else chunk_shape.MAX_TRIES
 
     def observe(self, event: bytes) -> bool:
         """Record what the event says; return False when the client must not see it (tolerant)."""
@@ -95,6 +100,12 @@ class StreamObserver:
 
     def relay(self, event: bytes) -> bytes | None:
         """The bytes the client gets for this event (None: nothing). Raises BadStream."""
+        for shape in self.shapes:  # the usual token chunk, known from its bytes: nothing to parse
+            text = shape.text(event)
+            if text is not None:
+                if text or shape.kind == chunk_shape.ARGUMENTS:  # a tool call's delta counts even when empty
+                    self._produced(shape, text)
+                return event
         simple = event[:5] == b"data:" and event.find(b"\n", 0, len(event) - 2) == -1
         if simple:
             payload = event[5:].strip()
@@ -131,8 +142,34 @@ class StreamObserver:
                 return None
         else:
             self._observe_choice(choices[0])
+            if simple and self.tries < chunk_shape.MAX_TRIES and len(self.shapes) < chunk_shape.MAX_SHAPES:
+                self._learn(event, chunk)
         # Several data lines joined may hold newlines (pretty-printed JSON): one line again.
         return event if simple else b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+    def _learn(self, event: bytes, chunk: dict[str, Any]) -> None:
+        shape = chunk_shape.learn(event, chunk)
+        if shape is None:
+            self.tries += 1
+        else:
+            self.shapes.append(shape)
+            self.tries = 0
+
+    def _produced(self, shape: Shape, text: str) -> None:
+        """What `_observe_choice` records for a chunk carrying only this text."""
+        gen = self.ex.generated
+        if shape.kind == chunk_shape.CONTENT:
+            gen.content.append(text)
+        elif shape.kind == chunk_shape.REASONING:
+            gen.reasoning.append(text)
+        else:
+            gen.add_tool_call_delta({"index": shape.call, "function": {"arguments": text}})
+        now = time.perf_counter()
+        ex = self.ex
+        if ex.t_first_token is None:
+            ex.t_first_token = now
+        ex.t_last_token = now
+        ex.token_chunk_times.append(now)
 
     def _observe_choice(self, choice: dict[str, Any]) -> None:
         delta = choice.get("delta") or {}

@@ -1,0 +1,133 @@
+"""Token chunks recognised from their bytes (chunk_shape.py) decide exactly as the parse does.
+
+Every case runs one stream through two observers: one that learns shapes, one that parses every event.
+They must relay the same bytes, raise the same errors and record the same output, usage and timings.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gateway import chunk_shape
+from gateway.exchange import Exchange
+from gateway.sse import BadStream, EventSplitter, StreamObserver
+
+FIXTURES = Path("/work/shared/fixtures/upstream")
+
+
+def _run(events: list[bytes], learn: bool) -> tuple[list, Exchange, StreamObserver]:
+    ex = Exchange("r")
+    observer = StreamObserver(ex, drop_usage_chunk=True, learn_shapes=learn)
+    out: list = []
+    for event in events:
+        try:
+            out.append(observer.relay(event))
+        except BadStream as exc:
+            out.append(("bad", exc.code, exc.message))
+        if observer.done:
+            break
+    return out, ex, observer
+
+
+def _same(events: list[bytes]) -> StreamObserver:
+    fast_out, fast, observer = _run(events, learn=True)
+    slow_out, slow, _ = _run(events, learn=False)
+    assert fast_out == slow_out
+    assert fast.generated == slow.generated
+    assert fast.usage == slow.usage
+    assert len(fast.token_chunk_times) == len(slow.token_chunk_times)
+    assert (fast.t_first_token is None) == (slow.t_first_token is None)
+    return observer
+
+
+@pytest.mark.parametrize("fixture", ["vllm_stream_deepseek.sse", "sglang_stream_deepseek.sse"])
+def test_engine_streams_are_recognised(fixture):
+    events = EventSplitter().feed((FIXTURES / fixture).read_bytes() + b"\n\n")
+    observer = _same(events)
+    kinds = {shape.kind for shape in observer.shapes}
+    assert {chunk_shape.CONTENT, chunk_shape.REASONING} <= kinds
+
+
+def test_a_tool_calls_arguments_are_recognised():
+    events = EventSplitter().feed((FIXTURES / "vllm_stream_deepseek.sse").read_bytes() + b"\n\n")
+    observer = _same(events)
+    assert any(shape.kind == chunk_shape.ARGUMENTS for shape in observer.shapes)
+
+
+def test_the_probe_refuses_a_slot_found_elsewhere():
+    # The delta's text is escaped; the same words appear unescaped in another field: the search finds
+    # the other field, and the probe (the shape filled with another text) shows it is not the delta's.
+    event = (b'data: {"id":"x","extra":{"content":"hi"},"choices":[{"index":0,'
+             b'"delta":{"content":"\\u0068i"},"finish_reason":null}]}\n\n')
+    chunk = orjson.loads(event[5:])
+    assert chunk["choices"][0]["delta"]["content"] == "hi"
+    assert chunk_shape.learn(event, chunk) is None
+
+
+def test_a_text_seen_twice_is_not_learnt():
+    event = (b'data: {"id":"x","extra":{"content":"hi"},"choices":[{"index":0,'
+             b'"delta":{"content":"hi"},"finish_reason":null}]}\n\n')
+    assert chunk_shape.learn(event, orjson.loads(event[5:])) is None
+
+
+def _chunk(delta: dict, extras: dict, finish: str | None = None) -> dict:
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return {**extras, "object": "chat.completion.chunk", "choices": [choice]}
+
+
+_KEYS = st.sampled_from(["content", "reasoning_content", "reasoning", "tool"])
+_TEXT = st.text(max_size=12) | st.sampled_from(["", "a", " b", 'q"uote', "back\\slash", "\n", "\x00", "é", "😀"])
+_EXTRAS = st.fixed_dictionaries({}, optional={
+    "id": st.just("chatcmpl-1"), "created": st.just(1767225600), "model": st.sampled_from(["m", "con\"tent"]),
+    "system_fingerprint": st.none(), "prompt_token_ids": st.none()})
+_ENCODE = st.sampled_from(["orjson", "ascii", "spaced"])
+
+
+def _encode(chunk: dict, how: str) -> bytes:
+    if how == "orjson":
+        payload = orjson.dumps(chunk)
+    elif how == "ascii":
+        payload = json.dumps(chunk, separators=(",", ":")).encode()
+    else:
+        payload = json.dumps(chunk, ensure_ascii=False).encode()
+    return b"data: " + payload + b"\n\n"
+
+
+def _token_event(key: str, text: str, extras: dict, how: str) -> bytes:
+    if key == "tool":
+        delta = {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}
+    else:
+        delta = {key: text}
+    return _encode(_chunk(delta, extras), how)
+
+
+def _hostile(event: bytes, data: st.DataObject) -> bytes:
+    """The same event with its text's bytes broken: a raw quote, a control byte, invalid UTF-8."""
+    cut = event.rfind(b'"}')
+    if cut < 0:
+        return event
+    bad = data.draw(st.sampled_from([b'"', b"\n", b"\x01", b"\xff", b"\xed\xa0\x80", b"\\", b"\\q"]))
+    return event[:cut] + bad + event[cut:]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data(), _EXTRAS, _ENCODE, st.lists(st.tuples(_KEYS, _TEXT, st.integers(0, 9)), min_size=1, max_size=24))
+def test_recognised_chunks_decide_as_the_parse(data, extras, how, tokens):
+    events = [_encode(_chunk({"role": "assistant", "content": ""}, extras), how)]
+    for key, text, mutate in tokens:
+        event = _token_event(key, text, extras, how)
+        if mutate == 0:
+            event = _hostile(event, data)
+        elif mutate == 1:  # another chunk in the stream's usual shape: a finish reason, the usage
+            event = _encode(_chunk({}, extras, finish="stop"), how)
+        elif mutate == 2:
+            event = event.replace(b"data: ", b"data:", 1)
+        events.append(event)
+    events.append(b"data: [DONE]\n\n")
+    _same(events)
