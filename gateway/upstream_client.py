@@ -17,7 +17,7 @@ one request per connection at a time. So:
   failure is the caller's to handle (failover "connect").
 
 Measured on this 2-core machine (shared and loaded, so A/B alternated in one process):
-bench/upstream_client_ab.py, the proxy's whole "forward" step for a small request 0.33-0.35 ms
+bench/ab.py upstream-client, the proxy's whole "forward" step for a small request 0.33-0.35 ms
 against 0.64-0.76 ms with aiohttp, for a stream's 0.36-0.43 against 0.81-0.83 ms; the client alone
 on uvloop against ../shared/tools/mock_upstream.py, 25-85 µs of process CPU per small request and
 answer (syscalls included) against 114-208 µs, and per read of a paced stream 61-82 against
