@@ -280,7 +280,9 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end, body_byt
         splitter = EventSplitter(MAX_EVENT_BYTES + 8 * body_bytes)
         ok = clean = False
         why = ""
-        data: bytes = first
+        # The first event is split and relayed before the rest of its read is (a read can hold a
+        # whole burst: splitting 256 events first cost the client's first token ~0.1 ms).
+        data, later = _first_event_apart(first)
         watchdog = IdleWatchdog(resp, timeouts.idle)
         failure: tuple[int, str, str] | None = None
         try:
@@ -311,6 +313,9 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end, body_byt
                         yield piece
                     if observer.done or not raw:
                         break  # whatever an upstream sends after [DONE] is not for the client
+                    if later:
+                        data, later = later, b""
+                        continue
                     # The idle timeout covers only the wait for the upstream, never a slow client.
                     watchdog.waiting()
                     raw = await resp.content.readany()
@@ -375,6 +380,14 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end, body_byt
 
     return RelayResponse(relay(), abandon, status_code=200, media_type="text/event-stream",
                          headers=dict(SSE_HEADERS))
+
+
+def _first_event_apart(first: bytes) -> tuple[bytes, bytes]:
+    """The first read cut after its first event's blank line (the splitter takes any cut)."""
+    cut = first.find(b"\n\n") + 2
+    if cut <= 1 or cut == len(first):
+        return first, b""
+    return first[:cut], first[cut:]
 
 
 class RelayResponse(StreamingResponse):
