@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from bisect import bisect_left
 from typing import TYPE_CHECKING, Any, Iterator
 
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, GCCollector,
@@ -254,10 +255,23 @@ class Metrics:
         if tps is not None:
             self._c(self.decode, lane).observe(tps)
         if len(times) > 1:
-            hist = self._c(self.gaps, lane)
             step = max(1, (len(times) - 1) // MAX_GAPS_PER_REQUEST)
-            for i in range(step, len(times), step):
-                hist.observe(times[i] - times[i - 1])
+            observe_many(self._c(self.gaps, lane), [times[i] - times[i - 1] for i in range(step, len(times), step)])
+
+
+def observe_many(hist: Any, values: list[float]) -> None:
+    """`hist.observe(v)` for each value, in one pass: a stream's 64 gaps cost ~0.24 ms one by one (3.8 µs
+    per observe: a lock per increment and a scan of the buckets) and ~0.02 ms here. It reads
+    prometheus-client's own fields (pinned, 0.26.0); tests/test_metrics_units.py checks the result
+    equals observing one by one, so an upgrade that changes them fails there."""
+    bounds = hist._upper_bounds  # ends with +Inf: every value has a bucket
+    counts = [0] * len(bounds)
+    for v in values:
+        counts[bisect_left(bounds, v)] += 1
+    hist._sum.inc(sum(values))
+    for i, n in enumerate(counts):
+        if n:
+            hist._buckets[i].inc(n)
 
 
 class LiveCollector(Collector):
