@@ -216,10 +216,11 @@ def _looks_like_sse(resp: UpstreamResponse, first: bytes) -> bool:
 
 
 async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end, body_bytes: int) -> Response:
-    observer = StreamObserver(ex, drop_usage_chunk=not ex.client_wants_usage, scrubber=lane.upstream.scrubber) \
+    # token ids (issue 13): the gateway asked for them, the client did not: the observer takes them out
+    observer = StreamObserver(ex, drop_usage_chunk=not ex.client_wants_usage, scrubber=lane.upstream.scrubber,
+                              strip_ids=ex.token_ids_strip) \
         if ex.path != passthrough.RESPONSES else passthrough.ResponsesObserver(ex)
     shape = reshape.for_lane(ex, lane).event
-    strip_ids = ex.token_ids_strip  # token ids (issue 13): the gateway asked for them, the client did not
     timeouts = lane.upstream.timeouts
     # Wait for the first data before answering, so a stalled or dead upstream still gets a clean
     # 504/502 status; the client's first byte leaves the moment the upstream's arrives.
@@ -292,10 +293,6 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end, body_byt
                 while True:
                     out = []
                     for event in splitter.feed(data, final=not raw):
-                        if strip_ids:  # token ids (issue 13): out before the observer parses the event
-                            event = token_ids.take(ex, event)
-                            if event is None:
-                                continue
                         piece = observer.relay(event)
                         if piece is not None:
                             out.append(shape(piece))

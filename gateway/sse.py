@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from . import chunk_shape
+from . import chunk_shape, token_ids
 from .chunk_shape import Shape
 from .exchange import Exchange
 from .scrub import Scrubber
@@ -77,11 +77,12 @@ class StreamObserver:
     (`BadStream`: an event that is not a completion chunk must not reach the client's parser).
     """
 
-    __slots__ = ("ex", "drop_usage_chunk", "done", "error", "scrubber", "shapes", "tries")
+    __slots__ = ("ex", "drop_usage_chunk", "done", "error", "scrubber", "strip_ids", "shapes", "tries")
 
     def __init__(self, ex: Exchange, drop_usage_chunk: bool, scrubber: Scrubber | None = None,
-                 learn_shapes: bool = True) -> None:
+                 strip_ids: bool = False, learn_shapes: bool = True) -> None:
         self.ex = ex
+        self.strip_ids = strip_ids  # token ids (issue 13): the gateway asked for them, the client did not
         self.drop_usage_chunk = drop_usage_chunk
         self.done = False
         self.error: dict[str, Any] | None = None
@@ -100,6 +101,10 @@ class StreamObserver:
 
     def relay(self, event: bytes) -> bytes | None:
         """The bytes the client gets for this event (None: nothing). Raises BadStream."""
+        if self.strip_ids:  # out before anything reads the event (vLLM sends ids in every chunk)
+            event = token_ids.take(self.ex, event)
+            if event is None:
+                return None
         for shape in self.shapes:  # the usual token chunk, known from its bytes: nothing to parse
             text = shape.text(event)
             if text is not None:

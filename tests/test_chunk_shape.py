@@ -21,9 +21,9 @@ from gateway.sse import BadStream, EventSplitter, StreamObserver
 FIXTURES = Path("/work/shared/fixtures/upstream")
 
 
-def _run(events: list[bytes], learn: bool) -> tuple[list, Exchange, StreamObserver]:
+def _run(events: list[bytes], learn: bool, strip_ids: bool) -> tuple[list, Exchange, StreamObserver]:
     ex = Exchange("r")
-    observer = StreamObserver(ex, drop_usage_chunk=True, learn_shapes=learn)
+    observer = StreamObserver(ex, drop_usage_chunk=True, strip_ids=strip_ids, learn_shapes=learn)
     out: list = []
     for event in events:
         try:
@@ -35,9 +35,9 @@ def _run(events: list[bytes], learn: bool) -> tuple[list, Exchange, StreamObserv
     return out, ex, observer
 
 
-def _same(events: list[bytes]) -> StreamObserver:
-    fast_out, fast, observer = _run(events, learn=True)
-    slow_out, slow, _ = _run(events, learn=False)
+def _same(events: list[bytes], strip_ids: bool = False) -> StreamObserver:
+    fast_out, fast, observer = _run(events, True, strip_ids)
+    slow_out, slow, _ = _run(events, False, strip_ids)
     assert fast_out == slow_out
     assert fast.generated == slow.generated
     assert fast.usage == slow.usage
@@ -76,8 +76,10 @@ def test_a_text_seen_twice_is_not_learnt():
     assert chunk_shape.learn(event, orjson.loads(event[5:])) is None
 
 
-def _chunk(delta: dict, extras: dict, finish: str | None = None) -> dict:
+def _chunk(delta: dict, extras: dict, finish: str | None = None, ids: list[int] | None = None) -> dict:
     choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    if "token_ids" in extras:  # vLLM asked for ids (issue 13): every choice says them, or null
+        choice["token_ids"] = ids
     return {**extras, "object": "chat.completion.chunk", "choices": [choice]}
 
 
@@ -85,7 +87,7 @@ _KEYS = st.sampled_from(["content", "reasoning_content", "reasoning", "tool"])
 _TEXT = st.text(max_size=12) | st.sampled_from(["", "a", " b", 'q"uote', "back\\slash", "\n", "\x00", "é", "😀"])
 _EXTRAS = st.fixed_dictionaries({}, optional={
     "id": st.just("chatcmpl-1"), "created": st.just(1767225600), "model": st.sampled_from(["m", "con\"tent"]),
-    "system_fingerprint": st.none(), "prompt_token_ids": st.none()})
+    "system_fingerprint": st.none(), "prompt_token_ids": st.none(), "token_ids": st.none()})
 _ENCODE = st.sampled_from(["orjson", "ascii", "spaced"])
 
 
@@ -99,12 +101,14 @@ def _encode(chunk: dict, how: str) -> bytes:
     return b"data: " + payload + b"\n\n"
 
 
-def _token_event(key: str, text: str, extras: dict, how: str) -> bytes:
+def _token_event(key: str, text: str, extras: dict, how: str, ids: list[int] | None) -> bytes:
     if key == "tool":
         delta = {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}
     else:
         delta = {key: text}
-    return _encode(_chunk(delta, extras), how)
+    extras = {k: v for k, v in extras.items() if k != "token_ids"}
+    chunk = _chunk(delta, extras | ({"token_ids": None} if "token_ids" in extras or ids is not None else {}), ids=ids)
+    return _encode(chunk, how)
 
 
 def _hostile(event: bytes, data: st.DataObject) -> bytes:
@@ -117,11 +121,13 @@ def _hostile(event: bytes, data: st.DataObject) -> bytes:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.data(), _EXTRAS, _ENCODE, st.lists(st.tuples(_KEYS, _TEXT, st.integers(0, 9)), min_size=1, max_size=24))
-def test_recognised_chunks_decide_as_the_parse(data, extras, how, tokens):
+@given(st.data(), _EXTRAS, _ENCODE, st.booleans(),
+       st.lists(st.tuples(_KEYS, _TEXT, st.integers(0, 9), st.none() | st.lists(st.integers(0, 99999), max_size=3)),
+                min_size=1, max_size=24))
+def test_recognised_chunks_decide_as_the_parse(data, extras, how, strip_ids, tokens):
     events = [_encode(_chunk({"role": "assistant", "content": ""}, extras), how)]
-    for key, text, mutate in tokens:
-        event = _token_event(key, text, extras, how)
+    for key, text, mutate, ids in tokens:
+        event = _token_event(key, text, extras, how, ids)
         if mutate == 0:
             event = _hostile(event, data)
         elif mutate == 1:  # another chunk in the stream's usual shape: a finish reason, the usage
@@ -130,4 +136,16 @@ def test_recognised_chunks_decide_as_the_parse(data, extras, how, tokens):
             event = event.replace(b"data: ", b"data:", 1)
         events.append(event)
     events.append(b"data: [DONE]\n\n")
-    _same(events)
+    _same(events, strip_ids)
+
+
+def test_chunks_with_token_ids_are_recognised_once_the_ids_are_out():
+    # vLLM asked for ids (issue 13) sends them in every chunk: taken out first, the rest has one shape.
+    extras = {"id": "chatcmpl-1", "model": "m"}
+    events = [_encode(_chunk({"role": "assistant", "content": ""}, extras | {"token_ids": None}, ids=[1]), "orjson")]
+    events += [_token_event("content", f"w{i} ", extras | {"token_ids": None}, "orjson", [i, i + 1]) for i in range(40)]
+    events.append(b"data: [DONE]\n\n")
+    observer = _same(events, strip_ids=True)
+    assert [s.kind for s in observer.shapes] == [chunk_shape.CONTENT]
+    _, ex, _ = _run(events, True, True)
+    assert ex.generated.token_ids[:4] == [1, 0, 1, 1]
