@@ -7,7 +7,6 @@ perf_counter stamps and are stored in seconds (wall-clock `ts` for when the requ
 from __future__ import annotations
 
 import operator
-
 from typing import Any
 
 import orjson
