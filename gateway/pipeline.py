@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
+import os
 from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 import orjson
@@ -252,4 +252,4 @@ def _request_id(request: Request) -> str:
     rid = request.headers.get("x-request-id")
     if rid and len(rid) <= 128 and rid.isascii() and rid.isprintable():
         return rid
-    return "gw-" + uuid.uuid4().hex
+    return "gw-" + os.urandom(16).hex()  # 128 random bits, as uuid4 (~0.8 against ~3.8 us)
