@@ -156,12 +156,12 @@ class Pipeline:
                                code="internal_error")
             response = Response(err.json_bytes(), status_code=500, media_type="application/json")
             end()
-        headers = response.headers
-        headers["X-Request-Id"] = ex.request_id
+        ours = [("X-Request-Id", ex.request_id)]
         for k, v in ex.response_headers.items():
             value = safe_value(k, v)
             if value is not None:
-                headers[k] = value
+                ours.append((k, value))
+        set_headers(response, ours)
         return EndsExchange(response, end)
 
     async def _read_body(self, request: Request, limit: int) -> bytes:
@@ -242,6 +242,21 @@ class EndsExchange:
             if abandon is not None:
                 abandon()  # a relayed stream that never started: release its upstream connection
             self.end()
+
+
+def set_headers(response: Response, pairs: list[tuple[str, str]]) -> None:
+    """`response.headers[k] = v` for each pair, in order. When none of the names is in the response
+    yet (the usual case: the gateway's own X- headers), the pairs are appended to its raw list in one
+    go, as those assignments would append them (each scanned the whole list: ~1.5 us a header)."""
+    raw = response.raw_headers
+    encoded = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in pairs]
+    names = {k for k, _ in encoded}
+    if len(names) == len(encoded) and names.isdisjoint(k for k, _ in raw):
+        raw.extend(encoded)
+        return
+    headers = response.headers
+    for k, v in pairs:
+        headers[k] = v
 
 
 def _too_large(limit: int) -> GatewayError:
