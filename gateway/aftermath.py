@@ -272,8 +272,10 @@ class Aftermath:
         # stream stays in request order): each waits for the one taken before it.
         before, mine = self._sunk, asyncio.get_running_loop().create_future()
         self._sunk = mine
+        first_bytes = self.first_bytes
         try:
-            await self.first_bytes.quiet()
+            if first_bytes.held:  # (a coroutine less when nothing is held, the usual case)
+                await first_bytes.quiet()
             try:
                 for step in self.analyzers:
                     await _call(step, ex, lane)
@@ -281,7 +283,8 @@ class Aftermath:
                 log.exception("analysis of %s failed", ex.request_id)
             if before is not None and not before.done():
                 await before
-            await self.first_bytes.quiet()
+            if first_bytes.held:
+                await first_bytes.quiet()
             await self._run_sinks(ex, lane)
             self.processed += 1
         finally:
@@ -291,7 +294,9 @@ class Aftermath:
     async def _run_sinks(self, ex: Exchange, lane: LaneRuntime | None) -> None:
         for sink in self.sinks:
             try:
-                await _call(sink, ex, lane)
+                result = sink(ex, lane)  # the usual sinks are plain functions: no coroutine each
+                if result is not None and inspect.isawaitable(result):
+                    await result
             except Exception:
                 log.exception("sink %r failed for %s", sink, ex.request_id)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
+import os
 from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 import orjson
@@ -156,12 +156,12 @@ class Pipeline:
                                code="internal_error")
             response = Response(err.json_bytes(), status_code=500, media_type="application/json")
             end()
-        headers = response.headers
-        headers["X-Request-Id"] = ex.request_id
+        ours = [("X-Request-Id", ex.request_id)]
         for k, v in ex.response_headers.items():
             value = safe_value(k, v)
             if value is not None:
-                headers[k] = value
+                ours.append((k, value))
+        set_headers(response, ours)
         return EndsExchange(response, end)
 
     async def _read_body(self, request: Request, limit: int) -> bytes:
@@ -244,6 +244,21 @@ class EndsExchange:
             self.end()
 
 
+def set_headers(response: Response, pairs: list[tuple[str, str]]) -> None:
+    """`response.headers[k] = v` for each pair, in order. When none of the names is in the response
+    yet (the usual case: the gateway's own X- headers), the pairs are appended to its raw list in one
+    go, as those assignments would append them (each scanned the whole list: ~1.5 us a header)."""
+    raw = response.raw_headers
+    encoded = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in pairs]
+    names = {k for k, _ in encoded}
+    if len(names) == len(encoded) and names.isdisjoint(k for k, _ in raw):
+        raw.extend(encoded)
+        return
+    headers = response.headers
+    for k, v in pairs:
+        headers[k] = v
+
+
 def _too_large(limit: int) -> GatewayError:
     return GatewayError(413, f"the request body exceeds the limit of {limit} bytes", code="request_too_large")
 
@@ -252,4 +267,4 @@ def _request_id(request: Request) -> str:
     rid = request.headers.get("x-request-id")
     if rid and len(rid) <= 128 and rid.isascii() and rid.isprintable():
         return rid
-    return "gw-" + uuid.uuid4().hex
+    return "gw-" + os.urandom(16).hex()  # 128 random bits, as uuid4 (~0.8 against ~3.8 us)

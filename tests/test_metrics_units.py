@@ -75,19 +75,3 @@ def test_status_class() -> None:
     assert status_class(exchange(status=0)) == "none"
     assert status_class(exchange(status=503)) == "5xx"
 
-
-def test_observe_many_equals_observing_one_by_one() -> None:
-    from prometheus_client import Histogram
-
-    from gateway.metrics import GAP_BUCKETS, observe_many
-
-    values = [0.0, 0.001, 0.0010001, 0.003, 0.02, 0.02, 4.9, 5.0, 7.5, 1e-9, 0.25]
-    one, many = CollectorRegistry(), CollectorRegistry()
-    hist = Histogram("gaps", "g", ["lane"], buckets=GAP_BUCKETS, registry=one).labels("a")
-    for v in values:
-        hist.observe(v)
-    observe_many(Histogram("gaps", "g", ["lane"], buckets=GAP_BUCKETS, registry=many).labels("a"), values)
-    def counts(registry: CollectorRegistry) -> dict[tuple, float]:
-        return {k: v for k, v in samples(registry).items() if not k[0].endswith("_created")}
-
-    assert counts(many) == counts(one)

@@ -9,6 +9,7 @@ processes writing the same file) run beside the writer.
 from __future__ import annotations
 
 import logging
+import operator
 import sqlite3
 import threading
 import time
@@ -114,6 +115,7 @@ class SQLiteStore(RecordReader):
         cols = ", ".join(f'"{c}"' for c in self._columns)
         marks = ", ".join("?" for _ in self._columns)
         self._insert = f"INSERT INTO records ({cols}) VALUES ({marks})"
+        self._row = operator.itemgetter(*self._columns)  # a record's values in column order, in C
 
     def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -179,7 +181,7 @@ class SQLiteStore(RecordReader):
     def _write(self, conn: sqlite3.Connection, items: list[dict[str, Any]]) -> None:
         cols = self._columns
         try:
-            conn.executemany(self._insert, [tuple(r.get(c) for c in cols) for r in items])
+            conn.executemany(self._insert, [_row(r, self._row, cols) for r in items])
             conn.commit()
             self.written += len(items)
         except sqlite3.Error as exc:
@@ -204,3 +206,12 @@ class SQLiteStore(RecordReader):
             conn.commit()
         except sqlite3.Error as exc:
             log.warning("pruning %s failed: %s", self.path, exc)
+
+
+def _row(record: dict[str, Any], row: Any, columns: list[str]) -> tuple[Any, ...]:
+    """The record's values in column order (None for a column it lacks). build_record's records have
+    every column: one itemgetter call (~1.5 us for the ~60 columns, against ~5 us for a .get each)."""
+    try:
+        return row(record)
+    except KeyError:
+        return tuple(record.get(c) for c in columns)
