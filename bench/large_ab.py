@@ -126,6 +126,9 @@ def main() -> int:
     ap.add_argument("--blocks", type=int, default=12)
     ap.add_argument("--per-block", type=int, default=8)
     a = ap.parse_args()
+    import uvloop
+
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())  # as `gateway serve`
     asyncio.run(run(a.switch, a.body, a.blocks, a.per_block))
     return 0
 

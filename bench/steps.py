@@ -13,6 +13,7 @@ records, metrics and the access log. What is left of the CPU per request measure
     python bench/steps.py                 # small, stream 256, 2 MB new conversation, corpus append-only
     python bench/steps.py --requests 300
     python bench/steps.py --only "2 MB"   # the scenarios whose label contains this
+    python bench/steps.py --loop asyncio  # uvloop by default, as `gateway serve`
 """
 
 from __future__ import annotations
@@ -262,7 +263,13 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--json-out")
     ap.add_argument("--only", default="", help="run only the scenarios whose label contains this")
+    ap.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop",
+                    help="the event loop (the gateway serves on uvloop, whose writelines is one writev)")
     a = ap.parse_args()
+    if a.loop == "uvloop":
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     results = asyncio.run(run(a.requests, a.only))
     print(table(results))
     print("\nCPU of the gateway's event-loop thread per request (thread_time); 'relay/chunk' per stream event; "
