@@ -206,7 +206,7 @@ class Pipeline:
         token_ids.ask(ex, lane.config, out)  # token ids (issue 13): ask the engine for them
         try:
             # Messages untouched by every policy: the client's own bytes of them (no re-serialising).
-            return HistoryMemo.serialise(parsed, out) or orjson.dumps(out)
+            return HistoryMemo.forward_body(parsed, out) or orjson.dumps(out)
         except TypeError:  # orjson.JSONEncodeError: it reads deeper nesting than it writes
             raise invalid_request("the request body is nested too deeply to forward", code="invalid_json") from None
 

@@ -12,6 +12,8 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 
 from . import passthrough, reshape, token_ids
+from . import upstream as upstream_mod
+from .body_parts import Body
 from .client_link import ClientGone, ClientLink
 from .encoding import DecodeError, decoder_for
 from .errors import GatewayError, error_body
@@ -34,7 +36,7 @@ async def forward(
     ex: Exchange,
     lane: LaneRuntime,
     path: str,
-    body: bytes,
+    body: Body,
     link: ClientLink,
     on_end: Callable[[], None],
 ) -> Response:
@@ -45,6 +47,8 @@ async def forward(
     as a status before the first byte, as a final error event and [DONE] after it.
     """
     upstream = lane.upstream
+    if type(body) is not bytes and upstream_mod.CLIENT == "aiohttp":
+        body = bytes(body)  # aiohttp (the A/B client) takes one buffer; ours writes the parts as they are
     order = lane.router.order(upstream.replicas, ex)
     ex.t_forwarded = time.perf_counter()
 

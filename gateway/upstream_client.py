@@ -41,6 +41,8 @@ from urllib.parse import unquote, urlsplit
 
 import httptools
 
+from .body_parts import Body, Parts
+
 # aiohttp's limits: 8190 bytes per header line; the whole head (status line and headers) is
 # capped so an upstream cannot make the gateway buffer an endless head.
 MAX_LINE = 8190
@@ -344,12 +346,16 @@ class _Connection(asyncio.Protocol):
         self.paused = False
         self.idle_since = 0.0
 
-    async def send(self, head: bytes, body: bytes, reused: bool) -> Response:
+    async def send(self, head: bytes, body: Body, reused: bool) -> Response:
         resp = self.response = Response(self, reused)
         self.pool.busy.add(self)
         transport = self.transport
         assert transport is not None
-        if len(body) < _JOIN_BELOW:
+        if type(body) is Parts:
+            # A large body in parts (the client's bytes of its messages and the rewritten fields
+            # around them, body_parts.py): written as they are, never joined.
+            transport.writelines((head, *body.buffers))
+        elif len(body) < _JOIN_BELOW:
             transport.write(head + body)
         else:
             transport.writelines((head, body))
@@ -423,7 +429,7 @@ class Pool:
         self._tls: ssl.SSLContext | None = None
         self.closed = False
 
-    async def post(self, target: Target, body: bytes, extra_headers: bytes = b"") -> Response:
+    async def post(self, target: Target, body: Body, extra_headers: bytes = b"") -> Response:
         """Send the request and wait for the answer's head (the caller bounds the wait)."""
         head = b"%b%bContent-Length: %d\r\n\r\n" % (target.head, extra_headers, len(body))
         conn = self._take(target.key)

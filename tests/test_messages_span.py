@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway import messages_span
+from gateway.body_parts import Parts
 from gateway.history_memo import MIN_BYTES, HistoryMemo
 
 from .test_history_memo import _body, _dump, _message
@@ -141,6 +142,10 @@ def test_a_key_given_twice_or_a_rewritten_field_is_never_forwarded_as_the_client
         out["model"] = "upstream"
         forwarded = HistoryMemo.serialise(parsed, out)
         assert forwarded != body and orjson.loads(forwarded) == {**orjson.loads(body), "model": "upstream"}
+        # What is forwarded: the new fields around the client's own bytes of its messages, in place.
+        parts = HistoryMemo.forward_body(parsed, out)
+        assert isinstance(parts, Parts) and bytes(parts) == forwarded and len(parts) == len(forwarded)
+        assert any(isinstance(b, memoryview) and b.obj is body for b in parts.buffers)
         out["model"] = "m"
         out["stream"] = True
         assert orjson.loads(HistoryMemo.serialise(parsed, out)) == {**orjson.loads(body), "stream": True}

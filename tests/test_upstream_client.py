@@ -14,6 +14,7 @@ from typing import AsyncIterator, Awaitable, Callable
 import pytest
 import uvloop
 
+from gateway.body_parts import Parts
 from gateway.upstream_client import (
     HIGH_WATER, BadResponse, ConnectFailed, Pool, ResponseClosed, ResponseCut, Target,
 )
@@ -152,6 +153,21 @@ async def test_a_large_body_arrives_whole(pool) -> None:
             assert await read_all(resp) == b"{}"
             resp.release()
         assert [r.body == body for r in srv.requests] == [True, True] and srv.connections == 1
+
+
+async def test_a_body_in_parts_arrives_whole_and_in_order(pool) -> None:
+    """A body held as parts (the rewritten fields around the client's own bytes of its messages,
+    gateway/body_parts.py) is written as its parts, never joined, and arrives as their sum."""
+    messages = bytes(range(256)) * 8192
+    body = Parts((b'{"model":"up","messages":', memoryview(messages)[1:-1], b'}'))
+    async with serving(answer_each(OK)) as srv:
+        for _ in range(2):
+            resp = await pool.post(target(srv), body)
+            assert await read_all(resp) == b"{}"
+            resp.release()
+        whole = b'{"model":"up","messages":' + messages[1:-1] + b'}'
+        assert [r.body == whole for r in srv.requests] == [True, True] and srv.connections == 1
+        assert b"Content-Length: %d\r\n" % len(whole) in srv.requests[0].head
 
 
 async def test_a_chunked_answer_split_at_every_byte(pool) -> None:

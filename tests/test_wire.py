@@ -193,6 +193,24 @@ def test_a_body_in_many_small_pieces_is_read_whole(small, gw) -> None:
     assert head.startswith(b"HTTP/1.1 200")
 
 
+def test_a_body_longer_than_a_piece_arrives_whole(gw) -> None:
+    """Above wire.PIECE (8 MiB) a body reaches the pipeline in pieces (its size limit is checked per
+    piece): by length and chunked, the engine gets all of it (and refuses it for its length,
+    counting the whole body's tokens)."""
+    from gateway.wire import PIECE
+
+    words = (PIECE + 1_000_000) // 5
+    data = json.dumps(_chat("word " * words + "the end")).encode()
+    assert len(data) > PIECE
+    refusals = []
+    for chunked in (False, True):
+        head, body = _upload(_port(gw), data, chunked=chunked, write=1 << 20)
+        assert head.startswith(b"HTTP/1.1 400"), (chunked, head, body[:300])
+        refusals.append(json.loads(body)["error"])
+    assert refusals[0] == refusals[1] and refusals[0]["param"] == "input_tokens", refusals
+    assert int(refusals[0]["message"].rsplit("value=", 1)[1].rstrip(")")) > words
+
+
 def test_a_chunked_body_over_the_limit_is_413_and_the_gateway_goes_on(small) -> None:
     data = json.dumps(_chat("x" * 400_000)).encode()
     head, body = _upload(_port(small), data, chunked=True)

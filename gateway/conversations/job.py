@@ -11,6 +11,7 @@ from typing import Any
 
 from ..render.renderer import RenderOptions
 from .drift import Divergence
+from .handoff import InRing
 from .state import ConversationState
 
 
@@ -23,7 +24,9 @@ class Job:
     block_size: int
     engine: str
     prefill_tokens_per_s: float
-    body: dict[str, Any] | bytes  # the request as forwarded: parsed (threads) or its JSON (worker process)
+    # the request as forwarded: parsed (threads) or its JSON (worker process: a large one as its place in
+    # shared memory until the worker takes it, handoff.py)
+    body: dict[str, Any] | bytes | InRing
     generated: dict[str, Any]  # the assistant message the response carried
     finish_reason: str | None
     usage: dict[str, Any] | None

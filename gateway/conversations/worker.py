@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from ..render.renderer import Renderer, RenderOptions
+from . import handoff
 from .job import Job, Outcome
 
 log = logging.getLogger("gateway.drift")
@@ -108,6 +109,9 @@ def preload(renders: list[RenderOptions]) -> int:
 
 def run(job: Job) -> Outcome:
     from .analyzer import analyse_job
+
+    if isinstance(job.body, handoff.InRing):  # a large body, in shared memory (handoff.py)
+        job.body = handoff.take(job.body)
 
     renderer = _renderer(job.lane_render)
     return analyse_job(job, renderer, _estimator_once(job.engine) if renderer is None else None)
@@ -219,6 +223,7 @@ class AnalysisProcess:
         self.jobs = 0
         self._preload: list[RenderOptions] = []
         self._spool = _spool_dir(spool_parent)
+        self._ring = handoff.BodyRing.create(self._spool)  # large bodies, without pickling them
         self._jobs = itertools.count()
         self.starts = 0
         self.deaths = 0
@@ -247,6 +252,8 @@ class AnalysisProcess:
         """The job's outcome. Jobs that arrive while the worker is busy leave together, in one batch,
         when it is free: one round trip for many, where a round trip each left the worker idle
         between jobs, waiting for the event loop to send the next."""
+        ring = self._ring
+        job.body = handoff.pack(job.body, ring)
         path = self._spooled(job)
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._batch.append((path if path is not None else job, future))
@@ -255,6 +262,8 @@ class AnalysisProcess:
         try:
             return await future
         finally:
+            if isinstance(job.body, handoff.InRing) and ring is not None:
+                ring.free(job.body)  # answered (or failed): the worker has read it, or never will
             if path is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(path)  # the worker removes it once read; not if it died first
@@ -359,7 +368,7 @@ class AnalysisProcess:
 
     def _spooled(self, job: Job) -> str | None:
         """The job written to the spool directory, if it is large and there is one."""
-        if self._spool is None or len(job.body) < SPOOL_MIN_BYTES:
+        if self._spool is None or not isinstance(job.body, bytes) or len(job.body) < SPOOL_MIN_BYTES:
             return None
         return self._spool_bytes(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
 
@@ -387,6 +396,9 @@ class AnalysisProcess:
         self._fail(self._in_hand or [], WorkerDied("the gateway is stopping"))
         self._fail(self._batch, WorkerDied("the gateway is stopping"))
         self._in_hand, self._batch = None, []
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
         if self._spool is not None:
             shutil.rmtree(self._spool, ignore_errors=True)
             self._spool = None
