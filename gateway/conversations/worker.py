@@ -262,8 +262,10 @@ class AnalysisProcess:
         try:
             return await future
         finally:
-            if isinstance(job.body, handoff.InRing) and ring is not None:
-                ring.free(job.body)  # answered (or failed): the worker has read it, or never will
+            if isinstance(job.body, handoff.InRing) and ring is not None and not future.cancelled():
+                # Answered (or failed with the worker): it has read the body, or never will. A job
+                # cancelled here (the gateway stopping) may still be read: its place stays taken.
+                ring.free(job.body)
             if path is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(path)  # the worker removes it once read; not if it died first
