@@ -1,6 +1,7 @@
 """Prometheus metrics at GET /metrics: per-lane histograms and counters, live gauges.
 
-Counters and histograms are fed by an aftermath sink (after the response, off the hot path);
+Counters and histograms are fed by an aftermath sink (after the response, off the hot path), through
+plain dicts applied to the registry at each scrape and within FLUSH_S (1 s) otherwise;
 in-flight and replica-health gauges are read from the runtime at scrape time, so the request
 path pays nothing for them. Labels are bounded: lane, replica, status class, verdict, cause,
 limit name, effort action; free-form values beyond a small set fold into "other".
