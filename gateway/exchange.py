@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .body_parts import Body
     from .conversations.policy import Found
     from .history_memo import Parsed
 
@@ -93,7 +94,7 @@ class Exchange:
     body: dict[str, Any] | None = None
     body_bytes: int = 0
     history: "Parsed | None" = None  # how the body was read (history_memo.py): the history it shares with a turn
-    forwarded: bytes | None = None  # the body as sent upstream (what the analysis renders)
+    forwarded: "Body | None" = None  # the body as sent upstream, bytes or parts (what the analysis renders)
     # token ids (issue 13): the gateway asked the engine for them (the client did not): strip them
     token_ids_strip: bool = False
     token_ids_why: str | None = None  # token ids (issue 13): why they were not asked for

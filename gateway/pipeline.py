@@ -20,6 +20,7 @@ from .errors import GatewayError, invalid_request
 from .exchange import Exchange
 from .fallback import choose_lane
 from .aftermath import FirstBytes, Hold
+from .body_parts import Body
 from .headers import safe_value
 from .history_memo import HistoryMemo, Parsed
 from .proxy import forward
@@ -192,7 +193,7 @@ class Pipeline:
             raise invalid_request("the request body must be a JSON object", code="invalid_json")
         return parsed
 
-    def _upstream_body(self, ex: Exchange, lane: LaneRuntime, data: dict[str, Any], parsed: Parsed) -> bytes:
+    def _upstream_body(self, ex: Exchange, lane: LaneRuntime, data: dict[str, Any], parsed: Parsed) -> Body:
         out = dict(data)
         out["model"] = lane.config.upstream_model
         for name in _GATEWAY_ONLY_FIELDS:

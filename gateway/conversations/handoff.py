@@ -12,8 +12,8 @@ off the event loop.
 
 The ring is filled in order and freed as jobs are answered (in the order they were sent, mostly);
 a body that does not fit (the ring is full of bodies waiting for a busy worker) goes the old way,
-pickled. Its pages, once touched, stay in memory for the gateway's life (GATEWAY_ANALYSIS_RING_MB,
-default 32; 0: off).
+pickled. Its pages are reserved when it is created and stay in memory for the gateway's life
+(GATEWAY_ANALYSIS_RING_MB, default 32; 0: off); no room for them leaves the ring off.
 """
 
 from __future__ import annotations
@@ -55,8 +55,14 @@ class BodyRing:
         self.size = size
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.ftruncate(fd, size)
+            # Reserved now, not page by page as bodies are written: a full /dev/shm (64 MB in a
+            # default Docker container) then refuses the ring here (the pickle way is used) instead
+            # of killing the gateway with SIGBUS when a write first touches a page it cannot have.
+            os.posix_fallocate(fd, 0, size)
             self._map: mmap.mmap | None = mmap.mmap(fd, size)
+        except OSError:
+            os.unlink(self.path)  # ours (O_EXCL), refused its size
+            raise
         finally:
             os.close(fd)
         self._live: collections.deque[_Slot] = collections.deque()  # oldest first
