@@ -1,125 +1,161 @@
 #!/usr/bin/env python3
-"""A/B of one hot-path choice in one process: bench/steps.py's steps and hot path total for two
-variants, alternated round by round.
+"""A/B of one hot-path choice in one process: bench/steps.py's steps and the event loop's CPU per
+request for two variants, alternated block by block.
 
-Separate steps.py runs differ by more than the variants do on a shared machine; alternating rounds
-in one process (same gateway, same stub, same warm caches) leaves only the variant to differ. CPU of
-the event-loop thread (thread_time), as in steps.py; the loop is asyncio's, as in steps.py (the
-gateway itself runs on uvloop). The choices:
+Separate steps.py runs differ by more than the variants do on a shared machine (20-40% between runs);
+alternating blocks in one process (same gateway, same stub, same warm caches) leaves only the variant
+to differ. CPU of the event-loop thread (thread_time) from the request's body to the end of its
+aftermath (analysis hand-off, records, metrics: everything the loop does for it), on uvloop as the
+gateway serves. The choices (the change first, what it replaced second):
 
-  upstream-client   the gateway's own client (upstream_client.py) against aiohttp's
-  chunk-shapes      stream chunks recognised from their bytes (chunk_shape.py) against parsing each
+  upstream-client   the gateway's own client (upstream_client.py) / aiohttp's
+  chunk-shapes      stream chunks recognised from their bytes (chunk_shape.py) / each one parsed
+  ring              large bodies to the analysis worker through shared memory (handoff.py) / pickled
+  parts             the forwarded body in parts, written with writelines (body_parts.py) / joined
 
-    python bench/ab.py upstream-client              # 6 rounds, ~20 s
-    python bench/ab.py chunk-shapes --rounds 10
+    python bench/ab.py upstream-client               # 6 blocks each way, ~20 s
+    python bench/ab.py chunk-shapes --blocks 10
+    python bench/ab.py ring --scenario "2 MB new conversation" --blocks 12 --per-block 8
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-import orjson
-import yaml
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import steps  # noqa: E402  (bench/steps.py: its gateway, stub, timer and instrumentation)
+import steps  # noqa: E402  (bench/steps.py: its gateway on the stub, bodies, timers and instrumentation)
 
 from gateway import chunk_shape  # noqa: E402
 from gateway import upstream as upstream_mod  # noqa: E402
+from gateway.body_parts import whole  # noqa: E402
+from gateway.history_memo import HistoryMemo  # noqa: E402
 
-SMALL = orjson.dumps({"model": "mock-model", "messages": [{"role": "user", "content": "Say hello."}],
-                      "max_tokens": 16})
-STREAM = orjson.dumps({"model": "mock-model", "messages": [{"role": "user", "content": "Say hello."}],
-                       "max_tokens": 256, "stream": True, "stream_options": {"include_usage": True}})
+_clock = time.thread_time
+Switch = Callable[[bool], None]  # True: the change, False: what it replaced
+
+
+def _client(gw: Any) -> Switch:
+    def set_(on: bool) -> None:
+        upstream_mod.CLIENT = "raw" if on else "aiohttp"  # read on every send
+    return set_
+
+
+def _shapes(gw: Any) -> Switch:
+    tries = chunk_shape.MAX_TRIES
+
+    def set_(on: bool) -> None:
+        chunk_shape.MAX_TRIES = tries if on else 0  # read at every parsed chunk
+    return set_
+
+
+def _ring(gw: Any) -> Switch:
+    process = gw.aftermath.analyzers[0].process
+    ring = process._ring
+
+    def set_(on: bool) -> None:
+        process._ring = ring if on else None
+    return set_
+
+
+def _parts(gw: Any) -> Switch:
+    parts = HistoryMemo.__dict__["forward_body"]
+
+    def joined(parsed: Any, out: dict[str, Any]) -> Any:
+        body = parts.__func__(parsed, out)
+        return None if body is None else whole(body)
+
+    def set_(on: bool) -> None:
+        HistoryMemo.forward_body = parts if on else staticmethod(joined)  # type: ignore[method-assign]
+    return set_
 
 
 @dataclass(frozen=True)
 class Choice:
-    variants: tuple[str, str]
-    choose: Callable[[str], None]  # read by the gateway on every request
-    step: str  # the step that differs, shown beside the hot path total
-    scenarios: tuple[tuple[str, bytes, int], ...]
-
-
-def _client(name: str) -> None:
-    upstream_mod.CLIENT = name
-
-
-def _shapes(name: str) -> None:
-    chunk_shape.MAX_TRIES = 16 if name == "shapes" else 0
+    switch: Callable[[Any], Switch]  # given the built gateway
+    scenarios: tuple[str, ...]  # labels of steps.bodies()
 
 
 CHOICES = {
-    "upstream-client": Choice(("raw", "aiohttp"), _client, "forward",
-                              (("small", SMALL, 100), ("stream 256", STREAM, 30))),
-    "chunk-shapes": Choice(("shapes", "parse"), _shapes, "relay/chunk", (("stream 256", STREAM, 30),)),
+    "upstream-client": Choice(_client, ("small c=1", "stream 256")),
+    "chunk-shapes": Choice(_shapes, ("stream 256",)),
+    "ring": Choice(_ring, ("2 MB resent (large_c4)", "2 MB new conversation")),
+    "parts": Choice(_parts, ("2 MB resent (large_c4)", "2 MB new conversation")),
 }
 
 
-async def run(choice: Choice, rounds: int) -> dict[tuple[str, str, str], list[float]]:
-    up_port = steps.free_port()
-    mock = subprocess.Popen([sys.executable, str(steps.SHARED / "tools" / "mock_upstream.py"), "--port",
-                             str(up_port), "--chunks", "16"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    tmp = Path(tempfile.mkdtemp(prefix="gw-ab-"))
-    routes = tmp / "routes.yaml"
-    routes.write_text(yaml.safe_dump(steps._routes(f"http://127.0.0.1:{up_port}")))
-    os.environ.setdefault("GATEWAY_ACCESS_LOG_FILE", str(tmp / "access.log"))
-    results: dict[tuple[str, str, str], list[float]] = {}
-    a, b = choice.variants
-    try:
-        steps.wait_http(f"http://127.0.0.1:{up_port}/v1/models", 10)
-        gw = steps.build(steps.Settings(routes_path=routes, data_dir=tmp / "data", watch_routes=False,
-                                        log_level="warning"))
-        await gw.start()
-        try:
-            for i in range(rounds):
-                for variant in (a, b) if i % 2 == 0 else (b, a):
-                    choice.choose(variant)
-                    for label, body, n in choice.scenarios:
-                        for _ in range(3):  # warm: this variant's pooled connection, caches
-                            await steps.one(gw, body, steps.Timer())
-                        timer = steps.Timer()
-                        steps.instrument_once(gw, timer)
-                        totals = [await steps.one(gw, body, timer) for _ in range(n)]
-                        count = timer.count[choice.step] if choice.step == "relay/chunk" else n
-                        scale = 1e6 if choice.step == "relay/chunk" else 1000
-                        results.setdefault((label, choice.step, variant), []).append(
-                            timer.spent[choice.step] / max(1, count) * scale)
-                        results.setdefault((label, "hot path total", variant), []).append(
-                            statistics.median(totals) * 1000)
-        finally:
-            await gw.stop()
-    finally:
-        mock.terminate()
-        mock.wait(5)
-    return results
+async def _one(gw: Any, body: bytes, timer: steps.Timer) -> float:
+    t = _clock()
+    await steps.one(gw, body, timer)  # the answer, then the aftermath drained
+    return _clock() - t
+
+
+async def run(choice: Choice, scenarios: tuple[str, ...], blocks: int, per_block: int) -> None:
+    async with steps.gateway_on_stub("gw-ab-") as (gw, tmp):
+        set_ = choice.switch(gw)
+        all_bodies = steps.bodies(tmp / "corpus.json")
+        for label in scenarios:
+            variants = all_bodies[label]
+            for on in (True, False):  # warm: each variant's pooled connection, caches
+                set_(on)
+                for body in variants[:3]:
+                    await steps.one(gw, body, steps.Timer())
+            totals: dict[bool, list[float]] = {False: [], True: []}
+            timers = {False: steps.Timer(), True: steps.Timer()}
+            k = 0
+            for b in range(blocks):
+                for on in (True, False) if b % 2 == 0 else (False, True):
+                    set_(on)
+                    steps.instrument_once(gw, timers[on])
+                    for _ in range(per_block):
+                        totals[on].append(await _one(gw, variants[k % len(variants)], timers[on]))
+                        k += 1
+            set_(True)
+            _print(label, blocks, per_block, totals, timers)
+
+
+def _print(label: str, blocks: int, per_block: int, totals: dict[bool, list[float]],
+           timers: dict[bool, steps.Timer]) -> None:
+    n = blocks * per_block
+    print(f"\n{label}: {blocks} blocks of {per_block} requests each way, alternated")
+    print("| step | the change | without it | ratio |\n|---|---|---|---|")
+    for step in [*steps.STEPS, "loop per request, median"]:
+        if step == "loop per request, median":
+            b, a = (statistics.median(totals[on]) * 1e3 for on in (True, False))
+            unit = "ms"
+        elif step == "relay/chunk":
+            if not timers[True].count.get(step):
+                continue
+            b, a = (timers[on].spent[step] / max(1, timers[on].count[step]) * 1e6 for on in (True, False))
+            unit = "µs"
+        elif step in timers[False].spent or step in timers[True].spent:
+            b, a = (timers[on].spent.get(step, 0.0) / n * 1e3 for on in (True, False))
+            unit = "ms"
+        else:
+            continue
+        print(f"| {step} | {b:.3f} {unit} | {a:.3f} {unit} | {b / a if a else float('nan'):.2f} |")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("choice", choices=sorted(CHOICES))
-    ap.add_argument("--rounds", type=int, default=6)
-    args = ap.parse_args()
-    choice = CHOICES[args.choice]
-    results = asyncio.run(run(choice, args.rounds))
-    a, b = choice.variants
-    print(f"| scenario | step | {a} (median of rounds) | {b} | {a} / {b} |")
-    print("|---|---|---|---|---|")
-    for label, step in dict.fromkeys((k[0], k[1]) for k in results):
-        unit = "µs" if step == "relay/chunk" else "ms"
-        va = statistics.median(results[(label, step, a)])
-        vb = statistics.median(results[(label, step, b)])
-        print(f"| {label} | {step} | {va:.3f} {unit} | {vb:.3f} {unit} | {va / vb:.2f} |")
+    ap.add_argument("--scenario", action="append", help="a label of bench/steps.py (default: the choice's own)")
+    ap.add_argument("--blocks", type=int, default=6)
+    ap.add_argument("--per-block", type=int, default=20)
+    a = ap.parse_args()
+    import uvloop
+
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())  # as `gateway serve`
+    choice = CHOICES[a.choice]
+    asyncio.run(run(choice, tuple(a.scenario or choice.scenarios), a.blocks, a.per_block))
     return 0
 
 

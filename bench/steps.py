@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import inspect
 import json
 import os
@@ -30,7 +31,7 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 
 import orjson
 import yaml
@@ -173,41 +174,48 @@ def bodies(corpus_path: Path) -> dict[str, list[bytes]]:
             "2 MB resent (large_c4)": [resent], "corpus append-only turn": turns}
 
 
-async def run(requests: int, only: str = "") -> dict[str, dict[str, float]]:
+@contextlib.asynccontextmanager
+async def gateway_on_stub(prefix: str) -> AsyncIterator[tuple[Any, Path]]:
+    """The gateway built in this process (its composition root) in front of a fresh shared stub;
+    yields it and its scratch directory (bench/ab.py runs its A/Bs on the same)."""
     up_port = free_port()
     mock = subprocess.Popen([sys.executable, str(SHARED / "tools" / "mock_upstream.py"), "--port", str(up_port),
                              "--chunks", "16"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    tmp = Path(tempfile.mkdtemp(prefix="gw-steps-"))
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
     routes = tmp / "routes.yaml"
     routes.write_text(yaml.safe_dump(_routes(f"http://127.0.0.1:{up_port}")))
     os.environ.setdefault("GATEWAY_ACCESS_LOG_FILE", str(tmp / "access.log"))
-    results: dict[str, dict[str, float]] = {}
     try:
         wait_http(f"http://127.0.0.1:{up_port}/v1/models", 10)
-        settings = Settings(routes_path=routes, data_dir=tmp / "data", watch_routes=False, log_level="warning")
-        gw = build(settings)
+        gw = build(Settings(routes_path=routes, data_dir=tmp / "data", watch_routes=False, log_level="warning"))
         await gw.start()
         try:
-            for label, variants in bodies(tmp / "corpus.json").items():
-                if only not in label:
-                    continue
-                n = requests if len(variants) == 1 else min(requests, len(variants))
-                for body in variants[:3]:  # warm-up: tokenizers, templates, connections
-                    await one(gw, body, Timer())
-                timer = Timer()
-                instrument_once(gw, timer)
-                totals = [await one(gw, variants[i % len(variants)], timer) for i in range(n)]
-                row = {name: timer.spent[name] / n * 1000 for name in timer.spent}
-                if "relay/chunk" in timer.count and timer.count["relay/chunk"]:
-                    row["relay/chunk"] = timer.spent["relay/chunk"] / timer.count["relay/chunk"] * 1e6  # µs
-                row["hot path total"] = statistics.median(totals) * 1000
-                results[label] = row
-                print(f"  done: {label} ({n} requests)", file=sys.stderr, flush=True)
+            yield gw, tmp
         finally:
             await gw.stop()
     finally:
         mock.terminate()
         mock.wait(5)
+
+
+async def run(requests: int, only: str = "") -> dict[str, dict[str, float]]:
+    results: dict[str, dict[str, float]] = {}
+    async with gateway_on_stub("gw-steps-") as (gw, tmp):
+        for label, variants in bodies(tmp / "corpus.json").items():
+            if only not in label:
+                continue
+            n = requests if len(variants) == 1 else min(requests, len(variants))
+            for body in variants[:3]:  # warm-up: tokenizers, templates, connections
+                await one(gw, body, Timer())
+            timer = Timer()
+            instrument_once(gw, timer)
+            totals = [await one(gw, variants[i % len(variants)], timer) for i in range(n)]
+            row = {name: timer.spent[name] / n * 1000 for name in timer.spent}
+            if "relay/chunk" in timer.count and timer.count["relay/chunk"]:
+                row["relay/chunk"] = timer.spent["relay/chunk"] / timer.count["relay/chunk"] * 1e6  # µs
+            row["hot path total"] = statistics.median(totals) * 1000
+            results[label] = row
+            print(f"  done: {label} ({n} requests)", file=sys.stderr, flush=True)
     return results
 
 
