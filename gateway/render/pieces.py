@@ -59,6 +59,10 @@ ASCII_PIECE = re.compile(
     f"|[{_WS}]+"
 )
 
+# Every ASCII character starts a match of ASCII_PIECE but these (control characters other than \s), which
+# only an optional first character of a word allows: in a text without them the matches cover it.
+_UNMATCHED = re.compile("[\\x00-\\x08\\x0e-\\x1f\\x7f]")
+
 # Pieces kept (their ids): an agent's vocabulary is a few tens of thousands of pieces (the corpus: ~20K).
 MAX_PIECES = 200_000
 
@@ -100,6 +104,13 @@ def _trie_pattern(words: Sequence[str]) -> str:
     return emit(trie)
 
 
+def _tokens(words: Sequence[str]) -> tuple[re.Pattern, re.Pattern] | None:
+    """(their first characters, their trie) for `_found`."""
+    if not words:
+        return None
+    return re.compile("[" + "".join(sorted({re.escape(w[0]) for w in words})) + "]"), re.compile(_trie_pattern(words))
+
+
 class PieceEncoder:
     """The tokenizer's `encode(text, add_special_tokens=False).ids`, for a checked configuration."""
 
@@ -109,8 +120,8 @@ class PieceEncoder:
         self._ids = {content: i for content, (i, _) in added.items()}
         raw = [c for c, (_, normalized) in added.items() if not normalized]
         norm = [c for c, (_, normalized) in added.items() if normalized]
-        self._raw = re.compile(_trie_pattern(raw)) if raw else None
-        self._norm = re.compile(_trie_pattern(norm)) if norm else None
+        self._raw = _tokens(raw)
+        self._norm = _tokens(norm)
         self._pieces: dict[str, bytes] = {}  # piece -> its ids, array('I') bytes (joined in one copy)
 
     @classmethod
@@ -175,13 +186,9 @@ class PieceEncoder:
     def _plan(self, text: str) -> list:
         """The text as added-token ids (int), ASCII pieces (list of str) and other text (str)."""
         out: list = []
-        raw = self._raw
-        if raw is None:
-            self._between(text, 0, len(text), out)
-            return out
         pos = 0
         ids = self._ids
-        for m in raw.finditer(text):
+        for m in self._found(self._raw, text, 0, len(text)):
             s = m.start()
             if s > pos:
                 self._between(text, pos, s, out)
@@ -194,36 +201,53 @@ class PieceEncoder:
     def _between(self, text: str, start: int, end: int, out: list) -> None:
         """Text between two non-normalized added tokens: its normalized added tokens (the normalizer is
         the identity), then what is between those."""
-        norm = self._norm
-        if norm is not None:
-            pos = start
-            ids = self._ids
-            for m in norm.finditer(text, start, end):
-                s = m.start()
-                if s > pos:
-                    self._text(text[pos:s], out)
-                out.append(ids[m.group()])
-                pos = m.end()
-            if pos < end:
-                self._text(text[pos:end], out)
+        pos = start
+        ids = self._ids
+        for m in self._found(self._norm, text, start, end):
+            s = m.start()
+            if s > pos:
+                self._text(text[pos:s], out)
+            out.append(ids[m.group()])
+            pos = m.end()
+        if pos < end:
+            self._text(text[pos:end], out)
+
+    @staticmethod
+    def _found(tokens: tuple[re.Pattern, re.Pattern] | None, text: str, start: int, end: int):
+        """Each added token of `tokens` in text[start:end], leftmost-longest: the next character that
+        starts one (a character class: the trie as a search scanned ~3x slower), then the trie there."""
+        if tokens is None:
             return
-        self._text(text[start:end], out)
+        first, trie = tokens
+        search, match = first.search, trie.match
+        pos = start
+        while True:
+            f = search(text, pos, end)
+            if f is None:
+                return
+            m = match(text, f.start(), end)
+            if m is None:
+                pos = f.start() + 1
+            else:
+                yield m
+                pos = m.end()
 
     @staticmethod
     def _text(span: str, out: list) -> None:
         if not span.isascii():
             out.append(span)
             return
-        pieces = ASCII_PIECE.findall(span)
-        if sum(map(len, pieces)) != len(span):  # characters no alternative matches: pieces of their own
-            pieces, pos = [], 0
-            for m in ASCII_PIECE.finditer(span):
-                if m.start() > pos:
-                    pieces.append(span[pos:m.start()])
-                pieces.append(m.group())
-                pos = m.end()
-            if pos < len(span):
-                pieces.append(span[pos:])
+        if _UNMATCHED.search(span) is None:  # then the pattern's matches cover the text
+            out.append(ASCII_PIECE.findall(span))
+            return
+        pieces, pos = [], 0  # characters no alternative matches (control characters): pieces of their own
+        for m in ASCII_PIECE.finditer(span):
+            if m.start() > pos:
+                pieces.append(span[pos:m.start()])
+            pieces.append(m.group())
+            pos = m.end()
+        if pos < len(span):
+            pieces.append(span[pos:])
         out.append(pieces)
 
     def _learn(self, plans: list[list]) -> None:
