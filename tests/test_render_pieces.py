@@ -108,8 +108,35 @@ def test_the_piece_table_is_bounded(encoder: PieceEncoder, monkeypatch) -> None:
     monkeypatch.setattr(pieces, "MAX_PIECES", 50)
     text = " ".join(f"w{k}x" for k in range(40)) + " " + " ".join(f"v{k}y" for k in range(40))
     assert list(encoder.encode(text)) == _reference([text])[0]
-    assert len(encoder._pieces) <= 200  # cleared when full, then refilled with this text's pieces
+    assert len(encoder._pieces) <= 200  # replaced when full, then filled with this text's pieces
     assert list(encoder.encode(text)) == _reference([text])[0]
+
+
+def test_threads_encoding_while_the_table_is_replaced_get_the_same_ids(monkeypatch) -> None:
+    """GATEWAY_ANALYSIS=thread and the limits' exact count encode from threads: a table replaced when
+    full never leaves another thread without its pieces."""
+    import threading
+
+    enc = PieceEncoder.for_tokenizer(_hf())
+    assert enc is not None
+    monkeypatch.setattr(pieces, "MAX_PIECES", 64)
+    texts = [" ".join(f"t{k}w{j}" for j in range(30)) for k in range(8)]
+    want = _reference(texts)
+    errors: list[BaseException] = []
+
+    def work(k: int) -> None:
+        try:
+            for _ in range(30):
+                assert list(enc.encode(texts[k])) == want[k]
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(texts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
 
 
 def test_a_tokenizer_of_another_configuration_is_not_shortcut() -> None:

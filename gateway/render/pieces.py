@@ -161,13 +161,13 @@ class PieceEncoder:
             done = iter([array("I", e.ids).tobytes() for e in self._tok.encode_batch_fast(other, add_special_tokens=False)])
             plans = [[next(done) if type(p) is str else p for p in plan] for plan in plans]
         try:
-            return self._assemble(plans)
+            return self._assemble(plans, self._pieces)
         except KeyError:  # pieces not seen before
-            self._learn(plans)
-            return self._assemble(plans)
+            return self._assemble(plans, self._learn(plans))
 
-    def _assemble(self, plans: list[list]) -> list[array]:
-        get = self._pieces.__getitem__
+    @staticmethod
+    def _assemble(plans: list[list], table: dict[str, bytes]) -> list[array]:
+        get = table.__getitem__
         join = b"".join
         out = []
         for plan in plans:
@@ -250,9 +250,11 @@ class PieceEncoder:
             pieces.append(span[pos:])
         out.append(pieces)
 
-    def _learn(self, plans: list[list]) -> None:
+    def _learn(self, plans: list[list]) -> dict[str, bytes]:
         """Ids for the pieces not seen before: the tokenizer's BPE model on each (what its encode does
-        with a piece once the byte-level pre-tokenizer has spelled it in the vocabulary's characters)."""
+        with a piece once the byte-level pre-tokenizer has spelled it in the vocabulary's characters).
+        Returns the table that now holds every piece of `plans` (a full table is replaced, never
+        cleared, so another thread's table stays whole)."""
         known = self._pieces
         wanted: set[str] = set()
         for plan in plans:
@@ -261,8 +263,9 @@ class PieceEncoder:
                     wanted.update(p)
         new = wanted.difference(known)
         if len(known) + len(new) > MAX_PIECES:  # full: start again with this batch's pieces
-            known.clear()
+            known = self._pieces = {}
             new = wanted
         tokenize = self._model.tokenize
         for w in new:
             known[w] = array("I", [t.id for t in tokenize(w.translate(_ASCII_TO_VOCAB))]).tobytes()
+        return known
