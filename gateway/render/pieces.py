@@ -63,7 +63,8 @@ ASCII_PIECE = re.compile(
 # only an optional first character of a word allows: in a text without them the matches cover it.
 _UNMATCHED = re.compile("[\\x00-\\x08\\x0e-\\x1f\\x7f]")
 
-# Pieces kept (their ids): an agent's vocabulary is a few tens of thousands of pieces (the corpus: ~20K).
+# Pieces kept (their ids): the 473K-token corpus has ~20K distinct pieces, ~117 bytes each with the
+# table (2.3 MB), so a full table is ~23 MB.
 MAX_PIECES = 200_000
 
 
