@@ -30,7 +30,8 @@ def default_tokenizer_path() -> str:
 
 
 class TextTokenizer:
-    """A loaded tokenizer; encode() and encode_batch() are thread-safe and release the GIL."""
+    """A loaded tokenizer; encode() and encode_batch() are thread-safe. The tokenizer's own calls release
+    the GIL; the piece path (pieces.py, pure Python with `re`) holds it, for ~3-4x less CPU."""
 
     def __init__(self, path: str) -> None:
         self.path = path
