@@ -10,7 +10,9 @@ Prints:
    ../shared/tools/make_agent_corpus.py): the worker's `analyse_job` with the previous turn's memo
    (the unchanged history recognised from its bytes) and, for comparison, the full path;
 2. analysis CPU of a new 1,600-message conversation: its items already rendered by another
-   conversation (a fleet of agents on one task: the render cache is warm), and from nothing;
+   conversation (a fleet of agents on one task: the render cache is warm), and from nothing; and from
+   nothing, and the append-only turn, with the render and tokenizer shortcuts off and on, alternated
+   (--ab-rounds);
 3. the gateway-side cost of handing a job to the analysis worker process (pickle or spool, the
    executor's pipe, the futures), as CPU of the gateway process per job, small and corpus-sized;
 4. the soak's verdict share (bench/soak.py): turns that got a verdict among those completed.
@@ -32,6 +34,8 @@ import time
 from pathlib import Path
 
 import orjson
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as in the analysis worker (worker.py): one core
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -103,6 +107,61 @@ def new_conversation(body: dict, options: RenderOptions, n: int) -> None:
     print(f"  new {len(msgs)}-message conversation from nothing (render + tokenise every message): {cold:.0f} ms")
 
 
+def shortcuts_ab(body: dict, options: RenderOptions, rounds: int, turns: int) -> None:
+    """The render and tokenizer shortcuts (render/native.py, render/pieces.py) off and on, alternated in
+    this process: the new conversation from nothing (fresh render cache; `on, table cold` also empties
+    the piece table: a worker's first conversation), and the append-only turn with the memo."""
+    from gateway.render.template import load_template
+    from gateway.render.tokenizer import load_tokenizer
+
+    tok, template = load_tokenizer(options.tokenizer_path), load_template(options.template)
+    pieces, native = tok._pieces, template.native
+    msgs = body["messages"]
+    said = {"role": "assistant", "content": "Done.", "reasoning_content": "Looked at it."}
+
+    def switch(on: bool) -> None:
+        tok._pieces, template.native = (pieces, native) if on else (None, None)
+
+    def new(on: bool, cold: bool = False) -> float:
+        switch(on)
+        if cold and pieces is not None:
+            pieces._pieces = {}
+        renderer = Renderer(options, cache=SegmentCache())
+        memos().clear()
+        return cpu_ms(lambda: analyse_job(job("ab", body, msgs, options, None), renderer, None))[0]
+
+    def append(on: bool) -> float:
+        switch(on)
+        memos().clear()
+        renderer = Renderer(options, cache=SegmentCache())
+        history = msgs[:[i for i, m in enumerate(msgs) if m["role"] == "assistant"][-1]]
+        out = analyse_job(job("c", body, history, options, None), renderer, None)
+        times = []
+        for k in range(turns):
+            history = [*history, said, {"role": "user", "content": f"Step {k}: go on."}]
+            j = job("c", body, history, options, out.data, ConversationState.from_bytes(out.data))
+            ms, out = cpu_ms(lambda: analyse_job(j, renderer, None))
+            times.append(ms)
+        return statistics.median(times)
+
+    got: dict[str, list[float]] = {"off": [], "on, table cold": [], "on": []}
+    turn: dict[str, list[float]] = {"off": [], "on": []}
+    try:
+        for _ in range(rounds):
+            got["off"].append(new(False))
+            got["on, table cold"].append(new(True, cold=True))
+            got["on"].append(new(True))
+            turn["off"].append(append(False))
+            turn["on"].append(append(True))
+    finally:
+        switch(True)
+    print(f"  shortcuts off / on (render/native.py, render/pieces.py), {rounds} alternated rounds:")
+    print(f"    new {len(msgs)}-message conversation from nothing: " +
+          ", ".join(f"{k} median {statistics.median(v):.0f} ms" for k, v in got.items()) + "   target <= 300 ms")
+    print(f"    append-only turn with the memo (median of {turns} turns each round): " +
+          ", ".join(f"{k} median {statistics.median(v):.2f} ms" for k, v in turn.items()) + "   target <= 5 ms")
+
+
 def hand_off(body: dict, options: RenderOptions, n_small: int, n_big: int) -> None:
     """Gateway-process CPU per job through the real worker process (pickling, the pipe)."""
     small = {"messages": [{"role": "system", "content": "You are agent 1."}, {"role": "user", "content": "Step 1."}]}
@@ -153,6 +212,7 @@ def main() -> int:
     ap.add_argument("--corpus", default="/tmp/agent.json")
     ap.add_argument("--turns", type=int, default=12)
     ap.add_argument("--soak-seconds", type=float, default=60.0)
+    ap.add_argument("--ab-rounds", type=int, default=5, help="rounds of the shortcuts' off/on A/B (0: none)")
     a = ap.parse_args()
     body = corpus(Path(a.corpus))
     options = RenderOptions(thinking=True, reasoning_effort=body.get("reasoning_effort"), engine="vllm")
@@ -163,6 +223,8 @@ def main() -> int:
     print(f"analysis CPU (process time; cores={os.cpu_count()}, load average {os.getloadavg()[0]:.1f}):")
     append_only(body, options, a.turns)
     new_conversation(body, options, 5)
+    if a.ab_rounds:
+        shortcuts_ab(body, options, a.ab_rounds, a.turns)
     hand_off(body, options, 300, 10)
     if a.soak_seconds > 0:
         soak(a.soak_seconds)

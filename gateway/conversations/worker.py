@@ -55,7 +55,11 @@ def _init(parent: int, spool: str | None) -> None:
         with contextlib.suppress(OSError):
             os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     # One core at most: the tokenizer's thread pool would spread a big render over every core (the hot
-    # path's too), and its idle threads spin between the small batches of an agent's turn.
+    # path's too), and its idle threads spin between the small batches of an agent's turn. (Checked in
+    # the soak: the worker runs two threads, this one and the parent watch; no pool. Its turns cost ~2-3x
+    # their in-process CPU there, preempted ~100 times a second at niceness 10, with 28% of py-spy's
+    # samples inside the tokenizer call for a few dozen tokens and 15% in the Jinja macro:
+    # render/pieces.py and render/native.py take both off an agent's turn.)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s analysis-worker: %(message)s")
     threading.Thread(target=_exit_with_parent, args=(parent, spool), name="parent-watch", daemon=True).start()

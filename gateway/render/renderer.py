@@ -818,6 +818,10 @@ class Renderer:
         )
 
     def _call_macro(self, template: ChatTemplate, role: str, idx: int, members: list, c: dict) -> RenderedItem:
+        if template.native is not None:  # the packaged template's macro in Python, for a plain item (native.py)
+            plain = template.native(role, idx, members, c)
+            if plain is not None:
+                return _item(*plain)
         try:
             out = template.macro("render_item")(role, idx, members, c)
         except jinja2.TemplateError as e:

@@ -13,6 +13,8 @@ import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from . import native
+
 # Templates ship inside the package (gateway/chat_templates/*.jinja, package data of the wheel) and are
 # read through importlib.resources, never from a path beside the source tree.
 PACKAGE = "gateway"
@@ -119,6 +121,7 @@ class ChatTemplate:
         self.module = self.template.make_module({})
         self.header_is_suffix = header_is_suffix(source)
         self.reasoning_is_prefix = reasoning_is_prefix(source)
+        self.native = native.for_source(source)  # render_item in Python for plain items, or None
 
     def render(self, **variables: Any) -> str:
         return self.template.render(**variables)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer
 
+from .pieces import PieceEncoder
+
 V41_ADDED_TOKENS = ("<｜System｜>", "<｜deepseek_image｜>")
 
 
@@ -28,7 +30,8 @@ def default_tokenizer_path() -> str:
 
 
 class TextTokenizer:
-    """A loaded tokenizer; encode() and encode_batch() are thread-safe and release the GIL."""
+    """A loaded tokenizer; encode() and encode_batch() are thread-safe. The tokenizer's own calls release
+    the GIL; the piece path (pieces.py, pure Python with `re`) holds it, for ~3-4x less CPU."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -38,13 +41,22 @@ class TextTokenizer:
             tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in missing])
         self._tok = tok
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        # The same ids without the tokenizer's pre-tokenizer where its configuration allows (pieces.py):
+        # ~3-4x less CPU for a large text, and no call into the tokenizer for an agent's small turn.
+        # GATEWAY_TOKENIZER_PIECES=0 always calls the tokenizer (an A/B).
+        self._pieces = PieceEncoder.for_tokenizer(tok) if os.environ.get("GATEWAY_TOKENIZER_PIECES", "1") != "0" \
+            else None
 
     def encode(self, text: str) -> array:
+        if self._pieces is not None:
+            return self._pieces.encode(text)
         return array("I", self._tok.encode(text, add_special_tokens=False).ids)
 
     def encode_batch(self, texts: Sequence[str]) -> list[array]:
         if not texts:
             return []
+        if self._pieces is not None:
+            return self._pieces.encode_batch(texts)
         if len(texts) == 1:
             return [self.encode(texts[0])]
         # `encode_batch_fast` (tokenizers >= 0.21) computes no character offsets, which nothing here
