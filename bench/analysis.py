@@ -46,7 +46,10 @@ from gateway.conversations.memo import memos  # noqa: E402
 from gateway.conversations.state import ConversationState  # noqa: E402
 from gateway.conversations.worker import AnalysisProcess  # noqa: E402
 from gateway.render.cache import SegmentCache  # noqa: E402
+from gateway.render import tokenizer as tokenizer_mod  # noqa: E402
 from gateway.render.renderer import Renderer, RenderOptions  # noqa: E402
+
+tokenizer_mod.PIECES_MAX_CHARS = None  # as in the analysis worker (worker.py): the analysis's own process
 
 SHARED = Path(os.environ.get("GATEWAY_SHARED", REPO.parent / "shared"))
 USAGE = {"prompt_tokens": 1, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 0}}

@@ -160,3 +160,34 @@ def test_the_agent_corpus_encodes_as_the_tokenizer_does(encoder: PieceEncoder, t
     texts = [m["content"] for m in body["messages"] if isinstance(m.get("content"), str) and m["content"]]
     texts += [json.dumps(body["tools"])]
     assert [list(a) for a in encoder.encode_batch(texts)] == _reference(texts)
+
+
+def test_a_large_text_in_the_gateways_own_process_goes_to_the_tokenizer(monkeypatch) -> None:
+    # The piece path holds the GIL: in the gateway's process (the limits' exact count runs in a thread
+    # beside the event loop) a text above PIECES_MAX_CHARS goes to the tokenizer, which releases it.
+    from gateway.render import tokenizer as tokenizer_mod
+
+    tok = load_tokenizer()
+    used: list[int] = []
+
+    class Spy:
+        def __init__(self, inner) -> None:
+            self.inner = inner
+
+        def encode(self, text):
+            used.append(len(text))
+            return self.inner.encode(text)
+
+        def encode_batch(self, texts):
+            used.append(sum(map(len, texts)))
+            return self.inner.encode_batch(texts)
+
+    monkeypatch.setattr(tok, "_pieces", Spy(tok._pieces))
+    small, big = "a few words", "many words here. " * 2000
+    assert tok.encode(small).tolist() == tok._tok.encode(small, add_special_tokens=False).ids
+    assert tok.encode(big).tolist() == tok._tok.encode(big, add_special_tokens=False).ids
+    assert tok.encode_batch([big, small])[0].tolist() == tok._tok.encode(big, add_special_tokens=False).ids
+    assert used == [len(small)]
+    monkeypatch.setattr(tokenizer_mod, "PIECES_MAX_CHARS", None)  # as the analysis worker sets it
+    tok.encode(big)
+    assert used == [len(small), len(big)]

