@@ -35,13 +35,8 @@ def emu(emu_proc):
 def test_append_only_agent_hits_every_turn_and_predictions_match(emu):
     with run_gateway(routes(emu.url)) as gw:
         agent = Agent(gw)
-        _, first = agent.turn()
-        assert first["verdict"] == "cold"
-        for _ in range(7):
-            _, cache = agent.turn()
-            assert cache["verdict"] == "hit", cache
-            assert cache["predicted_cached_tokens"] == cache["reported_cached_tokens"] > 0
-            assert cache["render_matches_engine"]
+        for cache in agent.cold_then_hits(7)[1:]:
+            assert cache["render_matches_engine"], cache
 
 
 def test_non_streaming_turns_are_tracked_too(emu):

@@ -91,12 +91,7 @@ def test_a_large_conversation_is_analysed_through_the_ring_or_without_it(emu, ri
     with run_gateway(routes(emu.url), env={"GATEWAY_ANALYSIS_RING_MB": ring_mb}) as gw:
         agent = Agent(gw)
         agent.messages[0]["content"] += " Keep this in mind." * 5000  # ~95 KB: above handoff.MIN_BYTES
-        _, first = agent.turn()
-        assert first["verdict"] == "cold"
-        for _ in range(3):
-            _, cache = agent.turn()
-            assert cache["verdict"] == "hit", cache
-            assert cache["predicted_cached_tokens"] == cache["reported_cached_tokens"] > 0
+        agent.cold_then_hits(3)
         assert "analysis failed" not in gw.log()
 
 

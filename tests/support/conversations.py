@@ -73,6 +73,19 @@ class Agent:
         self.model = model
         self.echo_field = echo_field
 
+    def cold_then_hits(self, hits: int) -> list[dict]:
+        """A first turn (cold), then `hits` turns that must each hit with predicted == reported cached
+        tokens; the analyses, first turn's included."""
+        _, first = self.turn()
+        assert first["verdict"] == "cold", first
+        caches = [first]
+        for _ in range(hits):
+            _, cache = self.turn()
+            assert cache["verdict"] == "hit", cache
+            assert cache["predicted_cached_tokens"] == cache["reported_cached_tokens"] > 0, cache
+            caches.append(cache)
+        return caches
+
     def turn(self, extra_headers: dict | None = None, wait: bool = True, **kw) -> tuple[dict, dict]:
         # 8 reasoning tokens (the emulator's knob) + 12 of content: max_tokens counts reasoning, as on the engines
         args = {"model": self.model, "messages": self.messages, "max_tokens": 20, **self.kw, **kw}
