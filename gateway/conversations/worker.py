@@ -229,7 +229,7 @@ class AnalysisProcess:
         self.jobs = 0
         self._preload: list[RenderOptions] = []
         self._spool = _spool_dir(spool_parent)
-        self._ring = handoff.BodyRing.create(self._spool)  # large bodies, without pickling them
+        self._ring: handoff.BodyRing | None = None  # large bodies, without pickling them (made at start)
         self._jobs = itertools.count()
         self.starts = 0
         self.deaths = 0
@@ -237,6 +237,8 @@ class AnalysisProcess:
     def start(self, preload_renders: list[RenderOptions]) -> None:
         """Spawn the worker and have it load tokenizers and templates; returns at once."""
         self._preload = preload_renders
+        if self._ring is None:  # here, not when built: a process never started leaves no 32 MiB behind
+            self._ring = handoff.BodyRing.create(self._spool)
         self._ensure()
 
     def _ensure(self) -> None:
