@@ -101,16 +101,18 @@ class StreamObserver:
 
     def relay(self, event: bytes) -> bytes | None:
         """The bytes the client gets for this event (None: nothing). Raises BadStream."""
-        if self.strip_ids:  # out before anything reads the event (vLLM sends ids in every chunk)
-            event = token_ids.take(self.ex, event)
-            if event is None:
+        if self._known(event):
+            return event
+        if self.strip_ids:  # out before anything else reads the event (vLLM sends ids in every chunk)
+            # (An event known above had none to take: its bytes are a stripped chunk's, `null` where
+            # an id array was; an engine that sends none skips this search, ~0.3 µs a chunk.)
+            stripped = token_ids.take(self.ex, event)
+            if stripped is None:
                 return None
-        for shape in self.shapes:  # the usual token chunk, known from its bytes: nothing to parse
-            text = shape.text(event)
-            if text is not None:
-                if text or shape.kind == chunk_shape.ARGUMENTS:  # a tool call's delta counts even when empty
-                    self._produced(shape, text)
-                return event
+            if stripped is not event:
+                event = stripped
+                if self._known(event):
+                    return event
         simple = event[:5] == b"data:" and event.find(b"\n", 0, len(event) - 2) == -1
         if simple:
             payload = event[5:].strip()
@@ -151,6 +153,16 @@ class StreamObserver:
                 self._learn(event, chunk)
         # Several data lines joined may hold newlines (pretty-printed JSON): one line again.
         return event if simple else b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+    def _known(self, event: bytes) -> bool:
+        """The usual token chunk, known from its bytes (chunk_shape.py): recorded, nothing to parse."""
+        for shape in self.shapes:
+            text = shape.text(event)
+            if text is not None:
+                if text or shape.kind == chunk_shape.ARGUMENTS:  # a tool call's delta counts even when empty
+                    self._produced(shape, text)
+                return True
+        return False
 
     def _learn(self, event: bytes, chunk: dict[str, Any]) -> None:
         shape = chunk_shape.learn(event, chunk)
