@@ -191,9 +191,10 @@ def hand_off(body: dict, options: RenderOptions, n_small: int, n_big: int) -> No
                 print(f"  hand-off, small job, {concurrent:2d} in flight: {ms * 1000:.0f} us of gateway CPU per job "
                       f"({process.jobs / max(1, process.batches):.1f} jobs per batch so far)")
             data = job("b", body, body["messages"], options, None)
+            size = len(data.body)
             await process.run(data)
             ms = await run([job("b", body, body["messages"], options, None) for _ in range(n_big)], process, 1)
-            print(f"  hand-off, corpus job ({len(data.body) / 1e6:.2f} MB, spooled via /dev/shm): {ms:.2f} ms of "
+            print(f"  hand-off, corpus job ({size / 1e6:.2f} MB, through the shared-memory ring): {ms:.2f} ms of "
                   f"gateway CPU per job")
         finally:
             process.stop()
