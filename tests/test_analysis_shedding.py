@@ -121,6 +121,37 @@ async def test_past_max_coalesced_a_newer_turn_takes_the_oldest_ones_place() -> 
         await am.stop()
 
 
+async def test_a_slow_analysis_holds_back_only_the_sinks_of_turns_taken_after_it() -> None:
+    """Workers never wait for each other's analysis (the analysis process then always has work):
+    while one turn's analysis is slow, the turns taken after it are analysed, and their sinks wait
+    to run in the order the turns were taken."""
+    slow = asyncio.Event()
+    analysed: list[str] = []
+    sunk: list[str] = []
+
+    async def analysis(ex, lane) -> None:
+        if ex.request_id == "A1":
+            await slow.wait()
+        analysed.append(ex.request_id)
+
+    am = Aftermath(analyzers=[analysis], sinks=[lambda ex, lane: sunk.append(ex.request_id)], workers=2)
+    am.start()
+    try:
+        for ex in (_turn("A", 1), _turn("B", 1), _turn("C", 1), _turn("D", 1)):
+            am.exchange_ended(ex, None)
+        for _ in range(50):  # the other worker goes on through B1, C1, D1 while A1's analysis waits
+            if len(analysed) == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert analysed == ["B1", "C1", "D1"] and sunk == [], "analysed; their records wait for A1's"
+        slow.set()
+        assert await am.drain(5)
+        assert analysed[-1] == "A1" and sunk == ["A1", "B1", "C1", "D1"], "sinks in the order taken"
+        assert am.processed == 4 and am.queued_bytes == 0 and not am._ready
+    finally:
+        await am.stop()
+
+
 def _three_quick_turns_behind_a_big_one(env: dict[str, str]) -> tuple[list[str], dict[str, dict], dict]:
     """One aftermath worker busy with a big new conversation's analysis (~0.5 s of render and
     tokenisation) while a small conversation sends three quick turns: their request ids, their

@@ -8,8 +8,12 @@ import pickle
 import struct
 
 import httpx
+import orjson
 
-from gateway.conversations.worker import _take_frame
+from gateway.conversations.job import Job
+from gateway.conversations.state import ConversationState
+from gateway.conversations.worker import IN_FLIGHT, AnalysisProcess, _take_frame
+from gateway.render.renderer import RenderOptions
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
 
@@ -52,3 +56,37 @@ def test_a_burst_of_concurrent_turns_is_analysed_by_one_living_worker() -> None:
             assert overview["analysis_worker_deaths"] == 0, overview
             assert overview["analysis_failures"] == 0, overview
             assert "worker process died" not in gw.log()
+
+
+def test_batches_wait_in_the_pipe_while_the_worker_is_busy() -> None:
+    """A job that comes while a batch is in the worker's hands is sent at once (up to IN_FLIGHT
+    batches), not when the answer has been read: a busy event loop read answers late, and the worker
+    sat idle meanwhile. Answers come back to their own jobs, in order."""
+    options = RenderOptions(thinking=False, engine="vllm")
+
+    def job(i: int) -> Job:
+        body = {"model": "m", "messages": [{"role": "user", "content": f"task {i}"}]}
+        usage = {"prompt_tokens": 9, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 0}}
+        return Job(f"r{i}", "l", options, options, 16, "vllm", 5000.0, orjson.dumps(body),
+                   {"role": "assistant", "content": f"done {i}"}, "stop", usage, False, None, None, None, False,
+                   False, ConversationState(f"c{i}", "key"))
+
+    async def main() -> None:
+        process = AnalysisProcess()
+        process.start([options])  # the worker loads the tokenizer and template before its first answer
+        try:
+            first = asyncio.ensure_future(process.run(job(0)))
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            assert process.batches == 1 and not first.done()
+            rest = [asyncio.ensure_future(process.run(job(i))) for i in range(1, IN_FLIGHT + 2)]
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            assert process.batches == 2 and not first.done(), "sent while the first is unanswered"
+            outcomes = await asyncio.wait_for(asyncio.gather(first, *rest), 60)
+            assert [o.cache["rendered_prompt_tokens"] > 0 for o in outcomes] == [True] * len(outcomes)
+            assert [orjson.loads(o.data)["id"] for o in outcomes] == [f"c{i}" for i in range(IN_FLIGHT + 2)]
+        finally:
+            process.stop()
+
+    asyncio.run(main())
