@@ -150,3 +150,35 @@ def test_body_bytes_read_as_orjson_reads_them(dumps) -> None:
 ])
 def test_odd_bodies_are_left_to_the_full_parse(data: bytes) -> None:
     assert rawbody.read(data) is None
+
+
+@pytest.mark.parametrize("head_ahead", [False, True], ids=["stored-current", "head-ahead"])
+def test_a_job_sent_without_the_previous_print_reads_it_from_the_stored_state(head_ahead: bool) -> None:
+    """The analysis process gets the hot path's state without its previous turn's print (the print is
+    in `stored`, sent once): the outcome is the one the whole state gives, also when the head (written
+    at the response's end) is ahead of the stored state, as when analysis lags."""
+    import dataclasses
+
+    rng = random.Random(7)
+    history = _agent(rng, 6)
+    options = RenderOptions(thinking=True, reasoning_effort="high", engine="vllm")
+    out = {"role": "assistant", "content": "answer", "reasoning_content": "why"}
+    first = {"model": "m", "messages": history, "max_tokens": 8}
+    second = {"model": "m", "messages": [*history, sent_back(out), {"role": "user", "content": "next"}], "max_tokens": 8}
+    views = []
+    for slim in (False, True):
+        memos().clear()
+        renderer = Renderer(RenderOptions(engine="vllm"), cache=SegmentCache())
+        stored = analyse_job(_job("c", first, options, "vllm", out, ConversationState("c", "key"), None, True),
+                             renderer, None).data
+        state = ConversationState.from_bytes(stored)
+        if head_ahead:
+            state.turn += 1
+        job = _job("c", second, options, "vllm", out, state, stored, True)
+        if slim:
+            job.state, job.last_in_stored = dataclasses.replace(state, last=None, last_cache=None), True
+        memos().clear()  # as after a worker restart: the print comes from the bytes, not the memo
+        outcome = analyse_job(job, renderer, None)
+        views.append((outcome.cache, {**_view(outcome.data), "lc": None}, outcome.divergence))
+    assert views[0] == views[1]
+    assert views[1][0]["verdict"] != "cold", "compared with the previous turn"

@@ -44,6 +44,7 @@ class Job:
     generated_token_ids: list[int] | None = None  # what the engine generated, if it said
     token_ids_why: str | None = None  # why the engine gave no prompt ids (the record then compares counts)
     kv_block_size: int | None = None  # issue 20: the lane has KV events; key the render's blocks this size
+    last_in_stored: bool = False  # `state` was sent without its previous turn's print: read it from `stored`
 
 
 @dataclass
