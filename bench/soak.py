@@ -393,8 +393,9 @@ def main(argv: list[str] | None = None) -> int:
         gw_cpu = cpu.get(pid, (0.0, 0))[0]
         w_cpu, w_nice = cpu.get(worker, (0.0, 0)) if worker else (0.0, 0)
         print(f"CPU: gateway process {gw_cpu:.1f} s ({gw_cpu * 1000 / max(1, total):.2f} ms per request), analysis "
-              f"worker {w_cpu:.1f} s at nice {w_nice} ({w_cpu * 1000 / max(1, after.get('analysed') or 0):.2f} ms per "
-              f"analysed turn)")
+              f"worker {w_cpu:.1f} s ({w_cpu * 1000 / max(1, after.get('analysed') or 0):.2f} ms per analysed turn); "
+              f"{after.get('analysis_batches_behind')} of its {after.get('analysis_batches')} batches sent behind "
+              f"(at the event loop's niceness, {w_nice}; the others at GATEWAY_ANALYSIS_NICE)")
         ok_turns = tally.kinds.get("ok", 0)
         print(f"verdict share: {(after.get('analysed') or 0) / max(1, ok_turns):.1%} of {ok_turns} completed turns "
               f"got a verdict (target >= 95%)")

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.conversations.analyzer import _tokens_of, char_offset, new_turn, turn_print
 from gateway.conversations.drift import classify, compare
@@ -45,3 +47,17 @@ def test_turn_pair(path: Path) -> None:
         return
     div = classify(old, new_turn(b2, o2.thinking, e2), r2, cmp, char_offset(r2, cmp, o2, old, tokens_of))
     assert (div.message_index, div.cause) == (case["divergence_message_index"], case["cause"])
+
+
+@settings(max_examples=300, deadline=None, database=None, derandomize=True)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), max_size=80),
+       st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), max_size=80))
+def test_the_first_differing_segment_is_found_by_slices_as_by_a_loop(old: list, new: list) -> None:
+    """drift._first_difference (slice comparisons) against the segment-by-segment loop it replaced."""
+    from gateway.conversations.drift import _first_difference
+    from gateway.conversations.state import SegmentPrints
+
+    m = min(len(old), len(new))
+    naive = next((k for k in range(m) if old[k] != new[k]), m)
+    prints = [SegmentPrints([d for d, _ in x], [1] * len(x), [n for _, n in x]) for x in (old, new)]
+    assert _first_difference(prints[0], prints[1], m) == naive

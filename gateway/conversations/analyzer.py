@@ -37,7 +37,7 @@ from .memo import TurnMemo, memos
 from .memo import cost as memo_cost
 from .policy import Found
 from .prints import message_prints, segment_prints
-from .state import ConversationState, Head, MessagePrints, TurnPrint
+from .state import ConversationState, Head, MessagePrints, SegmentPrints, TurnPrint
 from .worker import AnalysisProcess
 
 log = logging.getLogger("gateway.drift")
@@ -255,7 +255,8 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
     new = new_turn(body, thinking, effort, job.rewritten, rendered.message_digests, job.engine, prints)
     old = state.last
     block = job.block_size
-    n = rendered.n_tokens
+    seg_prints = segment_prints(rendered.segments)  # once: compared here, kept in the turn's print
+    n = seg_prints.total_tokens()
     reported = _reported_cached(job.usage, job.engine)
     divergence: Divergence | None = None
     snippets = None
@@ -266,7 +267,7 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
     else:
         tokens_of = _tokens_of(renderer, options) if renderer is not None and rendered.exact else (
             estimator.tokens_of if estimator is not None else _tokens_of(None, options))
-        cmp = compare(old, rendered, tokens_of)
+        cmp = compare(old, rendered, tokens_of, seg_prints)
         held = cmp.old_tokens - 1 if old.kv_tokens is None else min(cmp.old_tokens - 1, old.kv_tokens)
         usable = min(cmp.lcp_tokens, held, n - 1)
         predicted = max(0, usable) // block * block
@@ -323,7 +324,7 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
         out["kv_keys"] = _block_keys(rendered, generated, job.kv_block_size)
         out["kv_ends"] = _message_ends(rendered, len(body.get("messages") or ()))
     last = turn_print(new, rendered, generated, generated_msg, request_tail(body.get("messages") or [], job.engine),
-                      _kv_tokens(job, rendered), job.engine)
+                      _kv_tokens(job, n), job.engine, seg_prints)
     last.retokenized_at = _retokenized_at(job, rendered, generated)
     new_state = _next_state(job, state, last)
     new_state.last_cache = cache
@@ -370,9 +371,11 @@ def new_turn(body: dict[str, Any], thinking: bool | None, effort: int | str | No
 
 
 def turn_print(new: NewTurn, rendered: Rendered, generated: Segment | None, generated_msg: dict[str, Any],
-               request_chain: int, kv_tokens: int | None = None, engine: str = "sglang") -> TurnPrint:
+               request_chain: int, kv_tokens: int | None = None, engine: str = "sglang",
+               prints: SegmentPrints | None = None) -> TurnPrint:
+    segments = prints if prints is not None else segment_prints(rendered.segments)
     return TurnPrint(
-        segments=segment_prints(rendered.segments),
+        segments=segments,
         generated=segment_prints([generated] if generated is not None else []),
         messages=new.messages,
         generated_message=message_prints([{**generated_msg, "role": "assistant"}], engine=engine),
@@ -380,7 +383,7 @@ def turn_print(new: NewTurn, rendered: Rendered, generated: Segment | None, gene
         effort=new.effort,
         tools_digest=new.tools_digest,
         response_format_digest=new.response_format_digest,
-        prompt_tokens=rendered.n_tokens,
+        prompt_tokens=segments.total_tokens(),
         exact=rendered.exact,
         request_chain=request_chain,
         kv_tokens=kv_tokens,
@@ -427,12 +430,12 @@ def _message_ends(rendered: Rendered, n_messages: int) -> bytes:
     return ends.tobytes()
 
 
-def _kv_tokens(job: Job, rendered: Rendered) -> int | None:
+def _kv_tokens(job: Job, n_tokens: int) -> int | None:
     """The engine's KV extent after an output cut at max_tokens (see TurnPrint.kv_tokens)."""
     completion = (job.usage or {}).get("completion_tokens")
     if job.finish_reason != "length" or not isinstance(completion, int) or completion < 1:
         return None
-    return rendered.n_tokens + completion - 1
+    return n_tokens + completion - 1
 
 
 def char_offset(rendered: Rendered, cmp: Comparison, options: RenderOptions, old: TurnPrint | None = None,

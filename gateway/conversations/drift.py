@@ -56,18 +56,19 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return lo
 
 
-def compare(old: TurnPrint, new: Rendered, tokens_of: TokensOf) -> Comparison:
+def compare(old: TurnPrint, new: Rendered, tokens_of: TokensOf, prints: SegmentPrints | None = None) -> Comparison:
+    """`prints`: the new render's segment prints, when the caller has them (segment_prints(new.segments))."""
     old_segs = _concat(old.segments, old.generated)
     new_segs = new.segments
+    if prints is None:
+        prints = SegmentPrints([s.digest for s in new_segs], [len(s.token_ids) for s in new_segs],
+                               [len(s.text) for s in new_segs])
     old_total = old_segs.total_tokens()
-    new_total = new.n_tokens
-    pos = 0
-    for i, seg in enumerate(new_segs):
-        if i >= len(old_segs.digests):
-            return Comparison(old_total, old_total, new_total, True, None, 0, True)
-        if old_segs.digests[i] == seg.digest and old_segs.lengths[i] == len(seg.text):
-            pos += old_segs.tokens[i]
-            continue
+    new_total = prints.total_tokens()
+    m = min(len(old_segs.digests), len(new_segs))
+    i = _first_difference(old_segs, prints, m)  # segments before i are the same text
+    pos = sum(old_segs.tokens[:i])
+    if i < m:
         old_ids = _tokens_from(old_segs, i, tokens_of)
         if old_ids is None:
             return Comparison(pos, old_total, new_total, False, i, 0, False, i)
@@ -76,9 +77,31 @@ def compare(old: TurnPrint, new: Rendered, tokens_of: TokensOf) -> Comparison:
         stable = k >= len(old_ids) and pos + k >= old_total
         seg_index, offset = _locate(new_segs, i, k)
         return Comparison(pos + k, old_total, new_total, stable, None if stable else seg_index, offset, True, i)
+    if len(new_segs) > m:  # every old segment is there, and more follow
+        return Comparison(old_total, old_total, new_total, True, None, 0, True)
     # The new render is a prefix of the old one (a retry, or the last answer dropped).
     return Comparison(new_total, old_total, new_total, pos >= old_total, None if pos >= old_total else len(new_segs),
                       0, True)
+
+
+def _first_difference(old: SegmentPrints, new: SegmentPrints, m: int) -> int:
+    """The first of the leading `m` segments whose digest or text length differs (m: none does),
+    by slice comparisons: a 1,568-segment session's turn compared in C, not segment by segment in
+    Python (~0.3 ms each turn, in the worker)."""
+    od, ol, nd, nl = old.digests, old.lengths, new.digests, new.lengths
+    if od[:m] == nd[:m] and ol[:m] == nl[:m]:
+        return m
+    lo, hi = 0, m  # [lo, hi) holds a difference
+    while hi - lo > 16:
+        mid = (lo + hi) // 2
+        if od[lo:mid] == nd[lo:mid] and ol[lo:mid] == nl[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    for k in range(lo, hi):
+        if od[k] != nd[k] or ol[k] != nl[k]:
+            return k
+    return hi
 
 
 def old_tokens_at(old: TurnPrint, tokens_of: TokensOf, position: int, n: int) -> list[int]:
