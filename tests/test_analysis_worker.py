@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import pickle
 import struct
+from pathlib import Path
 
 import httpx
 import orjson
 
 from gateway.conversations.job import Job
 from gateway.conversations.state import ConversationState
-from gateway.conversations.worker import IN_FLIGHT, AnalysisProcess, _take_frame
+from gateway.conversations.worker import BEHIND_JOBS, IN_FLIGHT, NICENESS, AnalysisProcess, _take_frame
 from gateway.render.renderer import RenderOptions
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
@@ -58,6 +59,14 @@ def test_a_burst_of_concurrent_turns_is_analysed_by_one_living_worker() -> None:
             assert "worker process died" not in gw.log()
 
 
+def _job(i: int, options: RenderOptions) -> Job:
+    body = {"model": "m", "messages": [{"role": "user", "content": f"task {i}"}]}
+    usage = {"prompt_tokens": 9, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 0}}
+    return Job(f"r{i}", "l", options, options, 16, "vllm", 5000.0, orjson.dumps(body),
+               {"role": "assistant", "content": f"done {i}"}, "stop", usage, False, None, None, None, False,
+               False, ConversationState(f"c{i}", "key"))
+
+
 def test_batches_wait_in_the_pipe_while_the_worker_is_busy() -> None:
     """A job that comes while a batch is in the worker's hands is sent at once (up to IN_FLIGHT
     batches), not when the answer has been read: a busy event loop read answers late, and the worker
@@ -65,11 +74,7 @@ def test_batches_wait_in_the_pipe_while_the_worker_is_busy() -> None:
     options = RenderOptions(thinking=False, engine="vllm")
 
     def job(i: int) -> Job:
-        body = {"model": "m", "messages": [{"role": "user", "content": f"task {i}"}]}
-        usage = {"prompt_tokens": 9, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 0}}
-        return Job(f"r{i}", "l", options, options, 16, "vllm", 5000.0, orjson.dumps(body),
-                   {"role": "assistant", "content": f"done {i}"}, "stop", usage, False, None, None, None, False,
-                   False, ConversationState(f"c{i}", "key"))
+        return _job(i, options)
 
     async def main() -> None:
         process = AnalysisProcess()
@@ -90,3 +95,27 @@ def test_batches_wait_in_the_pipe_while_the_worker_is_busy() -> None:
             process.stop()
 
     asyncio.run(main())
+
+
+def test_batches_run_politely_unless_analysis_is_behind() -> None:
+    """A batch sent with BEHIND_JOBS or more turns in the worker's hands runs at the event loop's
+    priority; the others run in the worker's thread at NICENESS (Linux: niceness is per thread)."""
+    options = RenderOptions(thinking=False, engine="vllm")
+
+    async def main() -> tuple[int, int, set[int]]:
+        process = AnalysisProcess()
+        process.start([options])
+        try:
+            await process.run(_job(0, options))  # alone: polite
+            many = await asyncio.gather(*(process.run(_job(i, options)) for i in range(1, BEHIND_JOBS + 1)))
+            assert len(many) == BEHIND_JOBS
+            pid = process.pid()
+            nices = {int(stat.read_text().rsplit(")", 1)[1].split()[16])
+                     for stat in Path(f"/proc/{pid}/task").glob("*/stat")}
+            return process.batches, process.behind_batches, nices
+        finally:
+            process.stop()
+
+    batches, behind, nices = asyncio.run(main())
+    assert batches == 2 and behind == 1, "the lone job polite, the burst of BEHIND_JOBS behind"
+    assert {0, NICENESS} <= nices, nices
