@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample-s", type=float, default=30.0)
     p.add_argument("--redis", default=None, help="redis://... for the gateway's state (default: memory)")
     p.add_argument("--analysis-nice", type=int, default=None,
-                   help="the analysis worker's niceness (GATEWAY_ANALYSIS_NICE; the gateway's default is 10)")
+                   help="the niceness of the analysis worker's polite batches (GATEWAY_ANALYSIS_NICE; the gateway's default is 5)")
     p.add_argument("--verbose", "-v", action="store_true")
     args = p.parse_args(argv)
     if args.conversations < args.concurrency:
