@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"CPU: gateway process {gw_cpu:.1f} s ({gw_cpu * 1000 / max(1, total):.2f} ms per request), analysis "
               f"worker {w_cpu:.1f} s ({w_cpu * 1000 / max(1, after.get('analysed') or 0):.2f} ms per analysed turn); "
               f"{after.get('analysis_batches_behind')} of its {after.get('analysis_batches')} batches sent behind "
-              f"(at the event loop's niceness, {w_nice}; the others at GATEWAY_ANALYSIS_NICE)")
+              f"(run at the event loop's priority; the others at niceness {w_nice})")
         ok_turns = tally.kinds.get("ok", 0)
         print(f"verdict share: {(after.get('analysed') or 0) / max(1, ok_turns):.1%} of {ok_turns} completed turns "
               f"got a verdict (target >= 95%)")

@@ -99,7 +99,8 @@ def test_batches_wait_in_the_pipe_while_the_worker_is_busy() -> None:
 
 def test_batches_run_politely_unless_analysis_is_behind() -> None:
     """A batch sent with BEHIND_JOBS or more turns in the worker's hands runs at the event loop's
-    priority; the others run in the worker's thread at NICENESS (Linux: niceness is per thread)."""
+    priority, in a thread of its own; the others in the worker's main thread, at NICENESS (Linux:
+    niceness is per thread)."""
     options = RenderOptions(thinking=False, engine="vllm")
 
     async def main() -> tuple[int, int, set[int]]:

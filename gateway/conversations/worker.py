@@ -51,13 +51,22 @@ _estimators: dict[str, Any] = {}  # per engine: Estimator, or None if it cannot 
 # niceness 0 100% (same throughput and p50), but niceness 0 for every batch added ~3 ms to the 2 MB
 # c=4 scenario's p50 (12.5 against 9.3 ms) and ~0.05 ms at c=1, where analysis is not behind (one
 # conversation at c=4: its turns are analysed one at a time). Linux gives each thread its own
-# niceness, and an unprivileged process cannot lower its niceness again: so the polite batches run in
-# a thread of their own (`_Polite`), the others in the main thread.
+# niceness, and an unprivileged process cannot lower its niceness again: so the main thread, niced,
+# runs the polite batches itself (no hand-off while analysis keeps up), and a thread made before it
+# was niced (`_Prompt`) runs the batches that are behind (large ones: the hand-off is shared).
 NICENESS = 5
 
 
 def _init(parent: int, spool: str | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the gateway, which stops this process
+    with contextlib.suppress(OSError, ValueError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
+                       int(os.environ.get("GATEWAY_ANALYSIS_NICE") or NICENESS))
+    if (os.environ.get("GATEWAY_ANALYSIS_SCHED") or "").lower() == "batch" and hasattr(os, "SCHED_BATCH"):
+        # CPU-bound, never latency-sensitive: the scheduler does not let it preempt a task that wakes up
+        # (the event loop's), though it keeps its share by niceness.
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(threading.get_native_id(), os.SCHED_BATCH, os.sched_param(0))
     # One core at most: the tokenizer's thread pool would spread a big render over every core (the hot
     # path's too), and its idle threads spin between the small batches of an agent's turn. (Checked in
     # the soak: the worker runs two threads, this one and the parent watch; no pool. Its turns cost ~2-3x
@@ -141,27 +150,20 @@ def run_batch(items: list[Job | str]) -> list[tuple[bool, Any]]:
     return out
 
 
-class _Polite:
-    """A thread that runs batches at NICENESS (its own: see above) while the main thread waits."""
+class _Prompt:
+    """A thread at the worker's first niceness (made before the main thread is niced: see above)
+    that runs the batches sent behind while the main thread waits."""
 
     def __init__(self) -> None:
         self._todo: queue.SimpleQueue[list] = queue.SimpleQueue()
         self._done: queue.SimpleQueue[list] = queue.SimpleQueue()
-        threading.Thread(target=self._loop, name="analysis-polite", daemon=True).start()
+        threading.Thread(target=self._loop, name="analysis-prompt", daemon=True).start()
 
     def run(self, items: list) -> list[tuple[bool, Any]]:
         self._todo.put(items)
         return self._done.get()
 
     def _loop(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
-                           int(os.environ.get("GATEWAY_ANALYSIS_NICE") or NICENESS))
-        if (os.environ.get("GATEWAY_ANALYSIS_SCHED") or "").lower() == "batch" and hasattr(os, "SCHED_BATCH"):
-            # CPU-bound, never latency-sensitive: the scheduler does not let it preempt a task that wakes
-            # up (the event loop's), though it keeps its share by niceness.
-            with contextlib.suppress(OSError):
-                os.sched_setscheduler(threading.get_native_id(), os.SCHED_BATCH, os.sched_param(0))
         while True:
             items = self._todo.get()
             try:
@@ -173,8 +175,8 @@ class _Polite:
 
 def serve(conn: Any, parent: int, spool: str | None, renders: list[RenderOptions]) -> None:
     """The worker's life: load, then answer batches of jobs from the gateway until its pipe closes."""
+    prompt = _Prompt()  # first: it keeps the niceness the process started with
     _init(parent, spool)
-    polite = _Polite()
     try:
         preload(renders)
     except Exception:  # the jobs will say what is missing
@@ -188,7 +190,7 @@ def serve(conn: Any, parent: int, spool: str | None, renders: list[RenderOptions
         items = pickle.loads(memoryview(data)[1:])
         if isinstance(items, str):  # a large batch, through the spool
             items = pickle.loads(_take_file(items))
-        results = run_batch(items) if behind else polite.run(items)
+        results = prompt.run(items) if behind else run_batch(items)
         try:
             out = pickle.dumps(results, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # an exception that does not pickle: say so instead
