@@ -69,7 +69,8 @@ def _init(parent: int, spool: str | None) -> None:
             os.sched_setscheduler(threading.get_native_id(), os.SCHED_BATCH, os.sched_param(0))
     # One core at most: the tokenizer's thread pool would spread a big render over every core (the hot
     # path's too), and its idle threads spin between the small batches of an agent's turn. (Checked in
-    # the soak: the worker runs two threads, this one and the parent watch; no pool. Its turns cost ~2-3x
+    # the soak, before the prompt thread: the worker ran two threads, this one and the parent watch; no
+    # pool. Its turns cost ~2-3x
     # their in-process CPU there, preempted ~100 times a second at niceness 10, with 28% of py-spy's
     # samples inside the tokenizer call for a few dozen tokens and 15% in the Jinja macro:
     # render/pieces.py and render/native.py take both off an agent's turn.)
