@@ -70,10 +70,9 @@ def _init(parent: int, spool: str | None) -> None:
     # One core at most: the tokenizer's thread pool would spread a big render over every core (the hot
     # path's too), and its idle threads spin between the small batches of an agent's turn. (Checked in
     # the soak, before the prompt thread: the worker ran two threads, this one and the parent watch; no
-    # pool. Its turns cost ~2-3x
-    # their in-process CPU there, preempted ~100 times a second at niceness 10, with 28% of py-spy's
-    # samples inside the tokenizer call for a few dozen tokens and 15% in the Jinja macro:
-    # render/pieces.py and render/native.py take both off an agent's turn.)
+    # pool. Its turns cost ~2-3x their in-process CPU there, preempted ~100 times a second at niceness
+    # 10, with 28% of py-spy's samples inside the tokenizer call for a few dozen tokens and 15% in the
+    # Jinja macro: render/pieces.py and render/native.py take both off an agent's turn.)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     tokenizer.PIECES_MAX_CHARS = None  # this process's GIL keeps no event loop waiting (render/tokenizer.py)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s analysis-worker: %(message)s")
