@@ -26,4 +26,8 @@ class Settings:
     # gateway's own process ("thread": no extra process, but it takes turns at the GIL with requests).
     analysis: str = field(default_factory=lambda: _env("GATEWAY_ANALYSIS", "process") or "process")
     analysis_threads: int = field(default_factory=lambda: int(_env("GATEWAY_ANALYSIS_THREADS", "1") or 1))
+    # A tiny turn on a quiet lane is analysed on the event loop, not in the worker: its request's bytes
+    # and its answer's characters together at most this many (conversations/inline.py; 0: never).
+    analysis_inline_bytes: int = field(
+        default_factory=lambda: max(0, int(_env("GATEWAY_ANALYSIS_INLINE_BYTES", "2048") or 0)))
     capture_bodies: bool = field(default_factory=lambda: _env("GATEWAY_CAPTURE", "0") == "1")

@@ -206,8 +206,9 @@ def _analysis_worker(gw) -> int:
 
 def test_analysis_worker_death_is_noticed_at_once_and_a_new_worker_takes_over(emu):
     """The gateway hears the worker die from its process sentinel, not at the next job: a worker that
-    dies idle costs no verdict (a job in its hands would fail as "analysis failed")."""
-    with run_gateway(routes(emu.url)) as gw:
+    dies idle costs no verdict (a job in its hands would fail as "analysis failed"). Every turn goes
+    to the worker here: a tiny turn on a quiet lane would be analysed on the event loop (inline.py)."""
+    with run_gateway(routes(emu.url), env={"GATEWAY_ANALYSIS_INLINE_BYTES": "0"}) as gw:
         agent = Agent(gw)
         assert agent.turn()[1]["verdict"] == "cold"
         assert agent.turn()[1]["verdict"] == "hit"

@@ -10,6 +10,7 @@ import pytest
 from gateway.records.query import Filters
 from gateway.records.record import build_record
 from gateway.records.store_postgres import PostgresReader, PostgresStore, redact
+from tests.support.poll import wait_until
 from tests.support.postgres_proc import fresh_database, run_private_postgres
 from tests.test_records_units import exchange
 
@@ -18,14 +19,6 @@ from tests.test_records_units import exchange
 def pg_url():
     with fresh_database() as url:
         yield url
-
-
-def wait_until(cond, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_postgres_store_writes_batches_and_reads_back_with_filters(pg_url: str) -> None:

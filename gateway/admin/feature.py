@@ -397,6 +397,7 @@ def _analysis(analyzer: "Analyzer") -> dict[str, Any]:
     process = analyzer.process
     return {"analysed": analyzer.analysed, "analysis_failures": analyzer.failures, "analysis_last_ms": round(analyzer.last_ms, 1),
             "analysis_in": "process" if process is not None else "thread",
+            "analysis_inline": analyzer.inline,
             "analysis_worker_pid": process.pid() if process is not None else None,
             "analysis_worker_deaths": process.deaths if process is not None else 0,
             "analysis_batches": process.batches if process is not None else 0,

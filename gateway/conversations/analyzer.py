@@ -31,7 +31,7 @@ from ..store import StateStore
 from .alerts import AlertBook
 from .drift import Comparison, Divergence, NewTurn, classify, common_prefix, compare, old_tokens_at
 from .identity import anchor_keys, message_digest, request_tail
-from . import rawbody
+from . import handoff, inline, rawbody
 from .job import Job, Outcome
 from .memo import TurnMemo, memos
 from .memo import cost as memo_cost
@@ -76,7 +76,8 @@ class TurnEnd:
 
 class Analyzer:
     def __init__(self, store: StateStore, alerts: AlertBook, ttl_s: float, threads: int = 1,
-                 process: AnalysisProcess | None = None, kv_events: Any = None) -> None:
+                 process: AnalysisProcess | None = None, kv_events: Any = None,
+                 inline_max_bytes: int = 0) -> None:
         self.store = store
         self.kv_events = kv_events  # issue 20: gateway.kvevents.service.KVEventsService, or None
         self.alerts = alerts
@@ -86,6 +87,8 @@ class Analyzer:
         self.analysed = 0
         self.failures = 0
         self.last_ms = 0.0
+        self.inline_max_bytes = inline_max_bytes  # tiny turns on a quiet lane: on the event loop (inline.py)
+        self.inline = 0  # turns analysed so
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     async def __call__(self, ex: Exchange, lane: LaneRuntime | None) -> None:
@@ -97,16 +100,22 @@ class Analyzer:
             return
         t0 = time.perf_counter()
         async with self._lock(found.state.id):
+            here = inline.runs_inline(ex, lane, self.process, self.inline_max_bytes)
             job = make_job(ex, lane, found, in_process=self.process is None)
             job.stored = await self.store.get("conv:" + found.state.id)
-            if self.process is not None and job.stored is not None and job.state.last is not None:
+            if here:
+                job.body = handoff.pack(job.body, None)  # the forwarded bytes, as the worker reads them
+            elif self.process is not None and job.stored is not None and job.state.last is not None:
                 # The worker reads the previous turn's print from `stored` (the same or a newer one):
                 # sent once, the job pickles in half the time on both sides (~13 -> 6 us here,
                 # ~18 -> 9 us to load for a small agent turn; far more for a long session's print).
                 job.state = dataclasses.replace(job.state, last=None, last_cache=None)
                 job.last_in_stored = True
             try:
-                if self.process is not None:
+                if here:
+                    outcome = analyse_job(job, lane.renderer, lane.estimator)
+                    self.inline += 1
+                elif self.process is not None:
                     outcome = await self.process.run(job)
                 else:
                     renderer, estimator = lane.renderer, lane.estimator

@@ -38,7 +38,8 @@ class Conversations:
         self.alerts = AlertBook(store)
         self.process = AnalysisProcess() if settings.analysis != "thread" else None
         self.analyzer = Analyzer(store, self.alerts, TTL_S, threads=settings.analysis_threads, process=self.process,
-                                 kv_events=kv_events)  # issue 20: the KV-event verdicts (gateway/kvevents)
+                                 kv_events=kv_events,  # issue 20: the KV-event verdicts (gateway/kvevents)
+                                 inline_max_bytes=settings.analysis_inline_bytes)
         self.policy = ConversationPolicy(store, header, TTL_S)
         self.turn_end = TurnEnd(store, TTL_S)
 

@@ -455,6 +455,10 @@ class AnalysisProcess:
             return None
         return path
 
+    def idle(self) -> bool:
+        """Nothing in the worker's hands and nothing waiting to be sent (conversations/inline.py)."""
+        return not self._in_hand and not self._batch
+
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 

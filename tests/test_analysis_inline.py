@@ -1,0 +1,71 @@
+"""Where a turn's analysis runs (gateway/conversations/inline.py): a tiny turn on a quiet lane on the
+event loop, the rest in the worker process, with the same verdicts either way."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.support.conversations import AGENT_EMULATOR, Agent, routes
+from tests.support.emulator_proc import run_emulator
+from tests.support.gateway_proc import run_gateway
+from tests.support.poll import wait_until
+
+
+def _aftermath(gw) -> dict:
+    return httpx.get(gw.url + "/admin/api/overview").json()["aftermath"]
+
+
+@pytest.fixture(scope="module")
+def emu():
+    with run_emulator(**AGENT_EMULATOR) as e:
+        yield e
+
+
+def test_an_agent_hits_every_turn_on_the_loop_and_on_in_the_worker_once_it_grows(emu) -> None:
+    """Its first turns are tiny (analysed inline); its history grows past the bound and the worker
+    takes over with no memo of the conversation: each turn still hits, predicted == reported."""
+    emu.reset()
+    with run_gateway(routes(emu.url)) as gw:
+        agent = Agent(gw)
+        agent.cold_then_hits(0)
+        first = _aftermath(gw)
+        assert first["analysis_inline"] == 1 and first["analysis_batches"] == 0, first
+        for _ in range(40):
+            if _aftermath(gw)["analysis_batches"] >= 2:
+                break
+            _, cache = agent.turn()
+            assert cache["verdict"] == "hit", cache
+            assert cache["predicted_cached_tokens"] == cache["reported_cached_tokens"] > 0, cache
+        last = _aftermath(gw)
+        assert last["analysis_batches"] >= 2 and last["analysis_inline"] >= 2, last
+        assert last["analysis_failures"] == 0 and last["analysed"] == agent.turns, last
+
+
+def test_a_turn_that_ends_while_the_lane_is_busy_goes_to_the_worker() -> None:
+    """A turn that ends while another of its lane is in flight leaves the event loop to the requests."""
+    # 24 tokens at 4 a second: the long turn is in flight for ~6 s, while the worker, used for the
+    # first time, loads its tokenizer (~0.5-2 s) and analyses the short one.
+    with run_emulator(**{**AGENT_EMULATOR, "decode_tps": 4}) as emu, run_gateway(routes(emu.url)) as gw, \
+            httpx.Client(base_url=gw.url, timeout=30) as client:
+        def body(i: int, n: int) -> dict:
+            return {"model": "ds", "messages": [{"role": "user", "content": f"Say hello, {i}."}], "max_tokens": n}
+
+        with client.stream("POST", "/v1/chat/completions", json={**body(1, 24), "stream": True}) as long:
+            lines = long.iter_lines()
+            next(line for line in lines if line.startswith("data:"))  # in flight
+            assert client.post("/v1/chat/completions", json=body(2, 1)).status_code == 200
+            wait_until(lambda: _aftermath(gw)["analysed"] == 1, what="the short turn's analysis")
+            assert _aftermath(gw)["analysis_batches"] == 1
+            assert any(line == "data: [DONE]" for line in lines)
+        wait_until(lambda: _aftermath(gw)["analysed"] == 2, what="the long turn's analysis")
+        done = _aftermath(gw)
+        assert done["analysis_inline"] == 1 and done["analysis_batches"] == 1 and done["analysis_failures"] == 0, done
+
+
+def test_the_bound_can_be_turned_off(emu) -> None:
+    emu.reset()
+    with run_gateway(routes(emu.url), env={"GATEWAY_ANALYSIS_INLINE_BYTES": "0"}) as gw:
+        Agent(gw).cold_then_hits(1)
+        done = _aftermath(gw)
+        assert done["analysis_inline"] == 0 and done["analysis_batches"] == 2, done
