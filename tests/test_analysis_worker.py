@@ -120,3 +120,20 @@ def test_batches_run_politely_unless_analysis_is_behind() -> None:
     batches, behind, nices = asyncio.run(main())
     assert batches == 2 and behind == 1, "the lone job polite, the burst of BEHIND_JOBS behind"
     assert {0, NICENESS} <= nices, nices
+
+
+def test_the_spool_directory_exists_only_while_the_worker_can_use_it(tmp_path: Path) -> None:
+    """Built and never started (`gateway check`, a composition dropped), it leaves nothing behind;
+    started, it has its private directory (large jobs, the body ring); stopped, the directory is gone."""
+    process = AnalysisProcess(str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+
+    async def main() -> None:
+        process.start([])
+        try:
+            assert [p.name.startswith("gateway-analysis-") for p in tmp_path.iterdir()] == [True]
+        finally:
+            process.stop()
+
+    asyncio.run(main())
+    assert list(tmp_path.iterdir()) == []

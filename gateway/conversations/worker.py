@@ -278,7 +278,11 @@ class AnalysisProcess:
         self.behind_batches = 0  # sent at the event loop's priority (BEHIND_JOBS)
         self.jobs = 0
         self._preload: list[RenderOptions] = []
-        self._spool = _spool_dir(spool_parent)
+        # Made when the worker first starts, not here: a process never started (`gateway check`, a
+        # composition built and dropped) leaves no directory behind in /dev/shm.
+        self._spool_parent = spool_parent
+        self._spool: str | None = None
+        self._spool_made = False
         self._ring: handoff.BodyRing | None = None  # large bodies, without pickling them (made at start)
         self._jobs = itertools.count()
         self.starts = 0
@@ -287,13 +291,20 @@ class AnalysisProcess:
     def start(self, preload_renders: list[RenderOptions]) -> None:
         """Spawn the worker and have it load tokenizers and templates; returns at once."""
         self._preload = preload_renders
+        self._make_spool()
         if self._ring is None:  # here, not when built: a process never started leaves no 32 MiB behind
             self._ring = handoff.BodyRing.create(self._spool)
         self._ensure()
 
+    def _make_spool(self) -> None:
+        if not self._spool_made:
+            self._spool_made = True
+            self._spool = _spool_dir(self._spool_parent)
+
     def _ensure(self) -> None:
         if self._proc is not None:
             return
+        self._make_spool()
         ctx = multiprocessing.get_context("spawn")  # not forked: the gateway runs threads
         ours, theirs = ctx.Pipe(duplex=True)
         proc = ctx.Process(target=serve, args=(theirs, os.getpid(), self._spool, self._preload),
