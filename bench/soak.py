@@ -385,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"({per_req:+.0f} bytes per request)")
     if overview:
         after = overview.get("aftermath") or {}
-        print(f"gateway: processed {after.get('processed')}, analysed {after.get('analysed')}, analysis shed "
+        print(f"gateway: processed {after.get('processed')}, analysed {after.get('analysed')} "
+              f"({after.get('analysis_inline')} on the event loop), analysis shed "
               f"{after.get('skipped_analysis')} (superseded {after.get('shed_superseded')}, queue full "
               f"{after.get('shed_queue_full')}), failed {after.get('analysis_failures')}; "
               f"records {overview.get('records')}")
