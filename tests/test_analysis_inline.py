@@ -3,8 +3,17 @@ event loop, the rest in the worker process, with the same verdicts either way.""
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
+import orjson
 import pytest
+
+from gateway.conversations.analyzer import analyse_job
+from gateway.conversations.job import Job
+from gateway.conversations.state import ConversationState
+from gateway.conversations.worker import AnalysisProcess
+from gateway.render.renderer import Renderer, RenderOptions
 
 from tests.support.conversations import AGENT_EMULATOR, Agent, routes
 from tests.support.emulator_proc import run_emulator
@@ -69,3 +78,54 @@ def test_the_bound_can_be_turned_off(emu) -> None:
         Agent(gw).cold_then_hits(1)
         done = _aftermath(gw)
         assert done["analysis_inline"] == 0 and done["analysis_batches"] == 2, done
+
+
+def test_an_agents_turns_get_the_same_verdicts_here_and_in_the_worker() -> None:
+    """The same turns, chained through their stored states, analysed in this process (as inline does:
+    analyse_job with the lane's renderer) and in a worker process: the same verdicts, field by field."""
+    options = RenderOptions(thinking=True, engine="vllm")
+    usage = {"prompt_tokens": 30, "completion_tokens": 6, "prompt_tokens_details": {"cached_tokens": 16}}
+
+    def turns() -> list[tuple[list[dict], dict]]:
+        history: list[dict] = [{"role": "system", "content": "You are an agent."}]
+        out = []
+        for k in range(6):
+            history = [*history, {"role": "user", "content": f"Step {k}: go on."}]
+            said = {"role": "assistant", "content": f"Did step {k}.", "reasoning_content": f"Step {k} is easy."}
+            out.append((history, said))
+            # turn 3 sends its answer back without its reasoning (which the template drops anyway)
+            history = [*history, said if k != 3 else {"role": "assistant", "content": said["content"]}]
+        return out
+
+    def job(messages: list[dict], said: dict, stored: bytes | None, state: ConversationState) -> Job:
+        body = orjson.dumps({"model": "m", "messages": messages, "max_tokens": 16})
+        j = Job("r", "l", options, options, 16, "vllm", 5000.0, body, said, "stop", usage, True, None, None, None,
+                False, False, state)
+        j.stored = stored
+        return j
+
+    async def chain(run) -> list[dict]:
+        stored, state, verdicts = None, ConversationState("c1", "key"), []
+        for messages, said in turns():
+            outcome = await run(job(messages, said, stored, state))
+            stored, state = outcome.data, ConversationState.from_bytes(outcome.data)
+            verdicts.append(outcome.cache)
+        return verdicts
+
+    async def both() -> tuple[list[dict], list[dict]]:
+        renderer = Renderer(options)
+
+        async def here(j: Job) -> object:
+            return analyse_job(j, renderer, None)
+
+        process = AnalysisProcess()
+        process.start([options])
+        try:
+            return await chain(here), await chain(process.run)
+        finally:
+            process.stop()
+
+    here, there = asyncio.run(both())
+    assert here == there
+    assert [(v["verdict"], v["cause"]) for v in here] == [("cold", None)] + [("drift", "reasoning_dropped_by_template")] * 5
+    assert len({v["predicted_cached_tokens"] for v in here}) == 6, here

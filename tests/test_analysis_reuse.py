@@ -26,6 +26,7 @@ from gateway.conversations.job import Job
 from gateway.conversations.memo import memos
 from gateway.conversations.state import ConversationState
 from gateway.render.cache import SegmentCache
+from gateway.render.estimate import Estimator
 from gateway.render.renderer import Renderer, RenderOptions
 from tests.support.drift_fuzz import MUTATIONS, Scenario, scenarios, sent_back
 
@@ -48,22 +49,26 @@ def _view(data: bytes) -> dict:
 
 
 def _turns(cid: str, turns: list[tuple[dict, RenderOptions, dict]], engine: str, as_bytes: bool,
-           budget: int | None = None) -> list:
-    """Analyse the turns in order with a fresh render cache; (cache, state, divergence, snippets) each."""
-    renderer = Renderer(RenderOptions(engine=engine), cache=SegmentCache(budget) if budget else SegmentCache())
+           budget: int | None = None, estimated: bool = False) -> list:
+    """Analyse the turns in order with a fresh render cache; (cache, state, divergence, snippets) each.
+    `estimated`: as on a lane without a template (render/estimate.py)."""
+    cache = SegmentCache(budget) if budget else SegmentCache()
+    renderer = None if estimated else Renderer(RenderOptions(engine=engine), cache=cache)
+    estimator = Estimator(engine=engine, cache=cache) if estimated else None
     state, stored, out = ConversationState(cid, "key"), None, []
     for body, options, output in turns:
-        outcome = analyse_job(_job(cid, body, options, engine, output, state, stored, as_bytes), renderer, None)
+        outcome = analyse_job(_job(cid, body, options, engine, output, state, stored, as_bytes), renderer, estimator)
         out.append((outcome.cache, _view(outcome.data), outcome.divergence, outcome.snippets))
         stored = outcome.data
         state = ConversationState.from_bytes(stored)
     return out
 
 
-def _same_as_full_path(turns: list[tuple[dict, RenderOptions, dict]], engine: str, budget: int | None = None) -> None:
+def _same_as_full_path(turns: list[tuple[dict, RenderOptions, dict]], engine: str, budget: int | None = None,
+                       estimated: bool = False) -> None:
     memos().clear()
-    fast = _turns("fast", turns, engine, as_bytes=True, budget=budget)
-    full = _turns("full", turns, engine, as_bytes=False, budget=budget)
+    fast = _turns("fast", turns, engine, as_bytes=True, budget=budget, estimated=estimated)
+    full = _turns("full", turns, engine, as_bytes=False, budget=budget, estimated=estimated)
     for k, (a, b) in enumerate(zip(fast, full)):
         assert a[0] == b[0], (k, a[0], b[0])  # verdict, LCP, predicted, cause, ...
         assert {**a[1], "id": None} == {**b[1], "id": None}, k  # the state kept, fingerprints included
@@ -79,7 +84,7 @@ def test_reused_history_gives_the_full_paths_results(data: st.DataObject) -> Non
     name = data.draw(st.sampled_from(names), label="mutation")
     MUTATIONS[name][1](s, data.draw)
     turns = [(s.body(1), s.options(1), s.output), (s.body(2), s.options(2), s.output)]
-    _same_as_full_path(turns, s.engine)
+    _same_as_full_path(turns, s.engine, estimated=data.draw(st.booleans(), label="estimated"))
 
 
 def _agent(rng: random.Random, n: int) -> list[dict]:
@@ -91,10 +96,11 @@ def _agent(rng: random.Random, n: int) -> list[dict]:
     return msgs
 
 
+@pytest.mark.parametrize("lane", ["template", "estimated"])
 @pytest.mark.parametrize("budget", [None, 24_000], ids=["cache", "evicting"])  # a small cache evicts the history
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 @pytest.mark.parametrize("edit", ["append", "middle", "last", "tools", "effort", "thinking", "reorder_keys"])
-def test_append_only_runs_and_edits(engine: str, edit: str, budget: int | None) -> None:
+def test_append_only_runs_and_edits(engine: str, edit: str, budget: int | None, lane: str) -> None:
     rng = random.Random(f"{engine}-{edit}")
     tools = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
     history = _agent(rng, 30)
@@ -118,7 +124,7 @@ def test_append_only_runs_and_edits(engine: str, edit: str, budget: int | None) 
                 body = {"max_tokens": 8, "messages": body["messages"], "model": "m"}
         turns.append((body, options, out))
         history = [*history, sent_back(out), {"role": "user", "content": f"next {t}"}]
-    _same_as_full_path(turns, engine, budget)
+    _same_as_full_path(turns, engine, budget, estimated=lane == "estimated")
     assert memos().hits == 5, "every turn after the first found its previous turn's memo"
 
 

@@ -215,8 +215,10 @@ def analyse_job(job: Job, renderer: Renderer | None, estimator: Any) -> Outcome:
     new_state, cache, divergence, snippets = analyse(job, body, state, renderer, estimator, out, reuse)
     data = new_state.to_bytes()
     rendered = out.get("rendered")
-    if read is not None and rendered is not None and new_state.last is not None:
-        previous = rendered.previous
+    if read is not None and new_state.last is not None and (rendered is not None or renderer is None):
+        # A lane without a template (estimated) keeps its memo too: the unchanged history's parse
+        # and fingerprints are reused, there is no render to reuse.
+        previous = rendered.previous if rendered is not None else None
         book.put(state.id, TurnMemo(read.print, body["messages"], previous, new_state.last.messages, job.engine, data,
                                     new_state, memo_cost(len(job.body), previous, read.print)))
     return Outcome(cache, new_state.turn, data, divergence, snippets, out.get("kv_keys"), out.get("kv_ends"))
@@ -254,12 +256,12 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
             return _next_state(job, state, None), _unknown("no renderer for this lane"), None, None
         rendered = estimator.render(body)
         # Message-level analysis: what was generated is one more message in the next request.
-        nxt = estimator.render({**body, "messages": [*(body.get("messages") or []), generated_msg]})
-        generated = nxt.segments[-1] if nxt.segments else None
+        said = generated_msg if generated_msg.get("role") else {**generated_msg, "role": "assistant"}
+        generated = estimator.segment(said, len(body.get("messages") or []))
 
     thinking, effort = _rendered_mode(options, job) if rendered.exact else (job.thinking, job.effort)
     prints = None
-    if reuse is not None and rendered.message_digests is not None:
+    if reuse is not None:
         prints = _message_prints(body.get("messages") or [], rendered.message_digests, job.engine, reuse)
     new = new_turn(body, thinking, effort, job.rewritten, rendered.message_digests, job.engine, prints)
     old = state.last
@@ -354,11 +356,13 @@ def _next_state(job: Job, state: ConversationState, last: TurnPrint | None) -> C
                              job.effort, job.thinking, state.parent, job.replica, last)
 
 
-def _message_prints(messages: list[dict[str, Any]], digests: list[int], engine: str, reuse: _Reuse) -> MessagePrints:
+def _message_prints(messages: list[dict[str, Any]], digests: list[int] | None, engine: str,
+                    reuse: _Reuse) -> MessagePrints:
     """The fingerprints of the unchanged messages as they were, of the others computed."""
     u = min(reuse.unchanged, len(reuse.prints), len(messages))
     old = reuse.prints
-    tail = message_prints(messages[u:], digests[u:] if len(digests) == len(messages) else None, engine)
+    tail = message_prints(messages[u:], digests[u:] if digests is not None and len(digests) == len(messages) else None,
+                          engine)
     return MessagePrints(old.roles[:u] + tail.roles, old.content[:u] + tail.content,
                          old.reasoning[:u] + tail.reasoning, old.tool_calls[:u] + tail.tool_calls,
                          old.tool_call_ids[:u] + tail.tool_call_ids, old.images[:u] + tail.images)
