@@ -88,7 +88,7 @@ class Analyzer:
         self.failures = 0
         self.last_ms = 0.0
         self.inline_max_bytes = inline_max_bytes  # tiny turns on a quiet lane: on the event loop (inline.py)
-        self.inline = 0  # turns analysed so
+        self.inline = 0  # turns analysed there
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     async def __call__(self, ex: Exchange, lane: LaneRuntime | None) -> None:

@@ -17,7 +17,8 @@ Only when it cannot cost anyone anything:
   a busy lane go to the worker in batches, 16 turns a batch costing the loop ~29 µs each (analysed
   here whenever the worker was idle, a concurrency-32 run lost 9% of its throughput; with this rule
   it matched the build before);
-* the lane's tokenizer is already loaded in this process (a load holds the loop ~0.5 s).
+* the lane's tokenizer (or, on a lane without a template, the estimate's) is already loaded in this
+  process (a load holds the loop ~0.5 s).
 
 The analysis reads the same bytes, with the same code (analyzer.analyse_job), as in the worker.
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..exchange import Exchange
+from ..render.estimate import encoding_loaded
 from ..render.tokenizer import loaded
 
 if TYPE_CHECKING:
@@ -38,7 +40,7 @@ def runs_inline(ex: Exchange, lane: "LaneRuntime", process: "AnalysisProcess | N
     if process is None or ex.body_bytes > max_bytes or lane.inflight or not process.idle():
         return False
     renderer = lane.renderer
-    if renderer is not None and not loaded(renderer.defaults.tokenizer_path):
+    if not (loaded(renderer.defaults.tokenizer_path) if renderer is not None else encoding_loaded()):
         return False
     g = ex.generated
     n = ex.body_bytes + sum(map(len, g.content)) + sum(map(len, g.reasoning))

@@ -33,6 +33,11 @@ _enc_lock = threading.Lock()
 _enc = None
 
 
+def encoding_loaded() -> bool:
+    """Whether `encoding()` would return at once."""
+    return _enc is not None
+
+
 def encoding():
     """The cl100k_base encoding from the offline bundle (loaded once per process)."""
     global _enc
