@@ -31,7 +31,7 @@ def emu():
         yield e
 
 
-def test_an_agent_hits_every_turn_on_the_loop_and_on_in_the_worker_once_it_grows(emu) -> None:
+def test_an_agent_hits_every_turn_on_the_loop_then_in_the_worker_once_it_grows(emu) -> None:
     """Its first turns are tiny (analysed inline); its history grows past the bound and the worker
     takes over with no memo of the conversation: each turn still hits, predicted == reported."""
     emu.reset()
