@@ -208,7 +208,7 @@ def analyse_job(job: Job, renderer: Renderer | None, estimator: Any) -> Outcome:
         read = rawbody.read(job.body, memo.body_print, memo.messages) if memo is not None else rawbody.read(job.body)
         body = read.body if read is not None else orjson.loads(job.body)
         if read is not None and read.unchanged and memo is not None and memo.engine == job.engine:
-            reuse = _Reuse(memo.previous, read.unchanged, memo.prints)
+            reuse = _Reuse(memo.previous, read.unchanged, memo.prints, memo.estimated)
     else:
         body = job.body
     out: dict[str, Any] = {}
@@ -216,11 +216,12 @@ def analyse_job(job: Job, renderer: Renderer | None, estimator: Any) -> Outcome:
     data = new_state.to_bytes()
     rendered = out.get("rendered")
     if read is not None and new_state.last is not None and (rendered is not None or renderer is None):
-        # A lane without a template (estimated) keeps its memo too: the unchanged history's parse
-        # and fingerprints are reused, there is no render to reuse.
+        # A lane without a template keeps its memo too: the unchanged history's parse, fingerprints
+        # and estimated segments are reused.
         previous = rendered.previous if rendered is not None else None
+        estimated = out.get("estimated")
         book.put(state.id, TurnMemo(read.print, body["messages"], previous, new_state.last.messages, job.engine, data,
-                                    new_state, memo_cost(len(job.body), previous, read.print)))
+                                    new_state, memo_cost(len(job.body), previous, read.print, estimated), estimated))
     return Outcome(cache, new_state.turn, data, divergence, snippets, out.get("kv_keys"), out.get("kv_ends"))
 
 
@@ -231,6 +232,7 @@ class _Reuse(NamedTuple):
     previous: Any  # Previous | None
     unchanged: int
     prints: MessagePrints
+    estimated: Rendered | None = None  # the previous turn's estimate, on a lane without a template
 
 
 def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: Renderer | None,
@@ -254,7 +256,12 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
     if rendered is None:
         if estimator is None:
             return _next_state(job, state, None), _unknown("no renderer for this lane"), None, None
-        rendered = estimator.render(body)
+        if reuse is not None and reuse.estimated is not None:
+            rendered = estimator.render(body, previous=reuse.estimated, unchanged=reuse.unchanged)
+        else:
+            rendered = estimator.render(body)
+        if out is not None:
+            out["estimated"] = rendered
         # Message-level analysis: what was generated is one more message in the next request.
         said = generated_msg if generated_msg.get("role") else {**generated_msg, "role": "assistant"}
         generated = estimator.segment(said, len(body.get("messages") or []))

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from ..render.renderer import Previous
+from ..render.renderer import Previous, Rendered
 from .rawbody import BodyPrint
 from .state import ConversationState, MessagePrints
 
@@ -39,6 +39,7 @@ class TurnMemo:
     data: bytes  # the state stored after this turn
     state: ConversationState  # the same, decoded
     cost: int
+    estimated: Rendered | None = None  # on a lane without a template: its estimate (render/estimate.py)
 
 
 class Memos:
@@ -86,8 +87,11 @@ class Memos:
             self.bytes = self.hits = self.misses = 0
 
 
-def cost(body_bytes: int, previous: Previous | None, body_print: BodyPrint) -> int:
-    return PARSED_PER_BODY_BYTE * body_bytes + body_print.nbytes() + (previous.nbytes() if previous else 0) + 1024
+def cost(body_bytes: int, previous: Previous | None, body_print: BodyPrint, estimated: Rendered | None = None) -> int:
+    kept = previous.nbytes() if previous else 0
+    if estimated is not None:  # its segments' texts and ids (the token cache may drop its own copies)
+        kept += sum(2 * len(s.text) + 4 * len(s.token_ids) + 200 for s in estimated.segments)
+    return PARSED_PER_BODY_BYTE * body_bytes + body_print.nbytes() + kept + 1024
 
 
 _memos: Memos | None = None

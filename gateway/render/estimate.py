@@ -118,7 +118,10 @@ class Estimator:
         """cl100k ids of an earlier segment by its digest and length, if still cached (else None)."""
         return self.cache.get_tokens([(ENCODING_NAME, digest, length)])[0]
 
-    def render(self, body: dict, options: Any = None) -> Rendered:
+    def render(self, body: dict, options: Any = None, previous: Rendered | None = None, unchanged: int = 0) -> Rendered:
+        """`previous`: an earlier estimate of a request whose first `unchanged` messages are this one's,
+        byte for byte (conversations/rawbody.py): their segments are taken as they were (a message's
+        segment depends on nothing else), the others estimated."""
         messages = body.get("messages") if isinstance(body, dict) else None
         if not isinstance(messages, list) or not messages:
             raise RenderError("must be a non-empty list of messages", "messages")
@@ -128,8 +131,16 @@ class Estimator:
         if tools or rf:
             text = json.dumps({"tools": tools, "response_format": rf}, ensure_ascii=False)
             entries.append((-1, "prefix", text, normalised_digest([tools, rf])))
-        entries += (self._entry(i, m) for i, m in enumerate(messages))
+        kept: list[Segment] = []
+        if previous is not None and 0 < unchanged <= len(messages):
+            kept = [seg for seg in previous.segments if seg.message_index >= 0][:unchanged]
+            if [seg.message_index for seg in kept] != list(range(unchanged)):
+                kept = []  # not an estimate of such a request: estimate every message
+        entries += (self._entry(i, messages[i]) for i in range(len(kept), len(messages)))
         segments, missing = self._segments(entries, "tools" if tools else "response_format")
+        if kept:
+            at = 1 if segments and segments[0].message_index < 0 else 0
+            segments[at:at] = kept
         return Rendered(segments, exact=False, render_misses=missing, token_misses=missing)
 
     def segment(self, message: Any, index: int) -> Segment:
