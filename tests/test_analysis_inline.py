@@ -51,6 +51,24 @@ def test_an_agent_hits_every_turn_on_the_loop_then_in_the_worker_once_it_grows(e
         assert last["analysis_failures"] == 0 and last["analysed"] == agent.turns, last
 
 
+def test_a_conversation_that_moves_to_the_worker_keeps_its_drift_causes(emu) -> None:
+    """Without tools the template drops each previous answer's reasoning: every turn drifts, by a cause
+    named token by token. The turns analysed on the loop, then the one that outgrows the bound and
+    moves to the worker (with the previous render's ids: without them it read `unknown`), then the
+    worker's: the same cause, the prediction equal to the engine's count."""
+    emu.reset()
+    with run_gateway(routes(emu.url)) as gw:
+        agent = Agent(gw, tools=False)
+        agent.turn()
+        while _aftermath(gw)["analysis_batches"] < 2:
+            assert agent.turns < 40, _aftermath(gw)
+            _, cache = agent.turn()
+            assert (cache["verdict"], cache["cause"]) == ("drift", "reasoning_dropped_by_template"), cache
+            assert cache["predicted_cached_tokens"] == cache["reported_cached_tokens"], cache
+        done = _aftermath(gw)
+        assert done["analysis_inline"] >= 2 and done["analysis_failures"] == 0, done
+
+
 def test_a_turn_that_ends_while_the_lane_is_busy_goes_to_the_worker() -> None:
     """A turn that ends while another of its lane is in flight leaves the event loop to the requests."""
     # 24 tokens at 4 a second: the long turn is in flight for ~6 s, while the worker, used for the

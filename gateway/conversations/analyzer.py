@@ -87,7 +87,7 @@ class Analyzer:
         self.analysed = 0
         self.failures = 0
         self.last_ms = 0.0
-        self.inline_max_bytes = inline_max_bytes  # tiny turns on a quiet lane: on the event loop (inline.py)
+        self.placement = inline.Placement(inline_max_bytes)  # tiny turns on a quiet lane: on the event loop
         self.inline = 0  # turns analysed there
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
@@ -99,21 +99,26 @@ class Analyzer:
             ex.cache = _unknown("request did not complete")
             return
         t0 = time.perf_counter()
-        async with self._lock(found.state.id):
-            here = inline.runs_inline(ex, lane, self.process, self.inline_max_bytes)
+        cid = found.state.id
+        async with self._lock(cid):
+            stored = await self.store.get("conv:" + cid)
+            here = self.placement.here(ex, lane, self.process, cid, new=stored is None)
             job = make_job(ex, lane, found, in_process=self.process is None)
-            job.stored = await self.store.get("conv:" + found.state.id)
+            job.stored = stored
             if here:
                 job.body = handoff.pack(job.body, None)  # the forwarded bytes, as the worker reads them
-            elif self.process is not None and job.stored is not None and job.state.last is not None:
-                # The worker reads the previous turn's print from `stored` (the same or a newer one):
-                # sent once, the job pickles in half the time on both sides (~13 -> 6 us here,
-                # ~18 -> 9 us to load for a small agent turn; far more for a long session's print).
-                job.state = dataclasses.replace(job.state, last=None, last_cache=None)
-                job.last_in_stored = True
+            elif self.process is not None:
+                job.seed_tokens = self.placement.seeds(cid, lane, stored)  # a conversation leaving the loop
+                if stored is not None and job.state.last is not None:
+                    # The worker reads the previous turn's print from `stored` (the same or a newer one):
+                    # sent once, the job pickles in half the time on both sides (~13 -> 6 us here,
+                    # ~18 -> 9 us to load for a small agent turn; far more for a long session's print).
+                    job.state = dataclasses.replace(job.state, last=None, last_cache=None)
+                    job.last_in_stored = True
             try:
                 if here:
                     outcome = analyse_job(job, lane.renderer, lane.estimator)
+                    self.placement.analysed_here(cid)
                     self.inline += 1
                 elif self.process is not None:
                     outcome = await self.process.run(job)
@@ -194,6 +199,10 @@ def analyse_job(job: Job, renderer: Renderer | None, estimator: Any) -> Outcome:
     turn's memo (memo.py), when this process has it, spares re-reading the unchanged history."""
     state = job.state
     token_ids.parse_job(job)  # token ids (issue 13): the prompt's ids, parsed here off the event loop
+    if job.seed_tokens:  # the previous render's ids, from the process that analysed it (inline.py)
+        cache = renderer.cache if renderer is not None else getattr(estimator, "cache", None)
+        if cache is not None:
+            cache.put_tokens(job.seed_tokens)
     book = memos()
     memo = book.take(state.id)
     if job.stored is not None:

@@ -18,32 +18,73 @@ Only when it cannot cost anyone anything:
   here whenever the worker was idle, a concurrency-32 run lost 9% of its throughput; with this rule
   it matched the build before);
 * the lane's tokenizer (or, on a lane without a template, the estimate's) is already loaded in this
-  process (a load holds the loop ~0.5 s).
+  process (a load holds the loop ~0.5 s);
+* the conversation is new, or its turns so far were analysed here. A turn is compared with the
+  previous one token by token, through the token ids of the previous render that the analysing
+  process still holds. So a conversation moves once, here -> worker, when it outgrows the bound or
+  its lane is busy, and takes those ids along (`Placement.seeds`). Without them the worker compared
+  coarsely: on the real engine, a drift's cause read `unknown` instead of
+  `reasoning_dropped_by_template`.
 
 The analysis reads the same bytes, with the same code (analyzer.analyse_job), as in the worker.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
 
 from ..exchange import Exchange
-from ..render.estimate import encoding_loaded
-from ..render.tokenizer import loaded
+from ..render.estimate import ENCODING_NAME, encoding_loaded
+from ..render.tokenizer import load_tokenizer, loaded
+from .state import ConversationState
 
 if TYPE_CHECKING:
     from ..runtime import LaneRuntime
     from .worker import AnalysisProcess
 
+MAX_CONVERSATIONS = 10_000  # remembered as analysed here (~100 bytes each); one forgotten goes to the worker
 
-def runs_inline(ex: Exchange, lane: "LaneRuntime", process: "AnalysisProcess | None", max_bytes: int) -> bool:
-    if process is None or ex.body_bytes > max_bytes or lane.inflight or not process.idle():
-        return False
-    renderer = lane.renderer
-    if not (loaded(renderer.defaults.tokenizer_path) if renderer is not None else encoding_loaded()):
-        return False
-    g = ex.generated
-    n = ex.body_bytes + sum(map(len, g.content)) + sum(map(len, g.reasoning))
-    for call in g.tool_calls.values():
-        n += len(call["function"]["arguments"]) + len(call["function"]["name"])
-    return n <= max_bytes
+
+class Placement:
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._here: OrderedDict[str, None] = OrderedDict()  # conversations analysed here so far
+
+    def here(self, ex: Exchange, lane: "LaneRuntime", process: "AnalysisProcess | None", cid: str,
+             new: bool) -> bool:
+        if process is None or ex.body_bytes > self.max_bytes or lane.inflight or not process.idle():
+            return False
+        if not new and cid not in self._here:
+            return False
+        renderer = lane.renderer
+        if not (loaded(renderer.defaults.tokenizer_path) if renderer is not None else encoding_loaded()):
+            return False
+        g = ex.generated
+        n = ex.body_bytes + sum(map(len, g.content)) + sum(map(len, g.reasoning))
+        for call in g.tool_calls.values():
+            n += len(call["function"]["arguments"]) + len(call["function"]["name"])
+        return n <= self.max_bytes
+
+    def analysed_here(self, cid: str) -> None:
+        self._here[cid] = None
+        self._here.move_to_end(cid)
+        while len(self._here) > MAX_CONVERSATIONS:
+            self._here.popitem(last=False)
+
+    def seeds(self, cid: str, lane: "LaneRuntime", stored: bytes | None) -> list[tuple[Any, Any]] | None:
+        """For a conversation analysed here that moves to the worker: the token ids of its last render
+        (prompt and answer) from this process's cache, for the worker's (None: it was never here)."""
+        if cid not in self._here:
+            return None
+        del self._here[cid]
+        if stored is None:
+            return None
+        last = ConversationState.from_bytes(stored).last
+        renderer = lane.renderer
+        cache = renderer.cache if renderer is not None else getattr(lane.estimator, "cache", None)
+        if last is None or cache is None:
+            return None
+        name = load_tokenizer(renderer.defaults.tokenizer_path).path if renderer is not None else ENCODING_NAME
+        keys = [(name, d, n) for prints in (last.segments, last.generated) for d, n in zip(prints.digests, prints.lengths)]
+        return [(k, ids) for k, ids in zip(keys, cache.get_tokens(keys)) if ids is not None]

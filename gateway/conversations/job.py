@@ -45,6 +45,9 @@ class Job:
     token_ids_why: str | None = None  # why the engine gave no prompt ids (the record then compares counts)
     kv_block_size: int | None = None  # issue 20: the lane has KV events; key the render's blocks this size
     last_in_stored: bool = False  # `state` was sent without its previous turn's print: read it from `stored`
+    # The previous render's token ids ((tokenizer, digest, length), ids), when it was analysed on the event
+    # loop and the conversation now moves to the worker (inline.py): compared token by token, not coarsely.
+    seed_tokens: list[tuple[Any, Any]] | None = None
 
 
 @dataclass
