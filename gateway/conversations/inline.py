@@ -47,6 +47,8 @@ MAX_CONVERSATIONS = 10_000  # remembered as analysed here (~100 bytes each); one
 
 
 class Placement:
+    """Which turns the event loop analyses itself (the rules above), and the conversations it has."""
+
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._here: OrderedDict[str, None] = OrderedDict()  # conversations analysed here so far
