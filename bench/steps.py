@@ -54,8 +54,9 @@ from gateway.wire import WireRequest  # noqa: E402
 from tests.support.emulator_proc import free_port  # noqa: E402
 from tests.support.gateway_proc import wait_http  # noqa: E402
 
+ANALYSIS = "analysis: hand-off, or inline"  # a tiny turn on a quiet lane is analysed on the loop (inline.py)
 STEPS = ["parse", "validate", "limits", "identity", "heal", "routing", "serialise", "forward", "relay/chunk",
-         "turn end", "analysis: hand-off, or inline", "records", "metrics", "access log", "remember history"]
+         "turn end", ANALYSIS, "records", "metrics", "access log", "remember history"]
 _clock = time.thread_time
 
 
@@ -127,8 +128,8 @@ def instrument(gw: Any, timer: Timer) -> None:
     relay = sse_mod.StreamObserver.relay
     sse_mod.StreamObserver.relay = timer.sync("relay/chunk", relay)
     am = gw.aftermath
-    am.analyzers = tuple(timer.coro("analysis: hand-off, or inline", a) if inspect.iscoroutinefunction(getattr(a, "__call__", a))
-                         else timer.sync("analysis: hand-off, or inline", a) for a in am.analyzers)
+    am.analyzers = tuple(timer.coro(ANALYSIS, a) if inspect.iscoroutinefunction(getattr(a, "__call__", a))
+                         else timer.sync(ANALYSIS, a) for a in am.analyzers)
     sink_names = ["metrics", "records", "access log"]
     am.sinks = tuple(timer.sync(sink_names[i] if i < 3 else f"sink{i}", s) for i, s in enumerate(am.sinks))
     for f in gw.runtime.finishers:

@@ -147,7 +147,7 @@ class Estimator:
         """The segment `message` has in `render` as the request's message number `index` (a message's
         segment depends on nothing else): the answer as the next request carries it, without
         rendering the whole request a second time (half an estimated analysis's CPU)."""
-        segments, _ = self._segments([self._entry(index, message)], "tools")
+        segments, _ = self._segments([self._entry(index, message)])
         return segments[0]
 
     def _entry(self, i: int, m: Any) -> tuple[int, str, str, int]:
@@ -158,7 +158,9 @@ class Estimator:
             raise RenderError(f"unsupported role {role!r}", f"messages[{i}].role")
         return i, role, canonical_text(m, self.engine), normalised_digest(m)
 
-    def _segments(self, entries: list[tuple[int, str, str, int]], prefix_kind: str) -> tuple[list[Segment], int]:
+    def _segments(self, entries: list[tuple[int, str, str, int]],
+                  prefix_kind: str = "tools") -> tuple[list[Segment], int]:
+        """`prefix_kind`: the field name of the tools/response_format segment (index -1), if any."""
         keys = [(ENCODING_NAME, d, len(t)) for _, _, t, d in entries]
         ids = self.cache.get_tokens(keys)
         missing = [j for j, v in enumerate(ids) if v is None]

@@ -85,14 +85,18 @@ _lock = threading.Lock()
 _loaded: dict[str, TextTokenizer] = {}
 
 
+def _key(path: str | None) -> str:
+    return os.path.abspath(path) if path else default_tokenizer_path()
+
+
 def loaded(path: str | None = None) -> bool:
     """Whether `load_tokenizer(path)` would return at once."""
-    return (os.path.abspath(path) if path else default_tokenizer_path()) in _loaded
+    return _key(path) in _loaded
 
 
 def load_tokenizer(path: str | None = None) -> TextTokenizer:
     """Load (once per process and path) a tokenizer.json; None means the packaged DeepSeek one."""
-    key = os.path.abspath(path) if path else default_tokenizer_path()
+    key = _key(path)
     tok = _loaded.get(key)
     if tok is not None:
         return tok
