@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 from starlette.responses import Response, StreamingResponse
 
-from . import passthrough, reshape, token_ids
+from . import chunk_run, passthrough, reshape, token_ids
 from . import upstream as upstream_mod
 from .body_parts import Body
 from .client_link import ClientGone, ClientLink
@@ -225,6 +225,7 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end, body_byt
                               strip_ids=ex.token_ids_strip) \
         if ex.path != passthrough.RESPONSES else passthrough.ResponsesObserver(ex)
     shape = reshape.for_lane(ex, lane).event
+    runs = chunk_run.Runs(observer, shape) if chunk_run.ENABLED and type(observer) is StreamObserver else None
     timeouts = lane.upstream.timeouts
     # Wait for the first data before answering, so a stalled or dead upstream still gets a clean
     # 504/502 status; the client's first byte leaves the moment the upstream's arrives.
@@ -296,18 +297,21 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end, body_byt
                 sent = False
                 while True:
                     out = []
-                    for event in splitter.feed(data, final=not raw):
-                        piece = observer.relay(event)
-                        if piece is not None:
-                            out.append(shape(piece))
-                            if not sent:
-                                # The first event leaves on its own, not after the rest of its read
-                                # (an engine's first read can hold dozens): the client's first token.
-                                sent = True
-                                ex.response_bytes += len(out[0])
-                                yield out.pop()
-                        if observer.done:
-                            break
+                    if sent and runs is not None:  # runs of token chunks at once (chunk_run.py)
+                        runs.relay_read(splitter, data, not raw, out)
+                    else:
+                        for event in splitter.feed(data, final=not raw):
+                            piece = observer.relay(event)
+                            if piece is not None:
+                                out.append(shape(piece))
+                                if not sent:
+                                    # The first event leaves on its own, not after the rest of its
+                                    # read (an engine's first read can hold dozens): the first token.
+                                    sent = True
+                                    ex.response_bytes += len(out[0])
+                                    yield out.pop()
+                            if observer.done:
+                                break
                     if out:
                         piece = b"".join(out) if len(out) > 1 else out[0]
                         ex.response_bytes += len(piece)

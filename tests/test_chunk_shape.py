@@ -6,7 +6,6 @@ They must relay the same bytes, raise the same errors and record the same output
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import orjson
@@ -17,6 +16,8 @@ from hypothesis import strategies as st
 from gateway import chunk_shape
 from gateway.exchange import Exchange
 from gateway.sse import BadStream, EventSplitter, StreamObserver
+
+from tests.support.stream_events import ENCODE, EXTRAS, KEYS, TEXT, chunk, encode, hostile, token_event
 
 FIXTURES = Path("/work/shared/fixtures/upstream")
 
@@ -65,9 +66,9 @@ def test_the_probe_refuses_a_slot_found_elsewhere():
     # the other field, and the probe (the shape filled with another text) shows it is not the delta's.
     event = (b'data: {"id":"x","extra":{"content":"hi"},"choices":[{"index":0,'
              b'"delta":{"content":"\\u0068i"},"finish_reason":null}]}\n\n')
-    chunk = orjson.loads(event[5:])
-    assert chunk["choices"][0]["delta"]["content"] == "hi"
-    assert chunk_shape.learn(event, chunk) is None
+    parsed = orjson.loads(event[5:])
+    assert parsed["choices"][0]["delta"]["content"] == "hi"
+    assert chunk_shape.learn(event, parsed) is None
 
 
 def test_a_text_seen_twice_is_not_learnt():
@@ -76,62 +77,18 @@ def test_a_text_seen_twice_is_not_learnt():
     assert chunk_shape.learn(event, orjson.loads(event[5:])) is None
 
 
-def _chunk(delta: dict, extras: dict, finish: str | None = None, ids: list[int] | None = None) -> dict:
-    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-    if "token_ids" in extras:  # vLLM asked for ids (issue 13): every choice says them, or null
-        choice["token_ids"] = ids
-    return {**extras, "object": "chat.completion.chunk", "choices": [choice]}
-
-
-_KEYS = st.sampled_from(["content", "reasoning_content", "reasoning", "tool"])
-_TEXT = st.text(max_size=12) | st.sampled_from(["", "a", " b", 'q"uote', "back\\slash", "\n", "\x00", "é", "😀"])
-_EXTRAS = st.fixed_dictionaries({}, optional={
-    "id": st.just("chatcmpl-1"), "created": st.just(1767225600), "model": st.sampled_from(["m", "con\"tent"]),
-    "system_fingerprint": st.none(), "prompt_token_ids": st.none(), "token_ids": st.none()})
-_ENCODE = st.sampled_from(["orjson", "ascii", "spaced"])
-
-
-def _encode(chunk: dict, how: str) -> bytes:
-    if how == "orjson":
-        payload = orjson.dumps(chunk)
-    elif how == "ascii":
-        payload = json.dumps(chunk, separators=(",", ":")).encode()
-    else:
-        payload = json.dumps(chunk, ensure_ascii=False).encode()
-    return b"data: " + payload + b"\n\n"
-
-
-def _token_event(key: str, text: str, extras: dict, how: str, ids: list[int] | None) -> bytes:
-    if key == "tool":
-        delta = {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}
-    else:
-        delta = {key: text}
-    extras = {k: v for k, v in extras.items() if k != "token_ids"}
-    chunk = _chunk(delta, extras | ({"token_ids": None} if "token_ids" in extras or ids is not None else {}), ids=ids)
-    return _encode(chunk, how)
-
-
-def _hostile(event: bytes, data: st.DataObject) -> bytes:
-    """The same event with its text's bytes broken: a raw quote, a control byte, invalid UTF-8."""
-    cut = event.rfind(b'"}')
-    if cut < 0:
-        return event
-    bad = data.draw(st.sampled_from([b'"', b"\n", b"\x01", b"\xff", b"\xed\xa0\x80", b"\\", b"\\q"]))
-    return event[:cut] + bad + event[cut:]
-
-
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.data(), _EXTRAS, _ENCODE, st.booleans(),
-       st.lists(st.tuples(_KEYS, _TEXT, st.integers(0, 9), st.none() | st.lists(st.integers(0, 99999), max_size=3)),
+@given(st.data(), EXTRAS, ENCODE, st.booleans(),
+       st.lists(st.tuples(KEYS, TEXT, st.integers(0, 9), st.none() | st.lists(st.integers(0, 99999), max_size=3)),
                 min_size=1, max_size=24))
 def test_recognised_chunks_decide_as_the_parse(data, extras, how, strip_ids, tokens):
-    events = [_encode(_chunk({"role": "assistant", "content": ""}, extras), how)]
+    events = [encode(chunk({"role": "assistant", "content": ""}, extras), how)]
     for key, text, mutate, ids in tokens:
-        event = _token_event(key, text, extras, how, ids)
+        event = token_event(key, text, extras, how, ids)
         if mutate == 0:
-            event = _hostile(event, data)
+            event = hostile(event, data)
         elif mutate == 1:  # another chunk in the stream's usual shape: a finish reason, the usage
-            event = _encode(_chunk({}, extras, finish="stop"), how)
+            event = encode(chunk({}, extras, finish="stop"), how)
         elif mutate == 2:
             event = event.replace(b"data: ", b"data:", 1)
         events.append(event)
@@ -142,8 +99,8 @@ def test_recognised_chunks_decide_as_the_parse(data, extras, how, strip_ids, tok
 def test_chunks_with_token_ids_are_recognised_once_the_ids_are_out():
     # vLLM asked for ids (issue 13) sends them in every chunk: taken out first, the rest has one shape.
     extras = {"id": "chatcmpl-1", "model": "m"}
-    events = [_encode(_chunk({"role": "assistant", "content": ""}, extras | {"token_ids": None}, ids=[1]), "orjson")]
-    events += [_token_event("content", f"w{i} ", extras | {"token_ids": None}, "orjson", [i, i + 1]) for i in range(40)]
+    events = [encode(chunk({"role": "assistant", "content": ""}, extras | {"token_ids": None}, ids=[1]), "orjson")]
+    events += [token_event("content", f"w{i} ", extras | {"token_ids": None}, "orjson", [i, i + 1]) for i in range(40)]
     events.append(b"data: [DONE]\n\n")
     observer = _same(events, strip_ids=True)
     assert [s.kind for s in observer.shapes] == [chunk_shape.CONTENT]
