@@ -10,6 +10,7 @@ gateway serves. The choices (the change first, what it replaced second):
 
   upstream-client   the gateway's own client (upstream_client.py) / aiohttp's
   chunk-shapes      stream chunks recognised from their bytes (chunk_shape.py) / each one parsed
+  chunk-runs        runs of recognised chunks relayed at once (chunk_run.py) / event by event
   ring              large bodies to the analysis worker through shared memory (handoff.py) / pickled
   parts             the forwarded body in parts, written with writelines (body_parts.py) / joined
 
@@ -34,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import steps  # noqa: E402  (bench/steps.py: its gateway on the stub, bodies, timers and instrumentation)
 
-from gateway import chunk_shape  # noqa: E402
+from gateway import chunk_run, chunk_shape  # noqa: E402
 from gateway import upstream as upstream_mod  # noqa: E402
 from gateway.body_parts import whole  # noqa: E402
 from gateway.history_memo import HistoryMemo  # noqa: E402
@@ -54,6 +55,12 @@ def _shapes(gw: Any) -> Switch:
 
     def set_(on: bool) -> None:
         chunk_shape.MAX_TRIES = tries if on else 0  # read at every parsed chunk
+    return set_
+
+
+def _runs(gw: Any) -> Switch:
+    def set_(on: bool) -> None:
+        chunk_run.ENABLED = on  # read at every stream's start
     return set_
 
 
@@ -87,6 +94,7 @@ class Choice:
 CHOICES = {
     "upstream-client": Choice(_client, ("small c=1", "stream 256")),
     "chunk-shapes": Choice(_shapes, ("stream 256",)),
+    "chunk-runs": Choice(_runs, ("stream 256",)),
     "ring": Choice(_ring, ("2 MB resent (large_c4)", "2 MB new conversation")),
     "parts": Choice(_parts, ("2 MB resent (large_c4)", "2 MB new conversation")),
 }

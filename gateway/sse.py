@@ -7,7 +7,7 @@ learn timing (first and last generated token), usage, and what the model generat
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
@@ -48,19 +48,14 @@ class EventSplitter:
 
     def feed(self, data: bytes, final: bool = False) -> list[bytes]:
         """The events completed by `data`; `final` at the end of the stream (a last CR ends a line)."""
-        buf, hold = self._joined(data, final)
+        buf, hold = self.joined(data, final)
         events = buf.split(b"\n\n")
-        self._keep(events.pop(), hold)
+        self.keep(events.pop(), hold)
         return [e + b"\n\n" for e in events if e.strip()]
 
-    def feed_runs(self, data: bytes, match: Callable[[bytes, int], Any], final: bool = False) -> list[Any]:
-        """As `feed`, with each run of known token chunks (chunk_run.py) in place of its events."""
-        buf, hold = self._joined(data, final)
-        items, at = scan_runs(buf, match)
-        self._keep(buf[at:], hold)
-        return items
-
-    def _joined(self, data: bytes, final: bool) -> tuple[bytes, bytes]:
+    def joined(self, data: bytes, final: bool) -> tuple[bytes, bytes]:
+        """What was kept with `data` after it, line endings made LF (starts at an event boundary),
+        and a CR held back for the next read."""
         buf = self._buf + data if self._buf else data
         hold = b""
         if b"\r" in buf:
@@ -69,7 +64,8 @@ class EventSplitter:
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         return buf, hold
 
-    def _keep(self, rest: bytes, hold: bytes) -> None:
+    def keep(self, rest: bytes, hold: bytes) -> None:
+        """Keep the unfinished rest (refused past `max_bytes`) for the next read."""
         if len(rest) > self.max_bytes:
             self._buf = b""
             raise BadStream("upstream_bad_response",
@@ -79,27 +75,6 @@ class EventSplitter:
     def rest(self) -> bytes:
         rest, self._buf = self._buf, b""
         return rest
-
-
-def scan_runs(buf: bytes, match: Callable[[bytes, int], Any]) -> tuple[list[Any], int]:
-    """The whole events of `buf` (which starts at an event boundary), split as `EventSplitter.feed`
-    splits them, with runs in place of their events: `match(buf, at)` is asked at every boundary and a
-    run it finds holds only whole events. Also where the unfinished rest begins."""
-    items: list[Any] = []
-    at = 0
-    find = buf.find
-    while True:
-        run = match(buf, at)
-        if run is not None:
-            items.append(run)
-            at += len(run.data)
-            continue
-        end = find(b"\n\n", at)
-        if end < 0:
-            return items, at
-        if buf[at:end].strip():
-            items.append(buf[at:end + 2])
-        at = end + 2
 
 
 class StreamObserver:

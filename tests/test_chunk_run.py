@@ -147,3 +147,15 @@ def test_a_copied_text_goes_event_by_event():
 def test_invalid_utf8_in_a_run_goes_event_by_event():
     stream = _plain_stream(30).replace(b"w17 ", b"w\xff7 ")
     _same([stream[:400], stream[400:], b""], (None, None, None))
+
+
+def test_runs_longer_than_the_window_and_texts_longer_than_it():
+    extras = {"id": "chatcmpl-1", "created": 1, "model": "m"}
+    events = [encode(chunk({"role": "assistant", "content": ""}, extras), "orjson")]
+    events += [token_event("content", f"w{i} ", extras, "orjson", None) for i in range(1500)]
+    events.append(token_event("content", "x" * 40_000, extras, "orjson", None))  # one chunk past the window
+    events += [token_event("content", f"v{i} ", extras, "orjson", None) for i in range(300)]
+    events += [encode(chunk({}, extras, finish="stop"), "orjson"), b"data: [DONE]\n\n"]
+    stream = b"".join(events)
+    observer = _same([stream[:500], stream[500:], b""], ("pub", None, b"chatcmpl-"))
+    assert observer.relayed < 40
