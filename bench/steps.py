@@ -46,6 +46,7 @@ from starlette.datastructures import Headers  # noqa: E402
 from gateway import gc_tuning  # noqa: E402
 from gateway import pipeline as pipeline_mod  # noqa: E402
 from gateway import proxy as proxy_mod  # noqa: E402
+from gateway import chunk_run  # noqa: E402
 from gateway import sse as sse_mod  # noqa: E402
 from gateway.compose import build  # noqa: E402
 from gateway.security import Caller  # noqa: E402
@@ -125,8 +126,7 @@ def instrument(gw: Any, timer: Timer) -> None:
     gw.pipeline._upstream_body = timer.sync("serialise", gw.pipeline._upstream_body)
     upstream_send = proxy_mod.forward
     pipeline_mod.forward = timer.coro("forward", upstream_send)
-    relay = sse_mod.StreamObserver.relay
-    sse_mod.StreamObserver.relay = timer.sync("relay/chunk", relay)
+    _time_relay(timer)
     am = gw.aftermath
     am.analyzers = tuple(timer.coro(ANALYSIS, a) if inspect.iscoroutinefunction(getattr(a, "__call__", a))
                          else timer.sync(ANALYSIS, a) for a in am.analyzers)
@@ -135,6 +135,39 @@ def instrument(gw: Any, timer: Timer) -> None:
     for f in gw.runtime.finishers:
         if f is not am:  # the aftermath's own enqueueing is part of the hand-off
             f.exchange_ended = timer.sync("turn end", f.exchange_ended)
+
+
+def _time_relay(timer: Timer) -> None:
+    """'relay/chunk': the event-by-event relay (the first read's events) and every later read as a
+    whole (chunk_run.Runs.relay_read: its runs and the events between them), per stream event."""
+    relay, read, run = _ORIGINALS["relay"], _ORIGINALS["relay_read"], _ORIGINALS["run_relay"]
+    timed = timer.sync("relay/chunk", relay)
+    inside = [False]
+
+    def observer_relay(self: Any, event: bytes) -> Any:
+        if inside[0]:  # timed with its read
+            timer.count["relay/chunk"] += 1
+            return relay(self, event)
+        return timed(self, event)
+
+    def relay_read(self: Any, *a: Any) -> None:
+        inside[0] = True
+        t = _clock()
+        try:
+            read(self, *a)
+        finally:
+            inside[0] = False
+            timer.spent["relay/chunk"] += _clock() - t
+
+    def run_relay(self: Any, *a: Any) -> Any:
+        out = run(self, *a)
+        if out is not None:
+            timer.count["relay/chunk"] += len(a[4])  # the run's events
+        return out
+
+    sse_mod.StreamObserver.relay = observer_relay  # type: ignore[method-assign]
+    chunk_run.Runs.relay_read = relay_read  # type: ignore[method-assign]
+    chunk_run.Runs._relay = run_relay  # type: ignore[method-assign]
 
 
 async def one(gw: Any, body: bytes, timer: Timer) -> float:
@@ -231,6 +264,7 @@ def instrument_once(gw: Any, timer: Timer) -> None:
     if not _ORIGINALS:
         _ORIGINALS.update(parse=gw.pipeline._parse, settle=gw.pipeline.memo.settle, check=pipeline_mod.check_chat,
                           forward=pipeline_mod.forward, relay=sse_mod.StreamObserver.relay,
+                          relay_read=chunk_run.Runs.relay_read, run_relay=chunk_run.Runs._relay,
                           upstream_body=gw.pipeline._upstream_body,
                           applies=[p.apply for p in gw.pipeline.policies],
                           analyzers=gw.aftermath.analyzers, sinks=gw.aftermath.sinks,
@@ -242,6 +276,8 @@ def instrument_once(gw: Any, timer: Timer) -> None:
     pipeline_mod.forward = _ORIGINALS["forward"]
     proxy_mod.forward = _ORIGINALS["forward"]
     sse_mod.StreamObserver.relay = _ORIGINALS["relay"]
+    chunk_run.Runs.relay_read = _ORIGINALS["relay_read"]
+    chunk_run.Runs._relay = _ORIGINALS["run_relay"]
     gw.pipeline._upstream_body = _ORIGINALS["upstream_body"]
     for p, apply in zip(gw.pipeline.policies, _ORIGINALS["applies"]):
         p.apply = apply
