@@ -111,7 +111,8 @@ class Runs:
 
     def _take(self, shapes: list[Shape]) -> None:
         for s in shapes[self._known:]:
-            self._patterns.append(_Pattern(s, methodcaller("startswith", s.head), itemgetter(slice(len(s.head), None))))
+            starts, text = methodcaller("startswith", s.head), itemgetter(slice(len(s.head), None))
+            self._patterns.append(_Pattern(s, starts, text))
         self._known = len(shapes)
 
     def _run(self, buf: bytes, at: int) -> tuple[_Pattern, int, list[bytes], bytes] | None:

@@ -6,7 +6,7 @@ the messages; rendering and comparing happen after the response (see analyzer.py
 
 from __future__ import annotations
 
-import uuid
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,14 +85,14 @@ class ConversationPolicy:
                 anchor_turn = int(turn or 0)
                 if anchor_turn < state.turn and not self._is_retry(state, lin, body["messages"], lane.config.engine):
                     # A second continuation of an earlier turn: a fork with a common ancestor.
-                    fork = ConversationState("c" + uuid.uuid4().hex[:16], "lineage", lane=lane.name,
+                    fork = ConversationState(_new_id(), "lineage", lane=lane.name,
                                              turn=anchor_turn, pinned_effort=state.pinned_effort,
                                              pinned_thinking=state.pinned_thinking, parent=state.id,
                                              replica=state.replica, last=state.last)
                     return fork, False, anchor_turn, "lineage_fork"
                 return state, False, anchor_turn, "lineage"
         source = "new" if not keys else "lineage_unknown"
-        return ConversationState("c" + uuid.uuid4().hex[:16], source, lane=lane.name), True, None, source
+        return ConversationState(_new_id(), source, lane=lane.name), True, None, source
 
     async def _load(self, cid: str) -> ConversationState | None:
         """The conversation's state, with its head (turn, pins, replica) as of the latest response.
@@ -165,3 +165,8 @@ def _header(ex: Exchange, state: ConversationState) -> str:
     if requested != applied or ex.effort_action == "repinned":
         return f"{applied}; requested={requested}; {ex.effort_action}"
     return str(applied)
+
+
+def _new_id() -> str:
+    """A new conversation's id: 64 random bits, as uuid4().hex[:16] gave (~0.8 µs against ~5 here)."""
+    return "c" + os.urandom(8).hex()
