@@ -17,7 +17,8 @@ from gateway.chunk_run import Runs
 from gateway.exchange import Exchange
 from gateway.reshape import Reshaper
 from gateway.sse import BadStream, EventSplitter, StreamObserver
-from tests.support.stream_events import ENCODE, EXTRAS, KEYS, TEXT, chunk, encode, hostile, token_event
+from tests.support.stream_events import (ENCODE, EXTRAS, KEYS, TEXT, assert_same_record, chunk, encode, hostile,
+                                         token_event)
 
 
 class CountingObserver(StreamObserver):
@@ -69,10 +70,7 @@ def _same(reads: list[bytes], reshape: tuple[Any, Any, Any], strip_ids: bool = F
     slow_bytes, slow_error, slow, _ = _relay(reads, False, reshape, strip_ids)
     assert fast_error == slow_error
     assert fast_bytes == slow_bytes
-    assert fast.generated == slow.generated
-    assert fast.usage == slow.usage
-    assert len(fast.token_chunk_times) == len(slow.token_chunk_times)
-    assert (fast.t_first_token is None) == (slow.t_first_token is None)
+    assert_same_record(fast, slow)
     return observer
 
 

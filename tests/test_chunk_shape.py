@@ -17,7 +17,8 @@ from gateway import chunk_shape
 from gateway.exchange import Exchange
 from gateway.sse import BadStream, EventSplitter, StreamObserver
 
-from tests.support.stream_events import ENCODE, EXTRAS, KEYS, TEXT, chunk, encode, hostile, token_event
+from tests.support.stream_events import (ENCODE, EXTRAS, KEYS, TEXT, assert_same_record, chunk, encode, hostile,
+                                         token_event)
 
 FIXTURES = Path("/work/shared/fixtures/upstream")
 
@@ -40,10 +41,7 @@ def _same(events: list[bytes], strip_ids: bool = False) -> StreamObserver:
     fast_out, fast, observer = _run(events, True, strip_ids)
     slow_out, slow, _ = _run(events, False, strip_ids)
     assert fast_out == slow_out
-    assert fast.generated == slow.generated
-    assert fast.usage == slow.usage
-    assert len(fast.token_chunk_times) == len(slow.token_chunk_times)
-    assert (fast.t_first_token is None) == (slow.t_first_token is None)
+    assert_same_record(fast, slow)
     return observer
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import orjson
 from hypothesis import strategies as st
@@ -50,3 +51,11 @@ def hostile(event: bytes, data: st.DataObject) -> bytes:
         return event
     bad = data.draw(st.sampled_from([b'"', b"\n", b"\x01", b"\xff", b"\xed\xa0\x80", b"\\", b"\\q"]))
     return event[:cut] + bad + event[cut:]
+
+
+def assert_same_record(fast: Any, slow: Any) -> None:
+    """Two exchanges that relayed one stream two ways recorded the same: output, usage, token timings."""
+    assert fast.generated == slow.generated
+    assert fast.usage == slow.usage
+    assert len(fast.token_chunk_times) == len(slow.token_chunk_times)
+    assert (fast.t_first_token is None) == (slow.t_first_token is None)
