@@ -57,3 +57,17 @@ def test_the_byte_bound_evicts_the_oldest() -> None:
     assert asyncio.run(store.get("k99")) == b"v" * 500
     assert asyncio.run(store.get("k0")) is None
     assert store.evictions > 0
+
+
+def test_a_conversation_state_is_held_at_its_length() -> None:
+    # The analysis memo keeps each turn's state bytes as they came from to_bytes.
+    from gateway.conversations.state import ConversationState
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        held = [ConversationState(f"c{i:016x}", "new", "mock").to_bytes() for i in range(500)]
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 2 * sum(len(b) + 40 for b in held), grown
