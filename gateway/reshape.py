@@ -57,21 +57,32 @@ def _value_end(data: bytes, start: int) -> int:
     return pos
 
 
+def _string_end(data: bytes, start: int) -> int:
+    """Index just past the JSON string at `start` (after blanks); -1 when the value is not a string
+    (a tool schema's `"model": {...}` property is not a model name)."""
+    n = len(data)
+    while start < n and data[start] in b" \t":
+        start += 1
+    if start < n and data[start] == 0x22:
+        return _value_end(data, start)
+    return -1
+
+
 def _replace_values(data: bytes, key: bytes, value: bytes) -> bytes:
-    """Every `key` (e.g. b'"model":') gets `value` (JSON bytes) as its value."""
+    """Every `key` (e.g. b'"model":') whose value is a string gets `value` (JSON bytes) instead."""
     out: list[bytes] = []
-    pos = 0
+    pos = look = 0  # copied up to `pos`; searching from `look`
     while True:
-        k = data.find(key, pos)
+        k = data.find(key, look)
         if k < 0:
             break
-        start = k + len(key)
-        end = _value_end(data, start)
+        start = look = k + len(key)
+        end = _string_end(data, start)
         if end < 0:
-            break
+            continue
         out.append(data[pos:start])
         out.append(value)
-        pos = end
+        pos = look = end
     if not out:
         return data
     out.append(data[pos:])
@@ -104,9 +115,10 @@ class Reshaper:
 
     What an engine sends is the same in every chunk of a stream, so the rewrites are learnt once:
     the chunk head (`{"id":"X","object":...,"model":"M"`) as an (old, new) pair, and which
-    reasoning key the engine uses. A later chunk then costs one `bytes.replace(old, new, 1)` (which
-    matches at offset 0) and, when the reasoning key is renamed, one more `replace`: C speed, no
-    parsing. The usage chunk (once per request) is the only one parsed, and the observer has
+    reasoning key the engine uses. A later chunk that starts with the old head then costs one
+    `startswith` and one concatenation and, when the reasoning key is renamed, one `replace`: C
+    speed, no parsing. The head is rewritten only at the start of an event: the same bytes further
+    in belong to the event's content. The usage chunk (once per request) is the only one parsed, and the observer has
     already said which one it is (`ex.usage` changed).
     """
 
@@ -128,10 +140,12 @@ class Reshaper:
         old = self._head_old
         if old is _SAME and data.startswith(self._head_new):
             out = data  # the engine already says what the client should see: nothing to do
+        elif old is not None and old is not _SAME and data.startswith(old):
+            # Only where the event starts with it: the same bytes further in are another event's
+            # content (a tool's description, a Responses object), never a head to rewrite.
+            out = self._head_new + data[len(old):]
         else:
-            out = data.replace(old, self._head_new, 1) if old else data
-            if out is data:  # no head learnt yet, or this chunk's head differs (bytes.replace returns self)
-                out = self._head(data)
+            out = self._head(data)  # no head learnt yet, or this event's head differs
         rf = self.reasoning_field
         if rf is not None:
             out = self._reasoning(out, rf)
@@ -167,7 +181,7 @@ class Reshaper:
                 id_at = i
         if self.model_value is not None:
             k = data.find(_MODEL)
-            end = _value_end(data, k + len(_MODEL)) if k >= 0 else -1
+            end = _string_end(data, k + len(_MODEL)) if k >= 0 else -1
             if end > 0:
                 data = data[:k + len(_MODEL)] + self.model_value + data[end:]
                 new_end = k + len(_MODEL) + len(self.model_value)
@@ -228,5 +242,9 @@ _ID_PREFIX = {"/v1/chat/completions": b"chatcmpl-", "/v1/completions": b"cmpl-"}
 
 
 def for_lane(ex: "Exchange", lane: "LaneRuntime") -> Reshaper:
-    """The reshaper of one exchange (every rewrite is a no-op when the bytes already agree)."""
-    return Reshaper(ex, ex.public_model or None, lane.config.reasoning_field, _ID_PREFIX.get(ex.path))
+    """The reshaper of one exchange (every rewrite is a no-op when the bytes already agree).
+
+    The reasoning field and the id prefix are chat and text completion shapes; any other answer
+    (a Responses object names `reasoning` as its settings) gets only its model name."""
+    prefix = _ID_PREFIX.get(ex.path)
+    return Reshaper(ex, ex.public_model or None, lane.config.reasoning_field if prefix else None, prefix)
