@@ -37,8 +37,8 @@ import steps  # noqa: E402  (bench/steps.py: its gateway on the stub, bodies, ti
 
 from gateway import chunk_run, chunk_shape  # noqa: E402
 from gateway import upstream as upstream_mod  # noqa: E402
-from gateway.body_parts import whole  # noqa: E402
-from gateway.history_memo import HistoryMemo  # noqa: E402
+from gateway.pipeline.body_parts import whole  # noqa: E402
+from gateway.pipeline.history_memo import HistoryMemo  # noqa: E402
 
 _clock = time.thread_time
 Switch = Callable[[bool], None]  # True: the change, False: what it replaced

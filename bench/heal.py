@@ -40,17 +40,17 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gateway.config import Lane  # noqa: E402
+from gateway.core.config import Lane  # noqa: E402
 from gateway.conversations.effort import EffortChoice  # noqa: E402
 from gateway.conversations.identity import lineage  # noqa: E402
 from gateway.conversations.policy import Found  # noqa: E402
 from gateway.conversations.state import ConversationState  # noqa: E402
-from gateway.exchange import Exchange  # noqa: E402
-from gateway.gc_tuning import settle  # noqa: E402
+from gateway.core.exchange import Exchange  # noqa: E402
+from gateway.observe.gc_tuning import settle  # noqa: E402
 from gateway.heal.base import Relayed, heal_digest  # noqa: E402
 from gateway.heal.book import RelayedBook  # noqa: E402
 from gateway.heal.policy import HealPolicy  # noqa: E402
-from gateway.history_memo import HistoryMemo  # noqa: E402
+from gateway.pipeline.history_memo import HistoryMemo  # noqa: E402
 from gateway.store.memory import MemoryStore  # noqa: E402
 
 SHARED = Path(os.environ.get("GATEWAY_SHARED", REPO.parent / "shared"))

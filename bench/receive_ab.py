@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What receiving a large request body costs the gateway's event loop, A/B alternated in one server.
 
-The gateway's HTTP protocol (gateway/serving.py, uvloop, the wire path of gateway/wire.py) serves
+The gateway's HTTP protocol (gateway/server/serving.py, uvloop, the wire path of gateway/server/wire.py) serves
 a handler that only reads the body (as the pipeline does) and answers `{}`; a client process
 sends the same ~2 MB body at concurrency 1. The server's event-loop thread CPU (thread_time) per
 request, with the body read one way or the other, alternated in blocks:
@@ -57,7 +57,7 @@ async def _by_receive(request):
 
 
 class App:
-    """An app whose POSTs the gateway's protocol serves on the wire path (gateway/wire.py)."""
+    """An app whose POSTs the gateway's protocol serves on the wire path (gateway/server/wire.py)."""
 
     def __init__(self, block: int) -> None:
         self.block = block
@@ -98,7 +98,7 @@ def main() -> int:
     port = free_port()
     app = App(a.block)
     config = uvicorn.Config(app, host="127.0.0.1", port=port, loop="uvloop", log_level="warning",
-                            http="gateway.serving:DeadlineHttpToolsProtocol", lifespan="on")
+                            http="gateway.server.serving:DeadlineHttpToolsProtocol", lifespan="on")
     server = uvicorn.Server(config)
 
     async def run() -> None:

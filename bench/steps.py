@@ -49,9 +49,9 @@ from gateway import proxy as proxy_mod  # noqa: E402
 from gateway import chunk_run  # noqa: E402
 from gateway import sse as sse_mod  # noqa: E402
 from gateway.compose import build  # noqa: E402
-from gateway.security import Caller  # noqa: E402
-from gateway.settings import Settings  # noqa: E402
-from gateway.wire import WireRequest  # noqa: E402
+from gateway.server.security import Caller  # noqa: E402
+from gateway.core.settings import Settings  # noqa: E402
+from gateway.server.wire import WireRequest  # noqa: E402
 from tests.support.emulator_proc import free_port  # noqa: E402
 from tests.support.gateway_proc import wait_http  # noqa: E402
 

@@ -17,12 +17,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from . import gc_tuning
+from .observe import gc_tuning
 from .compose import Gateway, build
-from .cors import CorsGate
-from .errors import GatewayError, error_body
-from .runtime import watch_routes
-from .settings import Settings
+from .server.cors import CorsGate
+from .core.errors import GatewayError, error_body
+from .core.runtime import watch_routes
+from .core.settings import Settings
 
 log = logging.getLogger("gateway")
 
@@ -135,7 +135,7 @@ class FastPath:
         return self.app.state.gateway
 
     def wire_handler(self, path: str) -> Callable[[Any], Any] | None:
-        """The protected handler the HTTP protocol runs without ASGI (gateway/wire.py), if any: not
+        """The protected handler the HTTP protocol runs without ASGI (gateway/server/wire.py), if any: not
         while CORS is configured (its headers come from Starlette's middleware)."""
         if self.gateway.runtime.snapshot.config.gateway.cors is not None:
             return None

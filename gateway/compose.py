@@ -20,32 +20,32 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, TypeVar
 
-from .access import Access, Endpoint
-from .access_log import AccessLog, build_access_log
-from .aftermath import Aftermath, FirstBytes
+from .server.access import Access, Endpoint
+from .observe.access_log import AccessLog, build_access_log
+from .observe.aftermath import Aftermath, FirstBytes
 from .admin.feature import AdminAPI
-from .config import ConfigError, load_routes
+from .core.config import ConfigError, load_routes
 from .conversations.feature import TTL_S, Conversations
 from .heal.book import RelayedBook
 from .heal.policy import HealPolicy
 from .heal.turn_end import HealTurnEnd
-from .health import HealthProber, HealthService
+from .upstream.health import HealthProber, HealthService
 from .kvevents.feature import KVEventsAdmin
 from .kvevents.service import KVEventsService
 from .limits.feature import LimitsWarmup
 from .limits.policy import LimitsPolicy
-from .metrics import LiveCollector, Metrics, MetricsExport, build_metrics
-from .openapi import OpenAPI
-from .history_memo import HistoryMemo
-from .pipeline import Pipeline
+from .observe.metrics import LiveCollector, Metrics, MetricsExport, build_metrics
+from .api.openapi import OpenAPI
+from .pipeline.history_memo import HistoryMemo
+from .pipeline.flow import Pipeline
 from .qualify.feature import LaneAddressed, QualificationService
 from .records.feature import Records, build_records
 from .render.feature import RenderPreload, attach as attach_renderer
 from .routing.feature import Routing
-from .runtime import Runtime
-from .security import Security, SecurityConfigError
-from .settings import Settings
-from .status import Status
+from .core.runtime import Runtime
+from .server.security import Security, SecurityConfigError
+from .core.settings import Settings
+from .api.status import Status
 from .store import StateStore
 from .store.feature import build_store
 

@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.access_log import AccessLog, AccessLogSettings, _text, access_fields
-from gateway.exchange import Exchange
+from gateway.observe.access_log import AccessLog, AccessLogSettings, _text, access_fields
+from gateway.core.exchange import Exchange
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
 

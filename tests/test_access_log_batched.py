@@ -1,5 +1,5 @@
 """The access log's shortcut (lines held and written in one go while only its own handler listens)
-writes exactly what the logging path writes, in order (gateway/access_log.py)."""
+writes exactly what the logging path writes, in order (gateway/observe/access_log.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.access_log import AccessLog, AccessLogSettings, log
-from gateway.exchange import Exchange
+from gateway.observe.access_log import AccessLog, AccessLogSettings, log
+from gateway.core.exchange import Exchange
 
 odd = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30)
 
@@ -59,7 +59,7 @@ def test_held_lines_read_as_logged_lines(rows, fmt: str, general_from: int, gene
             assert sink._alone() is not general
             ex = _exchange(rid, model, status)
             sink(ex, None)
-            from gateway.access_log import _text, access_fields
+            from gateway.observe.access_log import _text, access_fields
             import orjson
             f = access_fields(ex)
             expected.append(orjson.dumps(f).decode() if fmt == "json" else _text(f))

@@ -9,8 +9,8 @@ import yaml
 from starlette.testclient import TestClient
 
 from gateway.app import create_app
-from gateway.errors import GatewayError
-from gateway.settings import Settings
+from gateway.core.errors import GatewayError
+from gateway.core.settings import Settings
 from tests.test_records_units import exchange
 
 

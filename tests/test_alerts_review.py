@@ -20,7 +20,7 @@ from gateway.conversations.identity import key_id
 from gateway.conversations.lookup import candidate_ids
 from gateway.conversations.remedies import DEFAULT, REMEDIES, REPIN, remedy_for
 from gateway.records.record import client_of
-from gateway.settings import Settings
+from gateway.core.settings import Settings
 from tests.test_records_units import exchange
 
 README = Path(__file__).resolve().parents[1] / "README.md"

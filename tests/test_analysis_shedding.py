@@ -1,4 +1,4 @@
-"""When analysis falls behind, it is shed per conversation, never silently (gateway/aftermath.py).
+"""When analysis falls behind, it is shed per conversation, never silently (gateway/observe/aftermath.py).
 
 The queue holds one place in line per conversation, with up to `coalesce` of its turns: a newer turn
 waits with its older ones and all are analysed in order; beyond `coalesce`, the oldest waiting turn
@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import json
 
-from gateway.aftermath import Aftermath
+from gateway.observe.aftermath import Aftermath
 from gateway.conversations.policy import Found
 from gateway.conversations.state import ConversationState
-from gateway.exchange import Exchange
+from gateway.core.exchange import Exchange
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
 from tests.test_records_e2e import SENT, lane, metric_samples, post, records

@@ -13,9 +13,9 @@ import openai
 import pytest
 import yaml
 
-from gateway.access import Access
+from gateway.server.access import Access
 from gateway.app import create_app
-from gateway.settings import Settings
+from gateway.core.settings import Settings
 from tests.support.conversations import wait_analysed
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway

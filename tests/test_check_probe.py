@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.cli import main
+from gateway.cli.main import main
 from tests.support.emulator_proc import run_emulator
 
 
@@ -51,7 +51,7 @@ def test_each_mismatch_is_named_with_its_line_and_key(capsys, tmp_path, emu, ove
 
 def test_the_probed_revision_decides_qualification(capsys, tmp_path, emu) -> None:
     """A lane qualified with another model root is refused once the replica says what it serves."""
-    from gateway.config import load_routes
+    from gateway.core.config import load_routes
     from gateway.qualify.identity import lane_identity
     from gateway.qualify.records import DirStore
 

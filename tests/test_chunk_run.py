@@ -13,10 +13,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.chunk_run import Runs
-from gateway.exchange import Exchange
-from gateway.reshape import Reshaper
-from gateway.sse import BadStream, EventSplitter, StreamObserver
+from gateway.relay.chunk_run import Runs
+from gateway.core.exchange import Exchange
+from gateway.relay.reshape import Reshaper
+from gateway.relay.sse import BadStream, EventSplitter, StreamObserver
 from tests.support.stream_events import (ENCODE, EXTRAS, KEYS, TEXT, assert_same_record, chunk, encode, hostile,
                                          token_event)
 

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway import chunk_shape
-from gateway.exchange import Exchange
-from gateway.sse import BadStream, EventSplitter, StreamObserver
+from gateway.core.exchange import Exchange
+from gateway.relay.sse import BadStream, EventSplitter, StreamObserver
 
 from tests.support.stream_events import (ENCODE, EXTRAS, KEYS, TEXT, assert_same_record, chunk, encode, hostile,
                                          token_event)

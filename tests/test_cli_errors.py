@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
+from gateway.cli.main import main
 from tests.support.emulator_proc import free_port
 
 REPO = Path(__file__).resolve().parents[1]

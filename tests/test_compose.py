@@ -24,7 +24,7 @@ import httpx
 import pytest
 import yaml
 
-from gateway.config import load_routes
+from gateway.core.config import load_routes
 from gateway.emulator.cli import config_from_args
 from gateway.emulator.config import EmulatorConfig
 from tests.support.chat import Conversation

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.cli import DEMO_DECODE_TPS, DEMO_PREFILL_TPS, build_parser, emulator_knobs
-from gateway.config import load_routes
+from gateway.cli.main import DEMO_DECODE_TPS, DEMO_PREFILL_TPS, build_parser, emulator_knobs
+from gateway.core.config import load_routes
 from gateway.emulator.config import EmulatorConfig
 
 

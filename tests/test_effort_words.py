@@ -6,9 +6,9 @@ import httpx
 import openai
 import pytest
 
-from gateway.config import DEFAULT_EFFORT_MAP, ConfigError, Lane, parse_routes
+from gateway.core.config import DEFAULT_EFFORT_MAP, ConfigError, Lane, parse_routes
 from gateway.conversations import effort
-from gateway.errors import GatewayError
+from gateway.core.errors import GatewayError
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
 

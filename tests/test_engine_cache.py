@@ -239,7 +239,7 @@ def test_agent_sending_back_vllms_reasoning_field_hits_every_turn(gw):
 def test_a_lane_with_non_default_effort_map_and_drop_thinking_off_is_told_to_the_engine(gw):
     # effort_map high=75 (the template's own table says 50) and drop_thinking false (the template's
     # default is true): the engine's prompt token ids must equal the gateway's render on every turn.
-    from gateway.config import Lane
+    from gateway.core.config import Lane
     from gateway.render.cli import render_request
     from gateway.render.options import options_for_lane
 

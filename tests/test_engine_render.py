@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from gateway.config import Lane
+from gateway.core.config import Lane
 from gateway.conversations import effort as effort_mod
 from gateway.render import Renderer, SegmentCache
 from gateway.render.engines import template_response_format

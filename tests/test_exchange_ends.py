@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from gateway.app import create_app
-from gateway.pipeline import Pipeline
-from gateway.security import Caller
-from gateway.settings import Settings
+from gateway.pipeline.flow import Pipeline
+from gateway.server.security import Caller
+from gateway.core.settings import Settings
 from tests.support.emulator_proc import run_emulator
 
 pytestmark = pytest.mark.asyncio

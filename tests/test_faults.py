@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from gateway.config import Lane
-from gateway.upstream import Replica, Upstream
+from gateway.core.config import Lane
+from gateway.upstream.replicas import Replica, Upstream
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import free_port, run_gateway
 
@@ -549,8 +549,8 @@ async def test_503_from_a_replica_hands_over_to_the_next() -> None:
 async def test_aftermath_queue_is_bounded_in_bytes() -> None:
     import asyncio
 
-    from gateway.aftermath import EXCHANGE_OVERHEAD_BYTES, Aftermath
-    from gateway.exchange import Exchange
+    from gateway.observe.aftermath import EXCHANGE_OVERHEAD_BYTES, Aftermath
+    from gateway.core.exchange import Exchange
 
     gate = asyncio.Event()
     analysed, sunk = [], []

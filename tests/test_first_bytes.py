@@ -1,11 +1,11 @@
-"""Requests on their way to the upstream go before the aftermath (gateway/aftermath.py FirstBytes)."""
+"""Requests on their way to the upstream go before the aftermath (gateway/observe/aftermath.py FirstBytes)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from gateway.aftermath import FirstBytes
+from gateway.observe.aftermath import FirstBytes
 
 
 async def test_quiet_returns_at_once_when_nothing_is_held() -> None:

@@ -1,4 +1,4 @@
-"""The collector settings a gateway process takes once started (gateway/gc_tuning.py)."""
+"""The collector settings a gateway process takes once started (gateway/observe/gc_tuning.py)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.body_parts import Parts
+from gateway.pipeline.body_parts import Parts
 from gateway.conversations import handoff
 from gateway.conversations.handoff import BodyRing, InRing
 from tests.support.conversations import AGENT_EMULATOR, Agent, routes

@@ -13,12 +13,12 @@ from types import SimpleNamespace
 import orjson
 import pytest
 
-from gateway.config import Lane
+from gateway.core.config import Lane
 from gateway.conversations.effort import EffortChoice
 from gateway.conversations.identity import lineage
 from gateway.conversations.policy import Found
 from gateway.conversations.state import ConversationState
-from gateway.exchange import Exchange
+from gateway.core.exchange import Exchange
 from gateway.heal.base import Relayed, heal_digest
 from gateway.heal.book import RelayedBook
 from gateway.heal.policy import HEALED_HEADER, TAIL, HealPolicy

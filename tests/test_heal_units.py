@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from gateway.config import ConfigError, parse_routes
-from gateway.exchange import Healed
-from gateway.headers import safe_value
+from gateway.core.config import ConfigError, parse_routes
+from gateway.core.exchange import Healed
+from gateway.server.headers import safe_value
 from gateway.heal.arguments import Arguments
 from gateway.heal.base import POP, Relayed, canonical_args, heal_digest, norm_text
 from gateway.heal.content import Content
@@ -176,10 +176,10 @@ async def test_turn_end_keeps_the_relayed_message_and_anchors_its_trimmed_conten
     import asyncio
     from types import SimpleNamespace
 
-    from gateway.config import Lane
+    from gateway.core.config import Lane
     from gateway.conversations.identity import anchor_keys, message_digest
     from gateway.conversations.state import ConversationState
-    from gateway.exchange import Exchange
+    from gateway.core.exchange import Exchange
     from gateway.heal.book import RelayedBook
     from gateway.heal.turn_end import HealTurnEnd
     from gateway.store.memory import MemoryStore

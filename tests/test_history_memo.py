@@ -1,4 +1,4 @@
-"""The hot path's history memo (gateway/history_memo.py) reads every body exactly as orjson.loads does.
+"""The hot path's history memo (gateway/pipeline/history_memo.py) reads every body exactly as orjson.loads does.
 
 Generated sessions in the formats clients write (compact or spaced JSON, ASCII escapes or raw UTF-8,
 fields before and after `messages`, tools, nested `messages` keys), turn after turn: append-only
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.history_memo import MIN_BYTES, HistoryMemo, Parsed
+from gateway.pipeline.history_memo import MIN_BYTES, HistoryMemo, Parsed
 
 FILLER = "lorem ipsum dolor sit amet, é中文 \"quoted\" \\ back ] } [ { " * 40
 

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from gateway.wellformed import chunk_problem, completion_problem
+from gateway.relay.wellformed import chunk_problem, completion_problem
 from tests.support.gateway_proc import run_gateway
 from tests.support.scripted_upstream import Script, http_response, scripted_upstream
 

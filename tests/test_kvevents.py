@@ -374,10 +374,10 @@ async def test_an_address_that_cannot_be_bound_is_an_error_state_not_a_dead_task
 
 
 async def test_rehoming_prefers_the_pool_with_room():
-    from gateway.config import parse_routes
+    from gateway.core.config import parse_routes
     from gateway.kvevents.service import KVEventsService
     from gateway.routing.conversation_affinity import ConversationAffinity
-    from gateway.runtime import Runtime
+    from gateway.core.runtime import Runtime
 
     pubs = [Publisher(topic="kv"), Publisher(topic="kv"), Publisher(topic="kv")]
     urls = ["http://127.0.0.1:9001", "http://127.0.0.1:9002", "http://127.0.0.1:9003"]

@@ -17,10 +17,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gateway.config import Lane
-from gateway.exchange import Exchange
+from gateway.core.config import Lane
+from gateway.core.exchange import Exchange
 from gateway.limits import LimitsPolicy
-from gateway.runtime import LaneRuntime
+from gateway.core.runtime import LaneRuntime
 
 TOOL = Path("/work/shared/tools/make_agent_corpus.py")
 PH = "<｜deepseek_image｜>"

@@ -10,15 +10,15 @@ import threading
 import orjson
 import pytest
 
-from gateway.config import ConfigError, Lane, Limits, parse_routes
-from gateway.errors import GatewayError
-from gateway.exchange import Exchange
+from gateway.core.config import ConfigError, Lane, Limits, parse_routes
+from gateway.core.errors import GatewayError
+from gateway.core.exchange import Exchange
 from gateway.limits import LIMITS_HEADER, LimitsPolicy
 from gateway.limits.images import marker_text
 from gateway.limits.placeholders import JOINER
 from gateway.limits.scan import scan_chat
 from gateway.limits.tokens import MAX_TOKEN_BYTES, bounds, count_prompt
-from gateway.runtime import LaneRuntime
+from gateway.core.runtime import LaneRuntime
 
 PH = "<｜deepseek_image｜>"
 

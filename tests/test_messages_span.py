@@ -1,4 +1,4 @@
-"""A large body read in three parts (gateway/messages_span.py) reads exactly as orjson.loads reads it,
+"""A large body read in three parts (gateway/pipeline/messages_span.py) reads exactly as orjson.loads reads it,
 and the span it gives is the messages array's own bytes; anything odd gives None (the whole parse)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway import messages_span
-from gateway.body_parts import Parts
-from gateway.history_memo import MIN_BYTES, HistoryMemo
+from gateway.pipeline.body_parts import Parts
+from gateway.pipeline.history_memo import MIN_BYTES, HistoryMemo
 
 from .test_history_memo import _body, _dump, _message
 

@@ -1,4 +1,4 @@
-"""The metrics sink's shortcuts decide exactly as the general path (gateway/metrics.py).
+"""The metrics sink's shortcuts decide exactly as the general path (gateway/observe/metrics.py).
 
 Requests' increments and observations wait in plain dicts until a flush (a scrape, FLUSH_S, or at once
 without an event loop); histogram observations are kept as counts per bucket. The registry must then
@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from gateway.metrics import DURATION_BUCKETS, GAP_BUCKETS, BoundedLabel, Metrics, _Observed
+from gateway.observe.metrics import DURATION_BUCKETS, GAP_BUCKETS, BoundedLabel, Metrics, _Observed
 from tests.test_metrics_units import samples
 from tests.test_records_units import exchange
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.metrics import BoundedLabel, Metrics, status_class
+from gateway.observe.metrics import BoundedLabel, Metrics, status_class
 from tests.test_records_units import exchange
 
 

@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.config import ConfigError, parse_routes
+from gateway.core.config import ConfigError, parse_routes
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
 

@@ -51,7 +51,7 @@ def test_failover_on_500_is_per_lane_and_before_the_first_byte_only() -> None:
 
 
 def test_failover_on_rejects_a_4xx() -> None:
-    from gateway.config import ConfigError, parse_routes
+    from gateway.core.config import ConfigError, parse_routes
 
     text = "lanes: {a: {replicas: ['http://h:1'], upstream_model: m, failover_on: [connect, 404]}}\nmodels: {m: a}"
     with pytest.raises(ConfigError, match=r"lanes\.a\.failover_on"):

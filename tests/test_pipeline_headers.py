@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from starlette.responses import Response
 
-from gateway.pipeline import set_headers
+from gateway.pipeline.flow import set_headers
 
 names = st.sampled_from(["X-Request-Id", "x-request-id", "X-Gateway-Effort", "X-Gateway-Conversation",
                          "content-type", "Content-Length", "X-Other"])

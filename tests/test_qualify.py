@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 
-from gateway.config import parse_routes
+from gateway.core.config import parse_routes
 from gateway.qualify.client import InProcessLane
 from gateway.qualify.identity import lane_identity
 from gateway.qualify.perf import PerfOptions
@@ -230,7 +230,7 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "Hello"}], "max_t
 
 
 def test_unqualified_lane_is_refused_until_qualified_or_overridden(tmp_path: Path) -> None:
-    from gateway.cli import main
+    from gateway.cli.main import main
 
     records = tmp_path / "records"
     env = {"GATEWAY_QUALIFICATIONS": str(records), "GATEWAY_QUALIFY_TOKEN": "sesame",
@@ -308,7 +308,7 @@ def test_revision_change_is_not_covered_by_the_record(tmp_path: Path) -> None:
 
 
 def test_cli_in_process_with_a_record_file_as_baseline(tmp_path: Path, capsys) -> None:
-    from gateway.cli import main
+    from gateway.cli.main import main
 
     with run_emulator(flavour="sglang", model=MODEL, decode_tps=400) as emu:
         routes = tmp_path / "routes.yaml"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.config import load_routes
+from gateway.core.config import load_routes
 from gateway.qualify.cli import lane_states
 from gateway.qualify.records import DirStore
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import parse_routes
+from gateway.core.config import parse_routes
 from gateway.qualify.determinism import text_diff
 from gateway.qualify.identity import lane_identity
 from gateway.qualify.records import DirStore, RecordIndex, open_store
@@ -215,7 +215,7 @@ def test_redis_store_layers_over_the_shipped_directory(tmp_path: Path, redis_url
 
 
 def test_status_and_check_report_the_state(tmp_path: Path, capsys) -> None:
-    from gateway.cli import main
+    from gateway.cli.main import main
 
     routes = tmp_path / "routes.yaml"
     routes.write_text(ROUTES)

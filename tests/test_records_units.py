@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.exchange import Exchange
+from gateway.core.exchange import Exchange
 from gateway.records.record import FIELDS, build_record, decode_speed, gap_percentiles, quantile
 from gateway.records.stats import (compute_stats, decode_histogram, format_table, lost_by_cause, parse_window,
                                    series)

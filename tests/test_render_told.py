@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gateway.config import Lane
+from gateway.core.config import Lane
 from gateway.render.cli import render_request
 from gateway.render.options import options_for_lane
 from gateway.render.renderer import Renderer, effective_effort

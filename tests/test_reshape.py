@@ -10,9 +10,9 @@ import openai
 import orjson
 import pytest
 
-from gateway.exchange import Exchange
-from gateway.reshape import Reshaper
-from gateway.sse import EventSplitter
+from gateway.core.exchange import Exchange
+from gateway.relay.reshape import Reshaper
+from gateway.relay.sse import EventSplitter
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
 

@@ -1,7 +1,7 @@
 """Conversation analysis for /v1/responses: the openai SDK's `responses.create`, multi-turn, through the
 real gateway to the emulator (which serves /v1/responses through its chat machinery and real prefix
 cache, like vLLM). Turn 2 sends turn 1's output items back with a new input: the gateway reads the
-request as the chat messages the engine renders (gateway/responses_chat.py) and judges its cache like
+request as the chat messages the engine renders (gateway/pipeline/responses_chat.py) and judges its cache like
 a chat turn; a request that continues engine-side state (previous_response_id) is recorded only."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.exchange import GeneratedOutput
-from gateway.responses_chat import chat_view, take_output
+from gateway.core.exchange import GeneratedOutput
+from gateway.pipeline.responses_chat import chat_view, take_output
 from tests.support.conversations import AGENT_EMULATOR, SYSTEM, routes, wait_analysed
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
@@ -196,8 +196,8 @@ def test_requests_that_do_not_map_say_why(body, why):
 
 
 def test_tools_that_are_not_an_array_of_objects_are_a_400():
-    from gateway.errors import GatewayError
-    from gateway.passthrough import check_responses
+    from gateway.core.errors import GatewayError
+    from gateway.pipeline.passthrough import check_responses
 
     for tools, param in ((1.0, "tools"), ([1], "tools[0]")):
         with pytest.raises(GatewayError) as err:

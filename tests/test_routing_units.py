@@ -8,15 +8,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from gateway.config import Affinity, ConfigError, parse_routes
-from gateway.exchange import Exchange
+from gateway.core.config import Affinity, ConfigError, parse_routes
+from gateway.core.exchange import Exchange
 from gateway.routing import POLICIES, make_policy, prefix_index
 from gateway.routing.conversation_affinity import LONG_PREFIX_CHARS, ConversationAffinity, Hint
 from gateway.routing.load import LoadBoard
 from gateway.routing.round_robin import RoundRobin
 from gateway.routing.shared import RoutingShared
 from gateway.store import MemoryStore
-from gateway.upstream import Replica
+from gateway.upstream.replicas import Replica
 
 URLS = ["http://r0", "http://r1", "http://r2"]
 

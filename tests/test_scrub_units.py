@@ -8,9 +8,9 @@ import zlib
 import brotli
 import pytest
 
-from gateway.encoding import DecodeError, decoder_for
-from gateway.scrub import Scrubber
-from gateway.sse import BadStream, EventSplitter
+from gateway.upstream.encoding import DecodeError, decoder_for
+from gateway.relay.scrub import Scrubber
+from gateway.relay.sse import BadStream, EventSplitter
 
 KEY = "upstream-key-0123456789abcdefXYZ"
 

@@ -24,8 +24,8 @@ import yaml
 from starlette.testclient import TestClient
 
 from gateway.app import create_app
-from gateway.security import KeyRing, SecurityConfigError, digest
-from gateway.settings import Settings
+from gateway.server.security import KeyRing, SecurityConfigError, digest
+from gateway.core.settings import Settings
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import REPO, free_port, run_gateway
 

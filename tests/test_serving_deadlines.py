@@ -1,4 +1,4 @@
-"""The read deadlines' one timer per connection (gateway/serving.py): a phase's deadline fires when it
+"""The read deadlines' one timer per connection (gateway/server/serving.py): a phase's deadline fires when it
 is due, whatever timer an earlier phase left armed, and a phase that ended fires nothing."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from gateway.serving import DeadlineHttpToolsProtocol
+from gateway.server.serving import DeadlineHttpToolsProtocol
 
 
 class _Timers:

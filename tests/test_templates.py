@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gateway.config import ConfigError, load_routes
+from gateway.core.config import ConfigError, load_routes
 from gateway.qualify.identity import lane_identity
 from gateway.render.template import TemplateNotFound, load_template, packaged_templates, resolve_template, template_path
 
@@ -82,7 +82,7 @@ def test_an_own_template_counts_in_the_identity_by_content_not_place(tmp_path: P
 
 @pytest.mark.parametrize("command", ["check", "serve"])
 def test_a_template_that_does_not_compile_is_one_line_from_check_and_serve(tmp_path: Path, capsys, command) -> None:
-    from gateway.cli import main
+    from gateway.cli.main import main
 
     (tmp_path / "bad.jinja").write_text("{% for m in messages %}{{ m.content }", encoding="utf-8")
     routes = write_routes(tmp_path, "bad.jinja")

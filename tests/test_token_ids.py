@@ -14,12 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway import token_ids
-from gateway.config import Lane
+from gateway.core.config import Lane
 from gateway.conversations.job import Job
 from gateway.conversations.state import ConversationState
-from gateway.exchange import Exchange
+from gateway.core.exchange import Exchange
 from gateway.render.renderer import RenderOptions
-from gateway.sse import EventSplitter
+from gateway.relay.sse import EventSplitter
 from tests.support.conversations import AGENT_EMULATOR, lane, routes, wait_analysed, wait_record
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway

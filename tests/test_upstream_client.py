@@ -1,4 +1,4 @@
-"""The request path's upstream client (gateway/upstream_client.py) against real sockets on loopback:
+"""The request path's upstream client (gateway/upstream/client.py) against real sockets on loopback:
 a raw asyncio server in the test's loop answers with exactly the bytes each test scripts (keep-alive,
 chunked split at every byte, read to close, HTTP/1.0, 100 Continue, and the hostile ones: a bad
 status line, huge heads, a body cut mid-chunk, an idle connection closed as it is reused)."""
@@ -14,8 +14,8 @@ from typing import AsyncIterator, Awaitable, Callable
 import pytest
 import uvloop
 
-from gateway.body_parts import Parts
-from gateway.upstream_client import (
+from gateway.pipeline.body_parts import Parts
+from gateway.upstream.client import (
     HIGH_WATER, BadResponse, ConnectFailed, Pool, ResponseClosed, ResponseCut, Target,
 )
 
@@ -157,7 +157,7 @@ async def test_a_large_body_arrives_whole(pool) -> None:
 
 async def test_a_body_in_parts_arrives_whole_and_in_order(pool) -> None:
     """A body held as parts (the rewritten fields around the client's own bytes of its messages,
-    gateway/body_parts.py) is written as its parts, never joined, and arrives as their sum."""
+    gateway/pipeline/body_parts.py) is written as its parts, never joined, and arrives as their sum."""
     messages = bytes(range(256)) * 8192
     body = Parts((b'{"model":"up","messages":', memoryview(messages)[1:-1], b'}'))
     async with serving(answer_each(OK)) as srv:
@@ -405,8 +405,8 @@ def test_targets_are_parsed_once_with_their_host_header() -> None:
 
 
 async def test_upstream_send_fails_over_from_a_refused_replica_with_the_lane_headers() -> None:
-    from gateway.config import Timeouts
-    from gateway.upstream import Replica, Upstream
+    from gateway.core.config import Timeouts
+    from gateway.upstream.replicas import Replica, Upstream
 
     async with serving(answer_each(OK)) as dead:
         pass  # its port now refuses

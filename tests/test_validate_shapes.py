@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.errors import GatewayError
-from gateway.validate import _check_message, check_chat
+from gateway.core.errors import GatewayError
+from gateway.pipeline.validate import _check_message, check_chat
 
 _values = st.one_of(st.sampled_from(["user", "assistant", "tool", "system", "developer", "function", ""]),
                     st.none(), st.integers(0, 2), st.lists(st.just("x"), max_size=1),

@@ -1,4 +1,4 @@
-"""The proxy endpoints served without ASGI (gateway/wire.py) behave as HTTP/1.1 says, on raw sockets.
+"""The proxy endpoints served without ASGI (gateway/server/wire.py) behave as HTTP/1.1 says, on raw sockets.
 
 Keep-alive, pipelining, `Connection: close`, HTTP/1.0, `Expect: 100-continue`, a client that stops
 reading a long stream (flow control), a client that leaves mid-upload, CORS (served by Starlette),
@@ -197,7 +197,7 @@ def test_a_body_longer_than_a_piece_arrives_whole(gw) -> None:
     """Above wire.PIECE (8 MiB) a body reaches the pipeline in pieces (its size limit is checked per
     piece): by length and chunked, the engine gets all of it (and refuses it for its length,
     counting the whole body's tokens)."""
-    from gateway.wire import PIECE
+    from gateway.server.wire import PIECE
 
     words = (PIECE + 1_000_000) // 5
     data = json.dumps(_chat("word " * words + "the end")).encode()

@@ -1,4 +1,4 @@
-"""WireHeaders (gateway/wire.py) answers every lookup as starlette's Headers does."""
+"""WireHeaders (gateway/server/wire.py) answers every lookup as starlette's Headers does."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from starlette.datastructures import Headers
 
-from gateway.wire import WireHeaders
+from gateway.server.wire import WireHeaders
 
 names = st.sampled_from([b"host", b"authorization", b"x-request-id", b"content-length", b"user-agent", b"a", b"x-conversation-id"])
 values = st.binary(max_size=12)

@@ -30,15 +30,15 @@ from ..conversations.alerts import ALERT_COLUMNS, GROUPS, SEVERITIES, review
 from ..conversations.identity import DEFAULT_TENANT
 from ..conversations.lookup import candidate_ids
 from ..conversations.remedies import remedy_for
-from ..errors import GatewayError, invalid_request
+from ..core.errors import GatewayError, invalid_request
 from ..records.query import Filters
 
 if TYPE_CHECKING:
-    from ..aftermath import Aftermath
+    from ..observe.aftermath import Aftermath
     from ..conversations.analyzer import Analyzer
     from ..records.feature import Records
-    from ..runtime import Runtime
-    from ..status import Status
+    from ..core.runtime import Runtime
+    from ..api.status import Status
     from ..store import StateStore
 
 STATIC = Path(__file__).parent / "static"

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from ..exchange import Exchange
+from ..core.exchange import Exchange
 from ..store import StateStore
 from .causes import fixer
 from .drift import Divergence

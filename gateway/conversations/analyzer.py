@@ -18,15 +18,15 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from .. import token_ids
-from ..exchange import Exchange
+from ..pipeline import token_ids
+from ..core.exchange import Exchange
 from ..heal.saved import tokens_saved
 from ..render.normalize import json_digest, template_response_format, tools_digest
 from ..render.options import options_for_lane
 from ..render.renderer import Rendered, RenderError, Renderer, RenderOptions, Segment, effective_effort
 from ..render.told import read as read_options
 from ..render.tokenizer import load_tokenizer
-from ..runtime import LaneRuntime
+from ..core.runtime import LaneRuntime
 from ..store import StateStore
 from .alerts import AlertBook
 from .drift import Comparison, Divergence, NewTurn, classify, common_prefix, compare, old_tokens_at
@@ -174,7 +174,7 @@ def make_job(ex: Exchange, lane: LaneRuntime, found: Found, in_process: bool = T
     body: dict[str, Any] | bytes = ex.chat or {}
     if not in_process:
         # A chat request's view is the body as forwarded; a Responses request's is its mapping
-        # (gateway/responses_chat.py), serialised here (measured 0.1-0.5 ms per MB with orjson).
+        # (gateway/pipeline/responses_chat.py), serialised here (measured 0.1-0.5 ms per MB with orjson).
         body = ex.forwarded if ex.chat is ex.body and ex.forwarded is not None else orjson.dumps(body)
     return Job(
         request_id=ex.request_id, lane=lane.name,

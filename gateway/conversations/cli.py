@@ -16,8 +16,8 @@ import os
 import time
 from typing import Any
 
-from ..admin_client import get_json, send_json
-from ..cli import EXIT_UNREACHABLE, SUBCOMMANDS, CliError
+from ..cli.admin_client import get_json, send_json
+from ..cli.main import EXIT_UNREACHABLE, SUBCOMMANDS, CliError
 
 ACTIONS = ("list", "conversation", "ack", "mute", "rules", "unmute")
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import DEFAULT_EFFORT_MAP, EFFORT_WORDS, Lane
-from ..errors import invalid_request
+from ..core.config import DEFAULT_EFFORT_MAP, EFFORT_WORDS, Lane
+from ..core.errors import invalid_request
 from ..render.effort import ENGINE_WORDS, effort_number, effort_word
 
 __all__ = ["DEFAULT_EFFORT_MAP", "EFFORT_WORDS", "EffortChoice", "accepted_efforts", "apply_to_body", "resolve"]

@@ -10,7 +10,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..errors import GatewayError, invalid_request
+from ..core.errors import GatewayError, invalid_request
 from ..store import StateStore
 from .alerts import AlertBook
 from .analyzer import Analyzer, TurnEnd
@@ -20,8 +20,8 @@ from .policy import ConversationPolicy
 from .worker import AnalysisProcess
 
 if TYPE_CHECKING:
-    from ..runtime import Runtime
-    from ..settings import Settings
+    from ..core.runtime import Runtime
+    from ..core.settings import Settings
 
 TTL_S = 6 * 3600.0
 

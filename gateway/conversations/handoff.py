@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..body_parts import Body, Parts
+from ..pipeline.body_parts import Body, Parts
 
 DEFAULT_RING_MB = 32
 MIN_BYTES = 64 * 1024  # smaller bodies travel in the job's pickle (one batch on the pipe)

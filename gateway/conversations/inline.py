@@ -34,13 +34,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from ..exchange import Exchange
+from ..core.exchange import Exchange
 from ..render.estimate import ENCODING_NAME, encoding_loaded
 from ..render.tokenizer import load_tokenizer, loaded
 from .state import ConversationState
 
 if TYPE_CHECKING:
-    from ..runtime import LaneRuntime
+    from ..core.runtime import LaneRuntime
     from .worker import AnalysisProcess
 
 MAX_CONVERSATIONS = 10_000  # remembered as analysed here (~100 bytes each); one forgotten goes to the worker

@@ -10,10 +10,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .. import responses_chat
-from ..exchange import Exchange
-from ..headers import token
-from ..runtime import LaneRuntime
+from ..pipeline import responses_chat
+from ..core.exchange import Exchange
+from ..server.headers import token
+from ..core.runtime import LaneRuntime
 from ..store import StateStore
 from . import effort as effort_mod
 from .identity import Lineage, explicit_key, key_id, lineage, request_tail

@@ -119,7 +119,7 @@ def preload(renders: list[RenderOptions]) -> int:
         load_tokenizer(options.tokenizer_path)
         load_template(options.template)
         _renderer(options)
-    from .. import gc_tuning
+    from ..observe import gc_tuning
 
     gc_tuning.settle()  # as in the gateway process: a request body's parse must not set off full collections
     return len(renders)

@@ -37,8 +37,8 @@ from typing import Any
 
 import orjson
 
-from ..exchange import Exchange, Healed
-from ..runtime import LaneRuntime
+from ..core.exchange import Exchange, Healed
+from ..core.runtime import LaneRuntime
 from .arguments import Arguments
 from .base import POP, MessageKind, Relayed, Updates, heal_digest
 from .book import RelayedBook

@@ -11,8 +11,8 @@ import asyncio
 import logging
 
 from ..conversations.identity import anchor_keys, message_digest
-from ..exchange import Exchange
-from ..runtime import LaneRuntime
+from ..core.exchange import Exchange
+from ..core.runtime import LaneRuntime
 from ..store import StateStore
 from .base import Relayed, heal_digest
 from .book import RelayedBook

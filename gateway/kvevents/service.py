@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from ..config import KVEvents, KVEventsPublisher
+from ..core.config import KVEvents, KVEventsPublisher
 from .index import ReplicaIndex
 from ..routing import prefix_index
 from .placement import Boundaries
@@ -27,8 +27,8 @@ from .subscriber import Subscriber
 from .verdict import Question, Verdict, explain
 
 if TYPE_CHECKING:
-    from ..exchange import Exchange
-    from ..runtime import LaneRuntime, Runtime
+    from ..core.exchange import Exchange
+    from ..core.runtime import LaneRuntime, Runtime
 
 log = logging.getLogger("gateway.kvevents")
 

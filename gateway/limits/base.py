@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
-from ..errors import GatewayError
+from ..core.errors import GatewayError
 
 if TYPE_CHECKING:
-    from ..config import Limits
-    from ..exchange import Exchange
-    from ..runtime import LaneRuntime
+    from ..core.config import Limits
+    from ..core.exchange import Exchange
+    from ..core.runtime import LaneRuntime
     from .scan import Facts
 
 # Response header listing what the gateway did to a request that it still forwarded.

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from .tokens import encoding
 
 if TYPE_CHECKING:
-    from ..runtime import Runtime
+    from ..core.runtime import Runtime
 
 
 class LimitsWarmup:

@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import GatewayError
+from ..core.errors import GatewayError
 from .base import LIMITS_HEADER, NEED_IMAGES, NEED_PLACEHOLDERS, NEED_TEXT, Context, Limit
 from .context import ContextWindow
 from .images import Images
@@ -50,7 +50,7 @@ class Plan:
         filed = history.fresh or history.pending if history is not None else None
         if history is None or (filed is None and not history.known):
             return scan_chat(body, images=images, tokens=tokens, text=text, engine=engine)
-        # An agent's next turn (gateway/history_memo.py): only the new messages are scanned.
+        # An agent's next turn (gateway/pipeline/history_memo.py): only the new messages are scanned.
         key = (images, tokens, text, engine)
         known = history.entry.facts.get(key) if history.entry is not None else None
         messages = scan_chat(body, images=images, tokens=tokens, text=text, engine=engine,

@@ -7,7 +7,7 @@ SGLang does not); the cap only where `max_top_logprobs` is set.
 
 from __future__ import annotations
 
-from ..errors import invalid_request
+from ..core.errors import invalid_request
 from .base import Context, Limit
 
 

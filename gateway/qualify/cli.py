@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from ..cli import CHECK_EXTRAS, SUBCOMMANDS
+from ..cli.main import CHECK_EXTRAS, SUBCOMMANDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -104,7 +104,7 @@ def _perf_options(args: argparse.Namespace):
 
 
 def _load_config(args: argparse.Namespace, required: bool):
-    from ..config import ConfigError, load_routes
+    from ..core.config import ConfigError, load_routes
 
     try:
         return load_routes(args.routes)
@@ -286,7 +286,7 @@ def _require_a_replica(name: str, lane: Any) -> None:
 
 def cmd_demo_lanes(args: argparse.Namespace) -> int:
     """Qualify the emulated demo lanes: the records `gateway demo` needs to serve without overrides."""
-    from ..cli import start_emulators
+    from ..cli.main import start_emulators
 
     try:
         config = _load_config(args, required=True)

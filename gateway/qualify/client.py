@@ -1,7 +1,7 @@
 """How `gateway qualify` talks to a lane, through the gateway's own client path.
 
 - `InProcessLane` builds the lane's upstream exactly as the gateway does and sends each request
-  through `gateway.proxy.forward`: the same failover, relay, StreamObserver and Exchange timings
+  through `gateway.relay.forward.forward`: the same failover, relay, StreamObserver and Exchange timings
   that serve clients.
 - `GatewayLane` asks a running gateway (its `/qualify/v1/chat/completions` route, which addresses
   lanes by name and lets an unqualified lane through for a holder of the qualify token), and
@@ -21,11 +21,11 @@ from typing import Any, Protocol
 import aiohttp
 import orjson
 
-from ..config import Lane
-from ..errors import GatewayError
-from ..exchange import Exchange
-from ..security import QUALIFY_HEADER
-from ..sse import EventSplitter, StreamObserver
+from ..core.config import Lane
+from ..core.errors import GatewayError
+from ..core.exchange import Exchange
+from ..server.security import QUALIFY_HEADER
+from ..relay.sse import EventSplitter, StreamObserver
 
 
 @dataclass
@@ -109,8 +109,8 @@ class InProcessLane:
 
     def __init__(self, name: str, lane: Lane) -> None:
         from ..routing import make_policy
-        from ..runtime import LaneRuntime
-        from ..upstream import Upstream
+        from ..core.runtime import LaneRuntime
+        from ..upstream.replicas import Upstream
 
         self.name = name
         self.lane = lane
@@ -118,7 +118,7 @@ class InProcessLane:
         self.runtime = LaneRuntime(name, lane, Upstream.for_lane(lane), make_policy(lane.routing))
 
     async def chat(self, body: dict[str, Any]) -> Result:
-        from ..proxy import forward
+        from ..relay.forward import forward
 
         out = dict(body)
         out["model"] = self.lane.upstream_model

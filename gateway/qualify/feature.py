@@ -32,18 +32,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..errors import GatewayError
-from ..exchange import Exchange
-from ..runtime import LaneRuntime, Snapshot
-from ..security import Caller
+from ..core.errors import GatewayError
+from ..core.exchange import Exchange
+from ..core.runtime import LaneRuntime, Snapshot
+from ..server.security import Caller
 from .client import replica_revision
 from .identity import lane_identity
 from .records import InvalidRecordId, RecordIndex, RecordStore, Summary, check_record_id, open_store
 from .state import evaluate
 
 if TYPE_CHECKING:
-    from ..pipeline import Pipeline
-    from ..settings import Settings
+    from ..pipeline.flow import Pipeline
+    from ..core.settings import Settings
 
 log = logging.getLogger("gateway.qualify")
 

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 import xxhash
 
-from ..config import Lane
+from ..core.config import Lane
 
 # The order shown to humans.
 FIELDS = ("engine", "upstream_model", "revision", "replicas", "template", "limits", "emulator")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import Lane
+from ..core.config import Lane
 from .identity import lane_identity
 from .records import RecordIndex
 

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..admin_client import get_json
-from ..cli import EXIT_UNREACHABLE, SUBCOMMANDS, CliError
+from ..cli.admin_client import get_json
+from ..cli.main import EXIT_UNREACHABLE, SUBCOMMANDS, CliError
 from .query import Filters
 from .stats import compute_stats, costs, format_costs, format_table, parse_window
 from .store_sqlite import FILENAME, RecordReader
@@ -102,7 +102,7 @@ def _reader(args: argparse.Namespace) -> Any:
 def _routes_postgres(routes: str | None) -> str | None:
     if not routes or not Path(routes).is_file():
         return None
-    from ..config import ConfigError, load_routes
+    from ..core.config import ConfigError, load_routes
 
     try:
         return load_routes(routes).gateway.records.postgres_url()

@@ -17,7 +17,7 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..exchange import Exchange
+from ..core.exchange import Exchange
 from .query import Filters, matches
 from .record import build_record
 from .stats import STATS_COLUMNS, compute_stats, costs, decode_histogram, lost_by_cause, parse_window, series
@@ -27,9 +27,9 @@ from .store_sql import MAX_ROWS
 from .store_sqlite import SQLiteStore
 
 if TYPE_CHECKING:
-    from ..config import RecordsConfig
-    from ..runtime import LaneRuntime
-    from ..settings import Settings
+    from ..core.config import RecordsConfig
+    from ..core.runtime import LaneRuntime
+    from ..core.settings import Settings
 
 log = logging.getLogger("gateway.records")
 

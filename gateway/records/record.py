@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import xxhash
 
-from ..exchange import Exchange
+from ..core.exchange import Exchange
 
 # Column name -> SQLite type. The SQLite store creates (and extends) its table from this list,
 # and the Redis stream carries the same keys, so the two never disagree.

@@ -1,4 +1,4 @@
-"""`gateway render request.json --lane NAME`: what the lane's engine will see (wired in gateway/cli.py)."""
+"""`gateway render request.json --lane NAME`: what the lane's engine will see (wired in gateway/cli/main.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from .estimate import Estimator
 from .renderer import Rendered, Renderer, RenderOptions, effective_effort, options_for_request
 
 if TYPE_CHECKING:
-    from ..config import Lane
+    from ..core.config import Lane
 
 
 def as_forwarded(body: dict, lane: "Lane | None") -> dict:

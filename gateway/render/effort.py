@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..config import DEFAULT_EFFORT_MAP as CONFIG_DEFAULT_EFFORT_MAP
+from ..core.config import DEFAULT_EFFORT_MAP as CONFIG_DEFAULT_EFFORT_MAP
 
 # SGLang's reference encoder (encoding_dsv41.py REASONING_EFFORT_MAPPINGS) plus OpenAI's words (config.py
 # fills every lane's map); the model card's own encoder maps low/high/max to 50/75/100, so lanes configure theirs.

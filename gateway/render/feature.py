@@ -11,7 +11,7 @@ from .options import options_for_lane
 from .renderer import Renderer
 
 if TYPE_CHECKING:
-    from ..runtime import LaneRuntime, Runtime
+    from ..core.runtime import LaneRuntime, Runtime
 
 log = logging.getLogger("gateway.render")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..config import Lane
+from ..core.config import Lane
 from .renderer import RenderOptions
 
 

@@ -88,7 +88,7 @@ class RenderError(ValueError):
         self.param = param
 
     def to_gateway_error(self):
-        from gateway.errors import invalid_request
+        from gateway.core.errors import invalid_request
 
         return invalid_request(f"{self.param}: {self.message}" if self.param else self.message,
                                param=self.param, code="invalid_prompt")

@@ -30,7 +30,7 @@ from .effort import DEFAULT_EFFORT_MAP, ENGINE_WORDS, effort_word
 from .renderer import RenderOptions
 
 if TYPE_CHECKING:
-    from ..config import Lane
+    from ..core.config import Lane
 
 ENGINE_DEFAULT_DROP_THINKING = True  # encoding_dsv41.encode_messages(drop_thinking=True) and the template default
 

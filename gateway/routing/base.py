@@ -16,8 +16,8 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-from ..exchange import Exchange
-from ..upstream import Replica
+from ..core.exchange import Exchange
+from ..upstream.replicas import Replica
 
 ROUTE_HEADER = "X-Gateway-Route"
 

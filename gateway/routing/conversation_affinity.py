@@ -29,10 +29,10 @@ from typing import Any
 import orjson
 import xxhash
 
-from ..config import Affinity
-from ..exchange import Exchange
+from ..core.config import Affinity
+from ..core.exchange import Exchange
 from ..render.normalize import tools_digest
-from ..upstream import Replica
+from ..upstream.replicas import Replica
 from . import prefix_index
 from .base import healthy_first, note, served_note
 from .shared import HOME_PREFIX, RoutingShared

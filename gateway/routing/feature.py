@@ -15,12 +15,12 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..exchange import Exchange
+from ..core.exchange import Exchange
 from .load import LoadBoard
 from .shared import RoutingShared
 
 if TYPE_CHECKING:
-    from ..runtime import LaneRuntime, Runtime
+    from ..core.runtime import LaneRuntime, Runtime
 
 
 class RoutingStep:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..exchange import Exchange
-from ..upstream import Replica
+from ..core.exchange import Exchange
+from ..upstream.replicas import Replica
 from .base import healthy_first, moved_note, served_note
 
 

@@ -8,7 +8,7 @@ from .base import StateStore
 from .memory import MemoryStore
 
 if TYPE_CHECKING:
-    from ..settings import Settings
+    from ..core.settings import Settings
 
 
 def build_store(settings: "Settings") -> tuple[StateStore, Any]:

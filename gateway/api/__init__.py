@@ -1,0 +1,1 @@
+"""The gateway's own endpoints: status, the model list, the OpenAPI document."""

@@ -1,0 +1,1 @@
+"""What every part shares: the exchange record, errors, settings, the routes configuration and the lanes' runtime."""

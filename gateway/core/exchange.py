@@ -1,0 +1,174 @@
+"""One request's journey through the gateway: what was asked, where it went, what came back, when.
+
+The proxy fills it in on the hot path with plain attribute writes (cheap); everything that
+needs thought (render, drift, records, metrics) reads it after the response has ended.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..pipeline.body_parts import Body
+    from ..conversations.policy import Found
+    from ..pipeline.history_memo import Parsed
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+@dataclass
+class GeneratedOutput:
+    """What the model produced, accumulated from the relayed response."""
+
+    reasoning: list[str] = field(default_factory=list)
+    content: list[str] = field(default_factory=list)
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    finish_reason: str | None = None
+    # vLLM with `return_token_ids`: the ids the engine prefilled and generated (compared with the render)
+    prompt_token_ids: list[int] | bytes | None = None  # token ids (issue 13): bytes = their JSON, parsed later
+    token_ids: list[int] = field(default_factory=list)
+
+    def add_tool_call_delta(self, delta: dict[str, Any]) -> None:
+        index = delta.get("index", len(self.tool_calls))
+        call = self.tool_calls.setdefault(
+            index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+        )
+        if delta.get("id"):
+            call["id"] = delta["id"]
+        fn = delta.get("function") or {}
+        if fn.get("name"):
+            call["function"]["name"] += fn["name"]
+        if fn.get("arguments"):
+            call["function"]["arguments"] += fn["arguments"]
+
+    def as_message(self) -> dict[str, Any]:
+        """The assistant message a client would append to its history for the next turn."""
+        msg: dict[str, Any] = {"role": "assistant", "content": "".join(self.content)}
+        if self.reasoning:
+            msg["reasoning_content"] = "".join(self.reasoning)
+        if self.tool_calls:
+            msg["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        return msg
+
+
+@dataclass
+class Healed:
+    """Drift healing's repairs of one kind: the messages it repaired (indices, ascending) and, after the
+    analysis, the cached prompt tokens they saved (the prefix kept beyond what the client's own bytes
+    would have kept)."""
+
+    kind: str
+    indices: list[int]
+    tokens_saved: int | None = None
+
+
+@dataclass
+class LimitNotes:
+    """What the lane limits did to this request (rewrites, refusals, the exact count near the window)."""
+
+    rejected: str | None = None  # the limit that refused the request
+    error: str | None = None  # a limit that failed inside the gateway (it then lets the request pass)
+    images_dropped: list[str] = field(default_factory=list)  # params of images replaced by a marker
+    top_logprobs_clamped: dict[str, int] | None = None  # {"requested": n, "forwarded": cap}
+    placeholders_escaped: list[str] = field(default_factory=list)
+    prompt_tokens_counted: dict[str, Any] | None = None  # {"n", "how", "bound"}
+    # A rewrite of history the analysis must explain as a cause of its own, e.g.
+    # {"cause": "image_removed", "message_index": 3}.
+    history_rewritten: dict[str, Any] | None = None
+
+
+@dataclass
+class Exchange:
+    request_id: str
+    path: str = "/v1/chat/completions"
+    started_wall: float = field(default_factory=time.time)
+    started: float = field(default_factory=time.perf_counter)
+
+    public_model: str | None = None
+    lane: str | None = None
+    replica: str | None = None
+    stream: bool = False
+    client_wants_usage: bool = False
+    body: dict[str, Any] | None = None
+    body_bytes: int = 0
+    history: "Parsed | None" = None  # how the body was read (history_memo.py): the history it shares with a turn
+    forwarded: "Body | None" = None  # the body as sent upstream, bytes or parts (what the analysis renders)
+    # token ids (issue 13): the gateway asked the engine for them (the client did not): strip them
+    token_ids_strip: bool = False
+    token_ids_why: str | None = None  # token ids (issue 13): why they were not asked for
+    request_headers: Any = None  # the client's headers (a case-insensitive mapping)
+
+    status: int = 0
+    error_code: str | None = None
+    error_message: str | None = None
+    upstream_error: str | None = None
+    retries: int = 0
+    cancelled: bool = False
+
+    # Policies on the hot path (limits, effort pinning) write what they did here.
+    conversation_id: str | None = None
+    conversation_source: str | None = None
+    turn: int | None = None
+    effort_requested: Any = None
+    effort_applied: Any = None
+    effort_action: str | None = None
+    thinking_requested: bool | None = None
+    thinking_applied: bool | None = None
+    limits_fired: list[str] = field(default_factory=list)
+    limits: LimitNotes = field(default_factory=LimitNotes)
+    fallback_from: str | None = None  # the lane the model maps to, when another lane served it
+    response_bytes: int = 0  # body bytes sent to the client (the access log)
+    response_headers: dict[str, str] = field(default_factory=dict)
+
+    # Who asked: the tenant of the client key (its id, never the key); "default" without keys.
+    tenant: str = "default"
+
+    # What the parts tell each other, typed (written on the hot path, read after the response).
+    conversation: "Found | None" = None  # the conversation policy's finding, for routing and analysis
+    # A /v1/responses request as the chat request the engine renders (gateway/pipeline/responses_chat.py), set by
+    # the conversation policy; None when it does not map (the reason is in analysis_skipped). Read it
+    # through `chat`, never directly.
+    mapped_chat: dict[str, Any] | None = None
+    routing: dict[str, Any] | None = None  # the replica decision: policy, replica, reason, expected_cold
+    routing_single: bool = False  # the lane has one replica: no routing lookups were made
+    routing_hint: Any = None  # what the affinity router read from the store before choosing
+    routing_urls: list[str] = field(default_factory=list)  # replicas in the order they were tried
+    cache: dict[str, Any] | None = None  # the analysis verdict: predicted/reported, verdict, cause
+    healed: "list[Healed]" = field(default_factory=list)  # drift healing's repairs (gateway/heal/)
+    analysis_ms: float | None = None
+    analysis_skipped: str | None = None  # why this turn got no analysis (e.g. "queue_full")
+    state_bytes: int | None = None
+    qualification: str | None = None  # "overridden" when an unqualified lane served under override
+    qualification_run: bool = False  # sent by `gateway qualify` through the qualify route
+
+    # Timings, perf_counter seconds.
+    t_forwarded: float | None = None
+    t_first_byte: float | None = None
+    t_first_token: float | None = None
+    t_last_token: float | None = None
+    t_end: float | None = None
+    token_chunk_times: list[float] = field(default_factory=list)
+
+    usage: dict[str, Any] | None = None
+    generated: GeneratedOutput = field(default_factory=GeneratedOutput)
+
+    @property
+    def chat(self) -> dict[str, Any] | None:
+        """The request as chat messages, for the conversation policy, the analysis and what reads their
+        findings (routing, records): a chat request is its own view; a /v1/responses request has its
+        mapping; anything else (completions, embeddings, a Responses request continuing engine-side
+        state) has none."""
+        if self.path == CHAT_PATH:
+            return self.body
+        return self.mapped_chat
+
+    def fire_limit(self, name: str) -> None:
+        if name not in self.limits_fired:
+            self.limits_fired.append(name)
+
+    def fail(self, status: int, code: str | None, message: str) -> None:
+        self.status = status
+        self.error_code = code
+        self.error_message = message

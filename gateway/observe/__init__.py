@@ -1,0 +1,1 @@
+"""Watching what happened: the aftermath of an exchange, metrics, the access log, the collector's settings."""

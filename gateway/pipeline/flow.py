@@ -1,0 +1,271 @@
+"""The hot path of /v1/chat/completions and /v1/completions: parse, route, police, forward.
+
+Only cheap steps run here; render, drift and records run after the response, beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any, Awaitable, Callable, Protocol, Sequence
+
+import orjson
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+
+from . import passthrough, token_ids
+from ..server.client_link import AsgiLink, ClientGone
+from ..core.errors import GatewayError, invalid_request
+from ..core.exchange import Exchange
+from .fallback import choose_lane
+from ..observe.aftermath import FirstBytes, Hold
+from .body_parts import Body
+from ..server.headers import safe_value
+from .history_memo import HistoryMemo, Parsed
+from ..relay.forward import forward
+from ..core.runtime import LaneRuntime, Policy, Snapshot
+from ..server.security import Caller
+from .validate import check_chat, check_completion
+from ..server.wire import WireRequest
+
+log = logging.getLogger("gateway.pipeline")
+
+Gate = Callable[[Exchange, LaneRuntime], Awaitable[None]]
+
+
+class Lanes(Protocol):
+    """Where the pipeline finds this request's config and tells that an exchange ended (the Runtime)."""
+
+    @property
+    def snapshot(self) -> Snapshot: ...
+
+    def finish(self, ex: Exchange, lane: LaneRuntime | None) -> None: ...
+
+# Fields only the gateway understands; engines would ignore or reject them.
+_GATEWAY_ONLY_FIELDS = ("prompt_cache_key",)
+
+
+class Pipeline:
+    """The steps of a proxied request, in the order given: gates (may refuse the lane), then
+    policies (may rewrite the body or refuse it), then forwarding. Built once by the composition root."""
+
+    def __init__(self, runtime: Lanes, *, gates: Sequence[Gate] = (), policies: Sequence[Policy] = (),
+                 memo: HistoryMemo | None = None, first_bytes: FirstBytes | None = None) -> None:
+        self.runtime = runtime
+        self.first_bytes = first_bytes or FirstBytes()  # the aftermath waits while requests are held
+        self.memo = memo  # recent large chat bodies: the next turn's unchanged history is not parsed again
+        self.gates = tuple(gates)  # e.g. qualification: after the route is resolved, before policies
+        self.policies = tuple(policies)  # e.g. limits, conversation and effort pin, routing lookups
+
+    async def chat(self, request: Request, caller: Caller) -> Response:
+        return await self._handle(request, caller, "/v1/chat/completions", check_chat, history=True)
+
+    async def completions(self, request: Request, caller: Caller) -> Response:
+        return await self._handle(request, caller, "/v1/completions", check_completion)
+
+    # The pass-through endpoints (gateway/pipeline/passthrough.py): the same path, their own shape checks.
+    async def responses(self, request: Request, caller: Caller) -> Response:
+        return await self._handle(request, caller, passthrough.RESPONSES, passthrough.check_responses)
+
+    async def embeddings(self, request: Request, caller: Caller) -> Response:
+        return await self._handle(request, caller, passthrough.EMBEDDINGS, passthrough.check_embeddings)
+
+    async def tokenize(self, request: Request, caller: Caller) -> Response:
+        return await self._handle(request, caller, passthrough.TOKENIZE, passthrough.check_tokenize)
+
+    async def detokenize(self, request: Request, caller: Caller) -> Response:
+        return await self._handle(request, caller, passthrough.DETOKENIZE, passthrough.check_detokenize)
+
+    async def _handle(self, request: Request, caller: Caller, path: str, check: Callable[[dict], None],
+                      history: bool = False) -> Response:
+        hold = self.first_bytes.hold()  # on the CPU until it is forwarded: the aftermath waits
+        try:
+            return await self._answer(request, caller, path, check, history, hold)
+        finally:
+            hold.release()
+
+    async def _answer(self, request: Request, caller: Caller, path: str, check: Callable[[dict], None],
+                      history: bool, hold: Hold) -> Response:
+        ex = Exchange(request_id=_request_id(request), path=path, request_headers=request.headers,
+                      tenant=caller.tenant)
+        snapshot = self.runtime.snapshot  # this request's config, whatever reloads happen meanwhile
+        lane: LaneRuntime | None = None
+        parsed: Parsed | None = None
+        ended = False
+
+        def end() -> None:
+            nonlocal ended
+            if not ended:
+                ended = True
+                if parsed is not None and parsed.pending is not None and self.memo is not None \
+                        and 200 <= ex.status < 300 and ex.error_code is None:
+                    # Only an answered body: its messages count as checked next time. After the
+                    # answer is written (the wire path writes it before this callback runs).
+                    asyncio.get_running_loop().call_soon(self.memo.settle, parsed)
+                if lane is not None:
+                    lane.inflight -= 1
+                self.runtime.finish(ex, lane)
+
+        try:
+            body = await self._read_body(request, snapshot.config.gateway.max_request_bytes)
+            ex.body_bytes = len(body)
+            parsed = ex.history = self._parse(body, history)
+            data = parsed.data
+            model = data.get("model")
+            if not isinstance(model, str) or not model:
+                raise invalid_request("'model' is required and must be a string", param="model",
+                                      code="missing_required_parameter" if model is None else "invalid_type")
+            ex.public_model = model
+            if parsed.known:
+                check_chat(data, known=parsed.known)  # the history was checked in an earlier turn
+            else:
+                check(data)
+            ex.stream = bool(data.get("stream"))
+            ex.body = data
+            primary = snapshot.resolve(model)
+            if primary is None:
+                raise GatewayError(404, f"The model '{model[:200]}' does not exist or you do not have access to it.",
+                                   param="model", code="model_not_found")
+            ex.lane = primary.name  # a refusal is the primary lane's
+            lane = await choose_lane(ex, snapshot, primary, self.gates)  # runs the gates; may pick a fallback
+            lane.inflight += 1
+            ex.lane = lane.name
+            if path == passthrough.RESPONSES:
+                passthrough.map_responses_effort(data, lane.config)
+            for policy in self.policies if path in passthrough.POLICED else ():
+                await policy.apply(ex, lane, data)
+            upstream_body = ex.forwarded = self._upstream_body(ex, lane, data, parsed)
+            link = request.link if isinstance(request, WireRequest) else AsgiLink(request.receive)
+            hold.release()  # waiting for the engine needs no CPU
+            response = await forward(ex, lane, path, upstream_body, link, end)
+        except GatewayError as exc:
+            ex.fail(exc.status, exc.code, exc.message)
+            response = Response(exc.json_bytes(), status_code=exc.status, media_type="application/json",
+                                headers=exc.headers)
+            ex.response_bytes = len(response.body)
+            end()
+        except (ClientGone, ClientDisconnect):
+            ex.cancelled = True
+            ex.fail(499, "client_disconnected", "the client went away before the answer")
+            response = Response(b"", status_code=499)
+            end()
+        except Exception:
+            log.exception("request %s failed inside the gateway", ex.request_id)
+            ex.fail(500, "internal_error", "internal gateway error")
+            err = GatewayError(500, "The gateway failed to handle this request; it has been logged.",
+                               code="internal_error")
+            response = Response(err.json_bytes(), status_code=500, media_type="application/json")
+            end()
+        ours = [("X-Request-Id", ex.request_id)]
+        for k, v in ex.response_headers.items():
+            value = safe_value(k, v)
+            if value is not None:
+                ours.append((k, value))
+        set_headers(response, ours)
+        return EndsExchange(response, end)
+
+    async def _read_body(self, request: Request, limit: int) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            try:
+                if int(declared) > limit:
+                    raise _too_large(limit)
+            except ValueError:
+                raise invalid_request("invalid Content-Length header") from None
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _parse(self, body: bytes, history: bool) -> Parsed:
+        if not body:
+            raise invalid_request("the request body is empty; expected a JSON object", code="invalid_json")
+        try:
+            parsed = self.memo.parse(body) if history and self.memo is not None else Parsed(orjson.loads(body))
+        except orjson.JSONDecodeError as exc:
+            raise invalid_request(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+        if not isinstance(parsed.data, dict):
+            raise invalid_request("the request body must be a JSON object", code="invalid_json")
+        return parsed
+
+    def _upstream_body(self, ex: Exchange, lane: LaneRuntime, data: dict[str, Any], parsed: Parsed) -> Body:
+        out = dict(data)
+        out["model"] = lane.config.upstream_model
+        for name in _GATEWAY_ONLY_FIELDS:
+            out.pop(name, None)
+        if ex.stream and ex.path in passthrough.STREAM_OPTIONS:
+            so = dict(out.get("stream_options") or {})
+            ex.client_wants_usage = bool(so.get("include_usage"))
+            # Always ask for usage: the cached-token count lives there.
+            so["include_usage"] = True
+            out["stream_options"] = so
+        token_ids.ask(ex, lane.config, out)  # token ids (issue 13): ask the engine for them
+        try:
+            # Messages untouched by every policy: the client's own bytes of them (no re-serialising).
+            return HistoryMemo.forward_body(parsed, out) or orjson.dumps(out)
+        except TypeError:  # orjson.JSONEncodeError: it reads deeper nesting than it writes
+            raise invalid_request("the request body is nested too deeply to forward", code="invalid_json") from None
+
+
+class EndsExchange:
+    """The answer, sent; then, whatever happened while sending it (the client leaving as the stream
+    starts, a send that raised), the exchange ends: in-flight counts go back, the upstream
+    connection is released, the record is written. `end` is idempotent: the normal paths have
+    usually called it already."""
+
+    def __init__(self, response: Response, end: Callable[[], None]) -> None:
+        self.response = response
+        self.end = end
+
+    @property
+    def status_code(self) -> int:
+        return self.response.status_code
+
+    @property
+    def headers(self) -> Any:
+        return self.response.headers
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await self.response(scope, receive, send)
+        finally:
+            body = getattr(self.response, "body_iterator", None)
+            if body is not None and hasattr(body, "aclose"):
+                # A relay interrupted at a chunk (its task cancelled) runs its own `finally` now,
+                # not whenever the garbage collector finds it; a finished one ignores this.
+                await body.aclose()
+            abandon = getattr(self.response, "abandon", None)
+            if abandon is not None:
+                abandon()  # a relayed stream that never started: release its upstream connection
+            self.end()
+
+
+def set_headers(response: Response, pairs: list[tuple[str, str]]) -> None:
+    """`response.headers[k] = v` for each pair, in order. When none of the names is in the response
+    yet (the usual case: the gateway's own X- headers), the pairs are appended to its raw list in one
+    go, as those assignments would append them (each scanned the whole list: ~1.5 us a header)."""
+    raw = response.raw_headers
+    encoded = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in pairs]
+    names = {k for k, _ in encoded}
+    if len(names) == len(encoded) and names.isdisjoint(k for k, _ in raw):
+        raw.extend(encoded)
+        return
+    headers = response.headers
+    for k, v in pairs:
+        headers[k] = v
+
+
+def _too_large(limit: int) -> GatewayError:
+    return GatewayError(413, f"the request body exceeds the limit of {limit} bytes", code="request_too_large")
+
+
+def _request_id(request: Request) -> str:
+    rid = request.headers.get("x-request-id")
+    if rid and len(rid) <= 128 and rid.isascii() and rid.isprintable():
+        return rid
+    return "gw-" + os.urandom(16).hex()  # 128 random bits, as uuid4 (~0.8 against ~3.8 us)

@@ -1,0 +1,241 @@
+"""The pass-through endpoints: /v1/responses, /v1/embeddings, /tokenize, /detokenize.
+
+They go the way of /v1/chat/completions (client key, model mapping, lane gates and fallbacks,
+forwarding with failover, records, metrics, access log) with their own shape checks. Only
+/v1/responses is policed by the hot-path policies (limits that apply to its body); embeddings and
+(de)tokenize are not generations: no conversation, no effort pinning.
+
+The Responses API streams typed events (`event: response.output_text.delta` + `data: {...}`) and
+ends with `response.completed` (or `.failed`, `.incomplete`), not `[DONE]`; its usage is
+`input_tokens / output_tokens / input_tokens_details.cached_tokens`, which is read into the chat
+shape the records and metrics know.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from ..core.errors import invalid_request
+from ..core.exchange import Exchange
+from .responses_chat import take_output
+
+RESPONSES = "/v1/responses"
+EMBEDDINGS = "/v1/embeddings"
+TOKENIZE = "/tokenize"
+DETOKENIZE = "/detokenize"
+POLICED = frozenset({"/v1/chat/completions", "/v1/completions", RESPONSES})
+STREAM_OPTIONS = frozenset({"/v1/chat/completions", "/v1/completions"})  # where the gateway asks for usage
+
+
+# -- shape checks (hot path: cheap, a clear 400 naming the field) ------------------------------------
+
+
+def check_responses(body: dict[str, Any]) -> None:
+    for name in ("stream", "store", "background", "parallel_tool_calls"):
+        v = body.get(name)
+        if v is not None and not isinstance(v, bool):
+            raise invalid_request(f"'{name}' must be a boolean", param=name, code="invalid_type")
+    inp = body.get("input")
+    if inp is None:
+        raise invalid_request("'input' is required", param="input", code="missing_required_parameter")
+    if not isinstance(inp, (str, list)):
+        raise invalid_request("'input' must be a string or an array of input items", param="input",
+                              code="invalid_type")
+    if isinstance(inp, list):
+        for i, item in enumerate(inp):
+            if not isinstance(item, dict):
+                raise invalid_request(f"input[{i}] must be an object", param=f"input[{i}]", code="invalid_type")
+    if body.get("instructions") is not None and not isinstance(body["instructions"], str):
+        raise invalid_request("'instructions' must be a string", param="instructions", code="invalid_type")
+    v = body.get("max_output_tokens")
+    if v is not None and (type(v) is not int or v < 1):
+        raise invalid_request("'max_output_tokens' must be a positive integer", param="max_output_tokens",
+                              code="invalid_type")
+    reasoning = body.get("reasoning")
+    if reasoning is not None:
+        if not isinstance(reasoning, dict):
+            raise invalid_request("'reasoning' must be an object", param="reasoning", code="invalid_type")
+        effort = reasoning.get("effort")
+        if effort is not None and (isinstance(effort, bool) or not isinstance(effort, (str, int))):
+            raise invalid_request("'reasoning.effort' must be a string or an integer", param="reasoning.effort",
+                                  code="invalid_type")
+    for name in ("temperature", "top_p"):
+        v = body.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise invalid_request(f"'{name}' must be a number", param=name, code="invalid_type")
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise invalid_request("'tools' must be an array", param="tools", code="invalid_type")
+        for i, tool in enumerate(tools):
+            if not isinstance(tool, dict):
+                raise invalid_request(f"tools[{i}] must be an object", param=f"tools[{i}]", code="invalid_type")
+
+
+def check_embeddings(body: dict[str, Any]) -> None:
+    inp = body.get("input")
+    if inp is None:
+        raise invalid_request("'input' is required", param="input", code="missing_required_parameter")
+    ok = isinstance(inp, str) or (isinstance(inp, list) and inp and (
+        all(isinstance(x, str) for x in inp) or all(type(x) is int for x in inp)
+        or all(isinstance(x, list) and all(type(t) is int for t in x) for x in inp)))
+    if not ok:
+        raise invalid_request("'input' must be a string, an array of strings, or token arrays (non-empty)",
+                              param="input", code="invalid_type")
+    fmt = body.get("encoding_format")
+    if fmt is not None and fmt not in ("float", "base64"):
+        raise invalid_request("'encoding_format' must be 'float' or 'base64'", param="encoding_format",
+                              code="invalid_value")
+    dims = body.get("dimensions")
+    if dims is not None and (type(dims) is not int or dims < 1):
+        raise invalid_request("'dimensions' must be a positive integer", param="dimensions", code="invalid_type")
+
+
+def check_tokenize(body: dict[str, Any]) -> None:
+    prompt, messages = body.get("prompt"), body.get("messages")
+    if prompt is None and messages is None:
+        raise invalid_request("'prompt' (a string) or 'messages' (a chat) is required", param="prompt",
+                              code="missing_required_parameter")
+    if prompt is not None and not isinstance(prompt, str):
+        raise invalid_request("'prompt' must be a string", param="prompt", code="invalid_type")
+    if messages is not None and not (isinstance(messages, list) and all(isinstance(m, dict) for m in messages)):
+        raise invalid_request("'messages' must be an array of messages", param="messages", code="invalid_type")
+    for name in ("add_special_tokens", "add_generation_prompt", "return_token_strs"):
+        v = body.get(name)
+        if v is not None and not isinstance(v, bool):
+            raise invalid_request(f"'{name}' must be a boolean", param=name, code="invalid_type")
+
+
+def check_detokenize(body: dict[str, Any]) -> None:
+    tokens = body.get("tokens")
+    if tokens is None:
+        raise invalid_request("'tokens' is required", param="tokens", code="missing_required_parameter")
+    if not isinstance(tokens, list) or not all(type(t) is int and t >= 0 for t in tokens):
+        raise invalid_request("'tokens' must be an array of token ids", param="tokens", code="invalid_type")
+
+
+# -- what comes back ---------------------------------------------------------------------------------
+
+
+def chat_usage(usage: Any) -> dict[str, Any] | None:
+    """Responses usage -> the chat shape (prompt/completion tokens, cached and reasoning details)."""
+    if not isinstance(usage, dict):
+        return None
+    if "prompt_tokens" in usage:
+        return usage
+    out: dict[str, Any] = {"prompt_tokens": usage.get("input_tokens"),
+                           "completion_tokens": usage.get("output_tokens"),
+                           "total_tokens": usage.get("total_tokens")}
+    details = usage.get("input_tokens_details")
+    if isinstance(details, dict) and details.get("cached_tokens") is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": details["cached_tokens"]}
+    odetails = usage.get("output_tokens_details")
+    if isinstance(odetails, dict) and odetails.get("reasoning_tokens") is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": odetails["reasoning_tokens"]}
+    return out
+
+
+_END_EVENTS = frozenset({"response.completed", "response.failed", "response.incomplete"})
+
+
+class ResponsesObserver:
+    """StreamObserver's counterpart for Responses API streams (same interface: observe, done, error)."""
+
+    __slots__ = ("ex", "done", "error")
+
+    def __init__(self, ex: Exchange) -> None:
+        self.ex = ex
+        self.done = False
+        self.error: dict[str, Any] | None = None
+
+    def relay(self, event: bytes) -> bytes | None:
+        """The proxy's observer interface: the bytes the client gets for this event."""
+        return event if self.observe(event) else None
+
+    def observe(self, event: bytes) -> bool:
+        i = event.find(b"data:")
+        if i < 0:
+            return True
+        payload = event[i + 5:].strip()
+        if payload == b"[DONE]":
+            self.done = True
+            return True
+        try:
+            obj = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return True
+        if not isinstance(obj, dict):
+            return True
+        kind = obj.get("type")
+        ex = self.ex
+        if kind in ("response.output_text.delta", "response.reasoning_text.delta",
+                    "response.reasoning_summary_text.delta", "response.function_call_arguments.delta",
+                    "response.refusal.delta"):
+            now = time.perf_counter()
+            if ex.t_first_token is None:
+                ex.t_first_token = now
+            ex.t_last_token = now
+            ex.token_chunk_times.append(now)
+            delta = obj.get("delta")
+            if isinstance(delta, str) and kind != "response.function_call_arguments.delta":
+                (ex.generated.reasoning if "reasoning" in kind else ex.generated.content).append(delta)
+        elif kind in _END_EVENTS:
+            self.done = True
+            resp = obj.get("response") if isinstance(obj.get("response"), dict) else {}
+            # The output items, as the client sends them back next turn, replace what the deltas gathered.
+            take_output(ex.generated, resp.get("output"))
+            usage = chat_usage(resp.get("usage"))
+            if usage:
+                ex.usage = usage
+            ex.generated.finish_reason = resp.get("status")
+            if kind == "response.failed" and isinstance(resp.get("error"), dict):
+                self.error = resp["error"]
+        elif kind == "error" or "error" in obj and kind is None:
+            err = obj.get("error") if isinstance(obj.get("error"), dict) else obj
+            self.error = {"message": str(err.get("message")), "code": err.get("code")}
+        return True
+
+
+def observe_response_body(ex: Exchange, body: bytes | dict[str, Any]) -> None:
+    """A whole (non-streamed) Response object, or an embeddings / tokenize answer (bytes or parsed)."""
+    try:
+        data = orjson.loads(body) if isinstance(body, (bytes, str)) else body
+    except orjson.JSONDecodeError:
+        return
+    if not isinstance(data, dict):
+        return
+    usage = chat_usage(data.get("usage"))
+    if usage:
+        ex.usage = usage
+    take_output(ex.generated, data.get("output"))
+    if isinstance(data.get("status"), str):
+        ex.generated.finish_reason = data["status"]
+
+
+def map_responses_effort(body: dict[str, Any], lane: Any) -> None:
+    """`reasoning.effort` of a Responses request, in the lane's vocabulary (as for chat: an invalid
+    word is a 400 listing the accepted ones). On a template lane the engine gets a word it knows, or
+    the number through chat_template_kwargs; `none` turns thinking off."""
+    from ..conversations import effort as effort_mod
+
+    reasoning = body.get("reasoning")
+    value = reasoning.get("effort") if isinstance(reasoning, dict) else None
+    if value is None:
+        return
+    choice = effort_mod.resolve({"reasoning_effort": value}, lane)
+    if lane.render.template is None:
+        return
+    new_reasoning = {k: v for k, v in reasoning.items() if k != "effort"}
+    kwargs = dict(body.get("chat_template_kwargs") or {})
+    if not choice.thinking:
+        kwargs["thinking"] = kwargs["enable_thinking"] = False
+    else:
+        word = effort_mod._word_for(lane, choice.effort)
+        if word is not None and word in ("low", "high"):  # OpenAI's Reasoning.effort literal
+            new_reasoning["effort"] = word
+        kwargs["reasoning_effort"] = word or choice.effort
+    body["reasoning"] = new_reasoning
+    body["chat_template_kwargs"] = kwargs
