@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import steps  # noqa: E402  (bench/steps.py: its gateway on the stub, bodies, timers and instrumentation)
 
-from gateway import chunk_run, chunk_shape  # noqa: E402
-from gateway import upstream as upstream_mod  # noqa: E402
+from gateway.relay import chunk_run, chunk_shape  # noqa: E402
+from gateway.upstream import replicas as upstream_mod  # noqa: E402
 from gateway.pipeline.body_parts import whole  # noqa: E402
 from gateway.pipeline.history_memo import HistoryMemo  # noqa: E402
 

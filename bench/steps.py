@@ -43,11 +43,11 @@ sys.path.insert(0, str(SHARED / "tools"))
 
 from starlette.datastructures import Headers  # noqa: E402
 
-from gateway import gc_tuning  # noqa: E402
-from gateway import pipeline as pipeline_mod  # noqa: E402
-from gateway import proxy as proxy_mod  # noqa: E402
-from gateway import chunk_run  # noqa: E402
-from gateway import sse as sse_mod  # noqa: E402
+from gateway.observe import gc_tuning  # noqa: E402
+from gateway.pipeline import flow as pipeline_mod  # noqa: E402
+from gateway.relay import forward as proxy_mod  # noqa: E402
+from gateway.relay import chunk_run  # noqa: E402
+from gateway.relay import sse as sse_mod  # noqa: E402
 from gateway.compose import build  # noqa: E402
 from gateway.server.security import Caller  # noqa: E402
 from gateway.core.settings import Settings  # noqa: E402

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway import chunk_shape
+from gateway.relay import chunk_shape
 from gateway.core.exchange import Exchange
 from gateway.relay.sse import BadStream, EventSplitter, StreamObserver
 

@@ -32,7 +32,7 @@ import httpx
 import openai
 import pytest
 
-from gateway import token_ids
+from gateway.pipeline import token_ids
 from tests.support.conversations import wait_record
 from tests.support.engine_proc import MODEL, REPO, EngineProc, engine_fixture, engine_lane
 from tests.support.gateway_proc import run_gateway

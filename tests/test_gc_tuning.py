@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from gateway import gc_tuning
+from gateway.observe import gc_tuning
 
 
 @pytest.mark.parametrize("raw, expected", [

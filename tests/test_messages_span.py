@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway import messages_span
+from gateway.pipeline import messages_span
 from gateway.pipeline.body_parts import Parts
 from gateway.pipeline.history_memo import MIN_BYTES, HistoryMemo
 

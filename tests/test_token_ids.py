@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway import token_ids
+from gateway.pipeline import token_ids
 from gateway.core.config import Lane
 from gateway.conversations.job import Job
 from gateway.conversations.state import ConversationState
