@@ -48,6 +48,8 @@ from .core.settings import Settings
 from .api.status import Status
 from .store import StateStore
 from .store.feature import build_store
+from .tracing import build_tracing
+from .tracing.feature import TracingService
 
 log = logging.getLogger("gateway")
 
@@ -206,7 +208,9 @@ def build(settings: Settings) -> Gateway:
     book = RelayedBook(store, TTL_S)
     heal = HealPolicy(book)
     access_log = _part("access log", build_access_log)  # None when off (GATEWAY_ACCESS_LOG=0)
-    sinks = [metrics.observe, records.sink, *([access_log] if access_log is not None else [])]
+    tracing = build_tracing(settings)  # NO_TRACING unless an OTLP endpoint is configured
+    sinks = [metrics.observe, records.sink, *([access_log] if access_log is not None else []),
+             *([tracing.exchange_done] if tracing.enabled else [])]
     first_bytes = FirstBytes()  # requests on their way to their first byte go before the aftermath
     aftermath = Aftermath(analyzers=[conversations.analyzer], sinks=sinks, first_bytes=first_bytes)
     qualification.reload_index()  # at start-up, before serving (blocking is fine here), before the lane hooks
@@ -218,7 +222,7 @@ def build(settings: Settings) -> Gateway:
     qualification.ensure_token_file()
     pipeline = Pipeline(runtime, gates=[qualification.gate],
                         policies=[limits, conversations.policy, heal, routing.step], memo=HistoryMemo(),
-                        first_bytes=first_bytes)
+                        first_bytes=first_bytes, tracing=tracing)
     status = Status(runtime, settings, security)
     health = HealthService(HealthProber(runtime))
     admin = AdminAPI(runtime, status, aftermath, records, conversations.analyzer, store)
@@ -228,7 +232,7 @@ def build(settings: Settings) -> Gateway:
     # Started in this order, stopped in reverse: the store outlives everything that writes to it.
     services: tuple[Service, ...] = (
         StoreService(store), RenderPreload(runtime), LimitsWarmup(runtime), conversations, routing, kv_events,
-        records_service, qualification, health,
+        records_service, qualification, health, TracingService(tracing),
     )
     return Gateway(settings=settings, runtime=runtime, store=store, security=security, status=status,
                    conversations=conversations, routing=routing, limits=limits, qualification=qualification,

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from ..pipeline.body_parts import Body
     from ..conversations.policy import Found
     from ..pipeline.history_memo import Parsed
+    from ..tracing.base import Trace
 
 CHAT_PATH = "/v1/chat/completions"
 
@@ -142,6 +143,8 @@ class Exchange:
     state_bytes: int | None = None
     qualification: str | None = None  # "overridden" when an unqualified lane served under override
     qualification_run: bool = False  # sent by `gateway qualify` through the qualify route
+
+    trace: "Trace | None" = None  # the request's spans while tracing is on (gateway/tracing/)
 
     # Timings, perf_counter seconds.
     t_forwarded: float | None = None

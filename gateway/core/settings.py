@@ -12,6 +12,14 @@ def _env(name: str, default: str | None = None) -> str | None:
     return value if value not in (None, "") else default
 
 
+def _tracing_configured() -> bool:
+    if (_env("OTEL_SDK_DISABLED", "false") or "").lower() == "true":
+        return False
+    if (_env("OTEL_TRACES_EXPORTER", "otlp") or "").lower() == "none":
+        return False
+    return bool(_env("OTEL_EXPORTER_OTLP_ENDPOINT") or _env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+
+
 @dataclass
 class Settings:
     routes_path: Path = field(default_factory=lambda: Path(_env("GATEWAY_ROUTES", "routes.yaml")))
@@ -31,3 +39,8 @@ class Settings:
     analysis_inline_bytes: int = field(
         default_factory=lambda: max(0, int(_env("GATEWAY_ANALYSIS_INLINE_BYTES", "2048") or 0)))
     capture_bodies: bool = field(default_factory=lambda: _env("GATEWAY_CAPTURE", "0") == "1")
+    # OpenTelemetry traces (gateway/tracing/): on when an OTLP endpoint is configured the standard way and
+    # the SDK is not disabled; the exporter, sampler and batch settings are read by the SDK itself.
+    tracing: bool = field(default_factory=lambda: _tracing_configured())
+    tracing_service_name: str = field(
+        default_factory=lambda: _env("OTEL_SERVICE_NAME", "lane-gateway") or "lane-gateway")

@@ -28,6 +28,7 @@ from ..core.runtime import LaneRuntime, Policy, Snapshot
 from ..server.security import Caller
 from .validate import check_chat, check_completion
 from ..server.wire import WireRequest
+from ..tracing import NO_TRACING, Tracing
 
 log = logging.getLogger("gateway.pipeline")
 
@@ -51,8 +52,10 @@ class Pipeline:
     policies (may rewrite the body or refuse it), then forwarding. Built once by the composition root."""
 
     def __init__(self, runtime: Lanes, *, gates: Sequence[Gate] = (), policies: Sequence[Policy] = (),
-                 memo: HistoryMemo | None = None, first_bytes: FirstBytes | None = None) -> None:
+                 memo: HistoryMemo | None = None, first_bytes: FirstBytes | None = None,
+                 tracing: Tracing = NO_TRACING) -> None:
         self.runtime = runtime
+        self.tracing = tracing
         self.first_bytes = first_bytes or FirstBytes()  # the aftermath waits while requests are held
         self.memo = memo  # recent large chat bodies: the next turn's unchanged history is not parsed again
         self.gates = tuple(gates)  # e.g. qualification: after the route is resolved, before policies
@@ -89,6 +92,7 @@ class Pipeline:
                       history: bool, hold: Hold) -> Response:
         ex = Exchange(request_id=_request_id(request), path=path, request_headers=request.headers,
                       tenant=caller.tenant)
+        self.tracing.begin(ex)
         snapshot = self.runtime.snapshot  # this request's config, whatever reloads happen meanwhile
         lane: LaneRuntime | None = None
         parsed: Parsed | None = None

@@ -57,7 +57,9 @@ async def forward(
         ex.retries += 1
 
     try:
-        replica, resp = await _race(link, upstream.send(order, path, body, ex.request_id, on_retry=retried), ex)
+        traceparent = ex.trace.upstream_started(ex, lane) if ex.trace is not None else None
+        replica, resp = await _race(link, upstream.send(order, path, body, ex.request_id, on_retry=retried,
+                                                        traceparent=traceparent), ex)
     except UpstreamFailure as exc:
         ex.upstream_error = exc.message
         raise exc.as_gateway_error() from None

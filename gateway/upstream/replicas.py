@@ -148,7 +148,8 @@ class Upstream:
             held += len(session.connector._acquired)  # noqa: aiohttp's own count
         return held
 
-    async def _post(self, replica: Replica, path: str, body: bytes, request_id: str) -> Any:
+    async def _post(self, replica: Replica, path: str, body: bytes, request_id: str,
+                    traceparent: str | None = None) -> Any:
         """One request on the gateway's own client; its answer once the head is in."""
         pool = self._pool
         if pool is None or pool.closed:
@@ -159,11 +160,17 @@ class Upstream:
             headers = self.headers("")
             del headers["X-Request-Id"]  # per request, below
             target = self._targets[key] = Target.parse(replica.url + path, headers)
-        return await pool.post(target, body, b"X-Request-Id: %b\r\n" % request_id.encode("latin-1"))
+        head = b"X-Request-Id: %b\r\n" % request_id.encode("latin-1")
+        if traceparent is not None:
+            head += b"traceparent: %b\r\n" % traceparent.encode("latin-1")
+        return await pool.post(target, body, head)
 
-    async def _post_aiohttp(self, replica: Replica, path: str, body: bytes, request_id: str) -> Any:
-        return await self.session().post(self._url(replica, path), data=body, headers=self.headers(request_id),
-                                         allow_redirects=False)
+    async def _post_aiohttp(self, replica: Replica, path: str, body: bytes, request_id: str,
+                            traceparent: str | None = None) -> Any:
+        headers = self.headers(request_id)
+        if traceparent is not None:
+            headers["traceparent"] = traceparent
+        return await self.session().post(self._url(replica, path), data=body, headers=headers, allow_redirects=False)
 
     def headers(self, request_id: str) -> dict[str, str]:
         # identity: aiohttp would otherwise ask for gzip/deflate, which engines behind a compressing
@@ -174,7 +181,8 @@ class Upstream:
         return headers
 
     async def send(
-        self, order: list[Replica], path: str, body: bytes, request_id: str, on_retry=None
+        self, order: list[Replica], path: str, body: bytes, request_id: str, on_retry=None,
+        traceparent: str | None = None,
     ) -> tuple[Replica, Any]:
         """POST to the first replica that answers; what counts as "not this one, try the next" is the
         lane's `failover_on` (default: connection failures and 502/503/504).
@@ -197,7 +205,7 @@ class Upstream:
             replica.requests += 1
             try:
                 async with asyncio.timeout(self.timeouts.first_byte):
-                    resp = await post(replica, path, body, request_id)
+                    resp = await post(replica, path, body, request_id, traceparent)
             except TimeoutError:
                 replica.inflight -= 1
                 self.record_failure(replica, "first-byte timeout")
