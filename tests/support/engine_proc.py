@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .gateway_proc import free_port
+from .otlp_receiver import Receiver, otlp_receiver
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = Path(os.environ.get("GATEWAY_SHARED", REPO.parent / "shared"))
@@ -109,6 +110,7 @@ class EngineProc:
     started_s: float = 0.0  # how long it took to answer /v1/models
     kv_endpoint: str | None = None  # its KV-event publisher (PUB), tcp://127.0.0.1:PORT
     kv_replay: str | None = None  # and replay (ROUTER) sockets
+    traces: Receiver | None = None  # where it exports its OpenTelemetry spans (--otlp-traces-endpoint)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     model = MODEL
@@ -190,13 +192,21 @@ def _ready(url: str) -> bool:
 def start_engine(timeout: float = START_TIMEOUT_S) -> EngineProc:
     port, kv_port, kv_replay_port = free_port(), free_port(), free_port()
     log_path = Path(tempfile.mkdtemp(prefix="engine-test-")) / "engine.log"
+    # The engine exports its spans to a receiver kept for the session (the tracing test joins them to the
+    # gateway's): over OTLP/HTTP, batched briefly.
+    receiver = otlp_receiver()
+    traces = receiver.__enter__()
+    atexit.register(receiver.__exit__, None, None, None)
+    command = [*engine_command(port, kv_port, kv_replay_port), "--otlp-traces-endpoint", traces.url + "/v1/traces"]
+    env = dict(engine_env(), OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf", OTEL_BSP_SCHEDULE_DELAY="100",
+               OTEL_SERVICE_NAME="vllm-engine")
     t0 = time.monotonic()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(engine_command(port, kv_port, kv_replay_port), env=engine_env(), stdout=log,
+        proc = subprocess.Popen(command, env=env, stdout=log,
                                 stderr=subprocess.STDOUT,
                                 start_new_session=True)  # its own process group: stop() ends all of it
     eng = EngineProc(f"http://127.0.0.1:{port}", proc, log_path, kv_endpoint=f"tcp://127.0.0.1:{kv_port}",
-                     kv_replay=f"tcp://127.0.0.1:{kv_replay_port}")
+                     kv_replay=f"tcp://127.0.0.1:{kv_replay_port}", traces=traces)
     atexit.register(eng.stop)
     while time.monotonic() - t0 < timeout:
         if proc.poll() is not None:
