@@ -24,6 +24,7 @@ from .server.access import Access, Endpoint
 from .observe.access_log import AccessLog, build_access_log
 from .observe.aftermath import Aftermath, FirstBytes
 from .admin.feature import AdminAPI
+from .admission.policy import AdmissionPolicy
 from .core.config import ConfigError, load_routes
 from .conversations.feature import TTL_S, Conversations
 from .heal.book import RelayedBook
@@ -205,6 +206,7 @@ def build(settings: Settings) -> Gateway:
     conversations = _part("conversations", lambda: Conversations(store, runtime, settings, kv_events))
     metrics, registry = _part("metrics", build_metrics)
     records, records_service = _part("records", lambda: build_records(settings, redis_client, config.gateway.records))
+    admission = AdmissionPolicy(kv_events)  # new conversations wait while the pool is full (per lane, opt-in)
     book = RelayedBook(store, TTL_S)
     heal = HealPolicy(book)
     access_log = _part("access log", build_access_log)  # None when off (GATEWAY_ACCESS_LOG=0)
@@ -217,11 +219,11 @@ def build(settings: Settings) -> Gateway:
     runtime.wire(
         lane_hooks=[attach_renderer, limits.attach, routing.bind, qualification.hook, kv_events.lane_changed],
         # The head first: the next turn may come at once (and may need the relayed message to be healed).
-        finishers=[conversations.turn_end, HealTurnEnd(book, store, TTL_S), aftermath],
+        finishers=[conversations.turn_end, HealTurnEnd(book, store, TTL_S), admission, aftermath],
     )
     qualification.ensure_token_file()
     pipeline = Pipeline(runtime, gates=[qualification.gate],
-                        policies=[limits, conversations.policy, heal, routing.step], memo=HistoryMemo(),
+                        policies=[limits, conversations.policy, admission, heal, routing.step], memo=HistoryMemo(),
                         first_bytes=first_bytes, tracing=tracing)
     status = Status(runtime, settings, security)
     health = HealthService(HealthProber(runtime))

@@ -164,6 +164,25 @@ class CacheModel(_Strict):
     prefill_tokens_per_s: float = Field(20000.0, gt=0, description="to turn tokens lost into seconds lost")
 
 
+class Admission(_Strict):
+    """Admission that protects the prefix cache (gateway/admission/): what happens to a NEW conversation
+    when the lane's pool cannot hold it beside the conversations already active. Turns of conversations
+    already in flight are never held."""
+
+    policy: Literal["admit", "hold", "refuse"] = Field(
+        "admit", description="admit: always (no protection); hold: wait up to `hold_s` for room, then `then`; "
+                             "refuse: answer `status` at once")
+    hold_s: float = Field(30.0, gt=0, le=600, description="the longest a new conversation waits for room")
+    then: Literal["admit", "refuse"] = Field("refuse", description="after `hold_s` without room")
+    status: Literal[429, 503] = Field(429, description="the answer of a refused conversation (with Retry-After)")
+    idle_after_s: float = Field(120.0, gt=0, description="a conversation with no turn for this long leaves the "
+                                                         "working set (its prefix may be evicted without harm)")
+    reserve_tokens: int = Field(0, ge=0, description="room a new conversation needs at least (its first prompt's "
+                                                     "tokens when larger): what it will grow to")
+    pool_tokens: int | None = Field(None, gt=0, description="the lane's KV pool in tokens (all replicas); default: "
+                                                            "the pools its KV events report")
+
+
 class Breaker(_Strict):
     """Per-replica circuit breaker: open after N consecutive failures, probe again after a cool-down."""
 
@@ -273,6 +292,7 @@ class Lane(_Strict):
     override: Override | None = None
     emulator: EmulatedUpstream | None = None
     kv_events: KVEvents | None = None  # issue 20: the replicas' KV-cache event streams
+    admission: Admission = Field(default_factory=Admission)
     token_ids: Literal["auto", "off"] = Field(
         "auto", description="ask the engine for prompt and generated token ids so the analysis compares content, "
                             "not counts (issue 13; gateway/pipeline/token_ids.py): 'auto' asks a vllm lane on chat "

@@ -81,6 +81,19 @@ class LimitNotes:
 
 
 @dataclass
+class AdmissionNote:
+    """What cache-protecting admission decided for a new conversation, and from which figures."""
+
+    decision: str  # admitted | admitted_after_hold | admitted_after_timeout | refused | refused_after_hold
+    reason: str
+    waited_s: float = 0.0
+    need_tokens: int = 0  # the room the new conversation was judged to need
+    active_tokens: int = 0  # the lane's active working set when decided
+    pool_tokens: int | None = None
+    active_conversations: int = 0
+
+
+@dataclass
 class Exchange:
     request_id: str
     path: str = "/v1/chat/completions"
@@ -141,6 +154,7 @@ class Exchange:
     analysis_ms: float | None = None
     analysis_skipped: str | None = None  # why this turn got no analysis (e.g. "queue_full")
     state_bytes: int | None = None
+    admission: AdmissionNote | None = None  # cache-protecting admission's decision (new conversations only)
     qualification: str | None = None  # "overridden" when an unqualified lane served under override
     qualification_run: bool = False  # sent by `gateway qualify` through the qualify route
 

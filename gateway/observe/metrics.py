@@ -182,6 +182,11 @@ class Metrics:
                                       ["model", "lane", "status_class"], registry=r)
         self.fallbacks = Counter("gateway_fallbacks", "Requests served by a fallback lane",
                                  ["model", "from_lane", "lane"], registry=r)
+        self.admissions = Counter("gateway_admissions", "New conversations judged by cache-protecting admission, "
+                                  "by decision (admitted, admitted_after_hold, admitted_after_timeout, refused, "
+                                  "refused_after_hold)", ["lane", "decision"], registry=r)
+        self.admission_wait = Counter("gateway_admission_wait_seconds", "Seconds new conversations were held",
+                                      ["lane"], registry=r)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         # What the requests since the last flush added, per labelled child: a dict update each (~0.2 us)
         # where the child's own inc() or observe() takes its lock (~0.5 and ~1.1 us, some 15 a
@@ -272,6 +277,10 @@ class Metrics:
         self._inc(self._c(self.model_requests, model, lane, sc))
         if ex.fallback_from:
             self._inc(self._c(self.fallbacks, model, self._lane(ex.fallback_from), lane))
+        if ex.admission is not None:
+            self._inc(self._c(self.admissions, lane, ex.admission.decision))
+            if ex.admission.waited_s:
+                self._inc(self._c(self.admission_wait, lane), ex.admission.waited_s)
         usage = ex.usage if isinstance(ex.usage, dict) else {}
         prompt = usage.get("prompt_tokens")
         if isinstance(prompt, int):

@@ -6,6 +6,7 @@ perf_counter stamps and are stored in seconds (wall-clock `ts` for when the requ
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import operator
 from typing import Any
@@ -85,6 +86,7 @@ FIELDS: dict[str, str] = {
     "analysis": "TEXT",  # why analysis did not run, when it did not (e.g. queue_full)
     "capture": "TEXT",  # opt-in debugging capture (JSON, size-capped); NULL by default
     "kv": "TEXT",  # issue 20: the KV-event verdict (JSON: cause, held tokens, displacing conversations...)
+    "admission": "TEXT",  # cache-protecting admission's decision for a new conversation (JSON)
 }
 
 VERDICTS = ("hit", "drift", "eviction", "cold", "unknown")
@@ -169,6 +171,7 @@ def build_record(ex: Exchange, capture_max_bytes: int = 0) -> dict[str, Any]:
         "analysis": _str(ex.analysis_skipped),
         "capture": _capture(ex, capture_max_bytes) if capture_max_bytes > 0 else None,
         "kv": orjson.dumps(cache["kv"]).decode() if isinstance(cache.get("kv"), dict) else None,
+        "admission": orjson.dumps(dataclasses.asdict(ex.admission)).decode() if ex.admission is not None else None,
     }
     return rec
 

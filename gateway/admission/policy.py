@@ -1,0 +1,147 @@
+"""The admission step of the request path: a new conversation is admitted only when the lane's pool can
+hold it beside the active ones; otherwise the lane's `admission.policy` holds it (FIFO, up to `hold_s`,
+woken by every turn that ends) or refuses it with a Retry-After. Continuing conversations pass at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..core.errors import GatewayError
+from ..core.exchange import AdmissionNote, Exchange
+from ..core.runtime import LaneRuntime
+from .sessions import ActiveSessions
+
+if TYPE_CHECKING:
+    from ..core.config import Admission
+    from ..kvevents.service import KVEventsService
+
+# A JSON chat body carries roughly this many bytes per prompt token (when no exact count was made).
+BYTES_PER_TOKEN = 4
+
+
+class AdmissionPolicy:
+    """A pipeline policy (after the conversation policy, which says whether the conversation is new) and a
+    finisher (each ended turn updates what its conversation holds and wakes the held newcomers)."""
+
+    name = "admission"
+
+    def __init__(self, kv: "KVEventsService | None" = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.kv = kv
+        self.clock = clock
+        self.sessions = ActiveSessions()
+        self._queues: dict[str, deque[object]] = {}
+        self._changed = asyncio.Event()
+
+    async def apply(self, ex: Exchange, lane: LaneRuntime, body: dict[str, Any]) -> None:
+        found = ex.conversation
+        cid = ex.conversation_id
+        if found is None or cid is None:
+            return  # nothing to protect: no conversation (completions, embeddings, an unread request)
+        cfg = lane.config.admission
+        now = self.clock()
+        if not found.is_new or cfg.policy == "admit":
+            self.sessions.begin(lane.name, cid, self._need(ex, cfg), now)
+            return
+        note = await self._decide(ex, lane, cfg, cid)
+        ex.admission = note
+        if note.decision.startswith("refused"):
+            retry = self._retry_after(lane.name, cfg)
+            raise GatewayError(
+                cfg.status, f"The lane is busy protecting the prompt cache of its active conversations: {note.reason}. "
+                f"Retry after {retry} s.", code="cache_admission", type="rate_limit_error" if cfg.status == 429
+                else None, headers={"Retry-After": str(retry)})
+
+    async def _decide(self, ex: Exchange, lane: LaneRuntime, cfg: "Admission", cid: str) -> AdmissionNote:
+        need = self._need(ex, cfg)
+        pool = self._pool(lane, cfg)
+        start = self.clock()
+        if pool is None:
+            self.sessions.begin(lane.name, cid, need, start)
+            return AdmissionNote("admitted", "the lane's pool size is unknown", need_tokens=need)
+        queue = self._queues.setdefault(lane.name, deque())
+        me = object()
+        queue.append(me)
+        held = False
+        try:
+            while True:
+                now = self.clock()
+                load = self.sessions.load(lane.name, cfg.idle_after_s, now, self._held(lane.name))
+                waited = now - start
+                # Alone in the pool it can only be admitted: waiting would not make room for it.
+                fits = load.tokens + need <= pool or load.conversations == 0
+                if fits and queue[0] is me:
+                    self.sessions.begin(lane.name, cid, need, now)
+                    decision = "admitted_after_hold" if held else "admitted"
+                    return self._note(decision, "the pool holds it beside the active conversations", waited,
+                                      need, load, pool)
+                why = (f"{load.conversations} active conversations hold {load.tokens:,} of the pool's {pool:,} "
+                       f"tokens; this one needs {need:,}")
+                if cfg.policy == "refuse" or waited >= cfg.hold_s:
+                    if cfg.policy == "hold" and cfg.then == "admit":
+                        self.sessions.begin(lane.name, cid, need, now)
+                        return self._note("admitted_after_timeout", why, waited, need, load, pool)
+                    return self._note("refused_after_hold" if held else "refused", why, waited, need, load,
+                                      pool)
+                # Woken by each turn that ends; at least every second for conversations going idle.
+                changed = self._changed
+                held = True
+                try:
+                    await asyncio.wait_for(changed.wait(), timeout=min(1.0, cfg.hold_s - waited))
+                except TimeoutError:
+                    pass
+        finally:
+            queue.remove(me)
+            self._wake()  # the next in line looks again
+
+    @staticmethod
+    def _note(decision: str, reason: str, waited: float, need: int, load: Any, pool: int) -> AdmissionNote:
+        return AdmissionNote(decision, reason, waited_s=round(waited, 3), need_tokens=need, active_tokens=load.tokens,
+                             pool_tokens=pool, active_conversations=load.conversations)
+
+    def exchange_ended(self, ex: Exchange, lane: LaneRuntime | None) -> None:
+        cid = ex.conversation_id
+        if lane is None or cid is None or ex.conversation is None:
+            return
+        note = ex.admission
+        if note is not None and note.decision.startswith("refused"):
+            return  # never began
+        if not 200 <= ex.status < 300 and ex.conversation.is_new:
+            self.sessions.drop(lane.name, cid)  # a new conversation that failed holds nothing
+        else:
+            usage = ex.usage if isinstance(ex.usage, dict) else {}
+            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            tokens = prompt + (completion or 0) if isinstance(prompt, int) else None
+            self.sessions.end(lane.name, cid, tokens, self.clock())
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _need(self, ex: Exchange, cfg: "Admission") -> int:
+        counted = ex.limits.prompt_tokens_counted
+        tokens = counted["n"] if counted else ex.body_bytes // BYTES_PER_TOKEN
+        return max(cfg.reserve_tokens, int(tokens))
+
+    def _pool(self, lane: LaneRuntime, cfg: "Admission") -> int | None:
+        if cfg.pool_tokens is not None:
+            return cfg.pool_tokens
+        if self.kv is None:
+            return None
+        pools = [r.pool_tokens if (r := self.kv.replica(lane.name, url)) is not None else None
+                 for url in lane.config.replicas]
+        return None if not pools or None in pools else sum(p for p in pools if p is not None)
+
+    def _held(self, lane: str) -> Callable[[str], int | None] | None:
+        kv = self.kv
+        if kv is None:
+            return None
+        return lambda cid: kv.tokens_of(lane, cid)
+
+    def _retry_after(self, lane: str, cfg: "Admission") -> int:
+        soonest = self.sessions.next_idle_in(lane, cfg.idle_after_s, self.clock())
+        return int(min(600, max(1, soonest if soonest is not None else cfg.hold_s)))
