@@ -50,6 +50,9 @@ class EmulatorConfig:
     # timing
     ttft_ms: float = 0.0
     prefill_tps: float = 0.0  # uncached prompt tokens per second, added to TTFT; 0 = free
+    # One prefill compute shared by every request, in arrival order (an engine's GPU), instead of each
+    # request prefilling at prefill_tps of its own: concurrent prefills then wait for each other.
+    prefill_shared: bool = False
     decode_tps: float = 0.0  # tokens per second between chunks; 0 = as fast as possible
 
     # faults

@@ -56,6 +56,7 @@ class Emulator:
         self.tokenize_prompt: TokenizePrompt = tokenize_prompt or default_prompt  # type: ignore[assignment]
         self.tokenize_generated: TokenizeGenerated = tokenize_generated or default_generated  # type: ignore[assignment]
         self.cache = PrefixCache(self.config.eff_block_size, self.config.cache_blocks)
+        self._prefill_free_at = 0.0  # prefill_shared: when the shared prefill compute is free again
         self.stats = Stats(self.config.recent_requests)
         self._fail_rng = random.Random(self.config.seed)
 
@@ -234,7 +235,7 @@ class Emulator:
             model = str(body.get("model") or cfg.model)
             b = ep.ResponseBuilder(body, model, plan.reasoning, plan.content, plan.tool_call, plan.finish_reason)
             usage = ep.response_usage(len(prompt), cached, len(plan.reasoning), plan.completion_tokens)
-            ttft = cfg.ttft_ms / 1000.0 + ((len(prompt) - cached) / cfg.prefill_tps if cfg.prefill_tps > 0 else 0.0)
+            ttft = cfg.ttft_ms / 1000.0 + self._prefill_s(len(prompt) - cached, cfg)
             await asyncio.sleep(ttft)
             if not body.get("stream"):
                 if cfg.decode_tps > 0 and plan.completion_tokens > 1:
@@ -421,9 +422,7 @@ class Emulator:
         n_choices = body.get("n") if kind == "chat" and type(body.get("n")) is int and body["n"] > 1 else 1
         extra = [plan_chat(body, digest, cfg, i) for i in range(1, min(n_choices, 16))]
         rec.completion_tokens = plan.completion_tokens + sum(p.completion_tokens for p in extra)
-        ttft = cfg.ttft_ms / 1000.0
-        if cfg.prefill_tps > 0:
-            ttft += (n_prompt - cached) / cfg.prefill_tps
+        ttft = cfg.ttft_ms / 1000.0 + self._prefill_s(n_prompt - cached, cfg)
         job = _Job(self, body, cfg, rec, kind, prompt, data, hashes, seed, cached, plan)
         job.extra = extra
         job.rid = shapes.response_id(cfg.flavour, kind, rec.request_id if client_id else None)
@@ -431,6 +430,18 @@ class Emulator:
         if body.get("stream"):
             return await job.stream(request, t_start + ttft)
         return await job.respond(request, t_start + ttft)
+
+    def _prefill_s(self, uncached: int, cfg: Any) -> float:
+        """Seconds until this request's prefill is done: its own at prefill_tps, or, with prefill_shared,
+        after the prefills of the requests before it."""
+        if cfg.prefill_tps <= 0:
+            return 0.0
+        own = uncached / cfg.prefill_tps
+        if not cfg.prefill_shared:
+            return own
+        now = time.monotonic()
+        self._prefill_free_at = max(now, self._prefill_free_at) + own
+        return self._prefill_free_at - now
 
     def _remember_response(self, chat: dict[str, Any], plan: Plan, data: bytes, hashes: list[int], seed: int) -> None:
         """/v1/responses: the output is cached like a chat turn's (vLLM caches what it generated), as the
