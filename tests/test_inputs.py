@@ -115,6 +115,20 @@ def test_record_routes_refuse_path_ids(client, gateway, tmp_path: Path) -> None:
     assert client.get("/qualify/records", params={"id": rid}, headers=AUTH).json()["id"] == rid
 
 
+def test_records_are_kept_only_for_served_lanes_and_never_overwritten(client, gateway) -> None:
+    good = {"lane": "l", "config_hash": "c", "identity_hash": "cd" * 16, "at_unix": time.time()}
+    _is_openai_error(client.post("/qualify/records", headers=AUTH, json={**good, "lane": "no-such-lane"}),
+                     404, "lane_not_found")
+    _is_openai_error(client.post("/qualify/records", headers=AUTH, json={**good, "id": "other/20260101-x"}),
+                     400, "invalid_record")
+    first = client.post("/qualify/records", headers=AUTH, json={**good, "id": "l/kept-once"})
+    assert first.status_code == 200, first.text
+    kept = client.get("/qualify/records", params={"id": "l/kept-once"}, headers=AUTH).json()
+    again = client.post("/qualify/records", headers=AUTH, json={**good, "id": "l/kept-once", "config_hash": "x"})
+    _is_openai_error(again, 409, "record_exists")
+    assert client.get("/qualify/records", params={"id": "l/kept-once"}, headers=AUTH).json() == kept
+
+
 def test_admin_static_files_come_from_a_fixed_list(client) -> None:
     _is_openai_error(client.get("/admin/static/" + "a" * 300 + ".js", headers=AUTH), 404, "not_found")
     for name in ("index.html", "..%2f..%2fconfig.py", ".hidden.js", "feature.py"):

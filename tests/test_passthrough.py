@@ -91,6 +91,9 @@ def test_tokenize_detokenize(gw):
     ("/tokenize", {"model": "public-ds"}, "prompt"),
     ("/detokenize", {"model": "public-ds", "tokens": ["a"]}, "tokens"),
     ("/detokenize", {"model": "nope", "tokens": [1]}, "model"),
+    ("/v1/embeddings", {"model": "public-ds", "input": "x", "stream": True}, "stream"),
+    ("/tokenize", {"model": "public-ds", "prompt": "x", "stream": True}, "stream"),
+    ("/detokenize", {"model": "public-ds", "tokens": [1], "stream": True}, "stream"),
 ])
 def test_bad_input_is_a_clear_4xx(gw, path, body, param):
     r = httpx.post(gw.url + path, headers={"Authorization": f"Bearer {KEY}"}, json=body)

@@ -188,6 +188,26 @@ def test_sqlite_store_writes_in_batches_and_reads_back(tmp_path: Path) -> None:
         store.close()
 
 
+def test_the_records_file_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path)
+    store.open()
+    try:
+        store.put(build_record(exchange(request_id="r0")))
+        assert store.flush(5.0)
+        for path in tmp_path.glob(FILENAME + "*"):
+            assert path.stat().st_mode & 0o077 == 0, (path, oct(path.stat().st_mode))
+    finally:
+        store.close()
+
+
+def test_a_null_upstream_code_is_recorded_as_none() -> None:
+    ex = exchange(request_id="r1")
+    ex.fail(502, None, "upstream said nothing")
+    assert build_record(ex)["error_code"] is None
+    ex.fail(502, 1234, "numbered")
+    assert build_record(ex)["error_code"] == "1234"
+
+
 def test_sqlite_retention_by_age_and_rows(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path, max_age_s=3600, max_rows=10)
     store.open()

@@ -81,3 +81,13 @@ def test_an_endless_event_is_refused() -> None:
     with pytest.raises(BadStream):
         for _ in range(20):
             sp.feed(b"data: " + b"x" * 100)
+
+
+@pytest.mark.parametrize("text", [
+    "Authorization: Bearer sk-live-0123456789abcdef", "token=[abc123def]", "api_key: '[x]'", "password=hunter2",
+    "Bearer [redacted]", "secret=[redacted] and more",
+])
+def test_a_redaction_is_never_redacted_again(text: str) -> None:
+    once = Scrubber().text(text)
+    assert Scrubber().text(once) == once
+    assert "[redacted]]" not in once

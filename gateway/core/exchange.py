@@ -185,7 +185,8 @@ class Exchange:
         if name not in self.limits_fired:
             self.limits_fired.append(name)
 
-    def fail(self, status: int, code: str | None, message: str) -> None:
+    def fail(self, status: int, code: object, message: str) -> None:
+        """The request failed. An upstream's null or absent code stays absent, never the string "None"."""
         self.status = status
-        self.error_code = code
+        self.error_code = None if code is None else str(code)
         self.error_message = message

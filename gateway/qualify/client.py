@@ -230,7 +230,7 @@ class GatewayLane:
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             return Result(ok=False, status=0, error=f"{type(exc).__name__}: {exc}", t_sent=t_sent)
         if observer.error is not None:
-            ex.fail(ex.status, str(observer.error.get("code")), str(observer.error.get("message")))
+            ex.fail(ex.status, observer.error.get("code"), str(observer.error.get("message")))
         elif not observer.done:
             ex.fail(502, "incomplete_stream", "the stream ended without [DONE]")
         return Result.from_exchange(ex, t_sent)

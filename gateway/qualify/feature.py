@@ -38,7 +38,7 @@ from ..core.runtime import LaneRuntime, Snapshot
 from ..server.security import Caller
 from .client import replica_revision
 from .identity import lane_identity
-from .records import InvalidRecordId, RecordIndex, RecordStore, Summary, check_record_id, open_store
+from .records import InvalidRecordId, RecordIndex, RecordStore, Summary, check_record_id, lane_folder, open_store
 from .state import evaluate
 
 if TYPE_CHECKING:
@@ -262,8 +262,19 @@ class QualificationService:
                         not isinstance(record.get("identity_hash"), str)
                         or not isinstance(record.get("at_unix"), (int, float)))):
                     raise ValueError("lane and identity_hash must be strings and at_unix a number (or give an id)")
-                record_id = await asyncio.to_thread(self.store.save, record)
+                if "id" in record and not check_record_id(record["id"]).startswith(lane_folder(record["lane"]) + "/"):
+                    raise ValueError("the id must start with the record's lane")
             except (orjson.JSONDecodeError, ValueError, OverflowError) as exc:  # InvalidRecordId included
+                raise GatewayError(400, f"bad record: {exc}", code="invalid_record") from None
+            # The qualify token writes records for the lanes this gateway serves, and never rewrites one.
+            if record["lane"] not in self.runtime.snapshot.lanes:
+                raise GatewayError(404, f"no lane named {record['lane'][:80]!r}", param="lane", code="lane_not_found")
+            if "id" in record and await asyncio.to_thread(self.store.load, record["id"]) is not None:
+                raise GatewayError(409, f"record {record['id']!r} exists; records are never overwritten",
+                                   param="id", code="record_exists")
+            try:
+                record_id = await asyncio.to_thread(self.store.save, record)
+            except (ValueError, OverflowError) as exc:
                 raise GatewayError(400, f"bad record: {exc}", code="invalid_record") from None
             await asyncio.to_thread(self.reload_index)
             self.refresh()

@@ -80,10 +80,15 @@ def iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def lane_folder(lane: str) -> str:
+    """The first part of a lane's record ids."""
+    return _SAFE.sub("_", lane)
+
+
 def record_id_for(lane: str, identity_hash: str, at: float) -> str:
     dt = datetime.fromtimestamp(at, timezone.utc)
     stamp = dt.strftime("%Y%m%dT%H%M%S") + f"{dt.microsecond // 1000:03d}Z"
-    return f"{_SAFE.sub('_', lane)}/{stamp}-{identity_hash[:8]}"
+    return f"{lane_folder(lane)}/{stamp}-{identity_hash[:8]}"
 
 
 class RecordStore(Protocol):

@@ -28,6 +28,9 @@ def connect(path: Path, readonly: bool = False) -> sqlite3.Connection:
     if readonly:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0, check_same_thread=False)
     else:
+        # Records hold prompts' metadata and upstream errors: readable by the owner only. SQLite gives
+        # its -wal and -shm files the database file's mode.
+        path.touch(mode=0o600, exist_ok=True)
         conn = sqlite3.connect(path, timeout=5.0, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across app crashes, fast

@@ -199,7 +199,7 @@ async def _relay_error(ex, lane, replica, resp, on_end) -> Response:
 def _error_response(ex: Exchange, status: int, body: dict[str, Any], on_end: Callable[[], None],
                     headers: dict[str, str] | None = None) -> Response:
     err = body["error"]
-    ex.fail(status, str(err.get("code")), str(err.get("message")))
+    ex.fail(status, err.get("code"), str(err.get("message")))
     if ex.upstream_error is None:
         ex.upstream_error = ex.error_message
     response = Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
@@ -381,7 +381,7 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end, body_byt
             else:
                 resp.close()
             if observer.error is not None and ex.error_code is None:
-                ex.fail(ex.status, str(observer.error.get("code")), str(observer.error.get("message"))[:500])
+                ex.fail(ex.status, observer.error.get("code"), str(observer.error.get("message"))[:500])
                 ex.upstream_error = ex.error_message
             _done(replica, lane, ok=ok or ex.cancelled, why=why)
             on_end()

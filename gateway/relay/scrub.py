@@ -22,10 +22,13 @@ from typing import Any
 REDACTED = "[redacted]"
 MAX_MESSAGE = 500  # characters of upstream error text passed on
 
-_CREDENTIAL = re.compile(r"\b(Bearer|Basic|Token)\s+[^\s\"',;)}\]]+", re.IGNORECASE)
+# A value already redacted is left alone, and a bracketed value is taken whole: a second pass over a
+# scrubbed text must not turn "[redacted]" into "[redacted]]".
+_VALUE = r"""(?!\[redacted\])(?:\[[^\s\]]*\]|[^\s"',;&)}\]]+)"""
+_CREDENTIAL = re.compile(r"\b(Bearer|Basic|Token)\s+" + _VALUE, re.IGNORECASE)
 _NAMED = re.compile(
     r"""(?P<name>[\w.-]*(?:api[_-]?key|apikey|secrets?|token|password|passwd|authorization|credentials?))\b"""
-    r"""(?P<sep>["']?\s*[:=]\s*["']?)(?P<value>[^\s"',;&)}\]]+)""",
+    r"""(?P<sep>["']?\s*[:=]\s*["']?)(?P<value>""" + _VALUE + ")",
     re.IGNORECASE,
 )
 _PREFIXED = re.compile(
