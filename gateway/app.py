@@ -85,7 +85,7 @@ def create_app(settings: Settings | None = None) -> "FastPath":
         tasks = []
         loop = asyncio.get_running_loop()
         if settings.watch_routes:
-            tasks.append(asyncio.create_task(watch_routes(gw.runtime, stop)))
+            tasks.append(asyncio.create_task(watch_routes(gw.runtime, stop, also=gw.security.key_file)))
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(signal.SIGHUP, gw.runtime.reload_from_disk)
         try:

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ from gateway.server.security import KeyRing, SecurityConfigError, digest
 from gateway.core.settings import Settings
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import REPO, free_port, run_gateway
+from tests.support.poll import wait_until
 
 CLIENT_KEY = "sk-client-Zq8v1-4c71d0e2"
 CLIENT_KEY_2 = "sk-client-second-77aa"
@@ -348,3 +350,55 @@ def test_production_process_serves_with_keys(emu) -> None:
         assert httpx.get(g.url + "/v1/models").status_code == 401
         assert httpx.get(g.url + "/v1/models", headers={"Authorization": f"Bearer {CLIENT_KEY}"}).status_code == 200
         assert "DEMO MODE" not in g.log()
+
+
+# -- keys follow their file ----------------------------------------------------------------------
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)  # as editors and config managers replace a file
+
+
+@pytest.mark.parametrize("watch", [True, False], ids=["file-watch", "sighup"])
+def test_keys_follow_their_file(emu, tmp_path: Path, watch: bool) -> None:
+    keyfile = tmp_path / "keys" / "clients.sha256"  # another folder than routes.yaml's
+    keyfile.parent.mkdir()
+    keyfile.write_text(f"{sha(FILE_KEY)} team-a\n{sha(CLIENT_KEY_2)} team-b\n")
+    env = {**key_env(), "TEST_GW_CLIENT_KEYS": "", "GATEWAY_WATCH_ROUTES": "1" if watch else "0"}
+    with run_gateway(routes(emu.url, hashed_file=str(keyfile)), env=env) as g:
+        def status(key: str) -> int:
+            return httpx.get(g.url + "/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code
+
+        def keys_error() -> str | None:
+            ready = httpx.get(g.url + "/readyz", headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()
+            return ready["config"]["keys_error"]
+
+        def changed() -> None:
+            if not watch:
+                g.proc.send_signal(signal.SIGHUP)
+
+        assert status(FILE_KEY) == 200 and status(CLIENT_KEY_2) == 200
+        _write_atomic(keyfile, f"{sha(CLIENT_KEY_2)} team-b\n")  # FILE_KEY revoked
+        changed()
+        wait_until(lambda: status(FILE_KEY) == 401, what="the revoked key refused")
+        assert status(CLIENT_KEY_2) == 200
+        with httpx.stream("POST", g.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {FILE_KEY}"},
+                          json={"model": "public-a", "stream": True,
+                                "messages": [{"role": "user", "content": "hi"}]}) as resp:
+            assert resp.status_code == 401
+        _write_atomic(keyfile, "not a digest\n")  # garbage: the last good keys stay, the error is shown
+        changed()
+        wait_until(lambda: keys_error() is not None, what="the key file's error in /readyz")
+        assert "line 1" in keys_error() and "not a digest" not in keys_error()
+        assert status(CLIENT_KEY_2) == 200 and status(FILE_KEY) == 401
+        keyfile.unlink()  # deleted: the same
+        changed()
+        wait_until(lambda: "cannot read" in (keys_error() or ""), what="the deleted key file in /readyz")
+        assert status(CLIENT_KEY_2) == 200
+        _write_atomic(keyfile, f"{sha(FILE_KEY)} team-a\n")  # back, with the other key only
+        changed()
+        wait_until(lambda: status(FILE_KEY) == 200 and keys_error() is None, what="the new key file in force")
+        assert status(CLIENT_KEY_2) == 401
+    assert "not a digest" not in g.log_path.read_text()

@@ -73,6 +73,7 @@ class Status:
             "path": str(self.settings.routes_path),
             "last_reload_error": self.runtime.last_reload_error,
             "last_reload_at": self.runtime.last_reload_at,
+            "keys_error": self.security.key_error,
         }
 
     async def probe_lanes(self) -> dict[str, Any]:

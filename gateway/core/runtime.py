@@ -160,17 +160,27 @@ class Runtime:
                 log.exception("finisher %r failed", finisher)
 
 
-async def watch_routes(runtime: Runtime, stop: asyncio.Event) -> None:
-    """Reload routes.yaml when it changes on disk (editors that replace the file included)."""
+async def watch_routes(runtime: Runtime, stop: asyncio.Event,
+                       also: Callable[[], Path | None] = lambda: None) -> None:
+    """Reload routes.yaml when it or a file it names (`also`: the client key file) changes on disk,
+    editors that replace the file included."""
     if runtime.routes_path is None:
         return
     from watchfiles import awatch
 
-    path = runtime.routes_path.resolve()
-    # Watch the directory (an editor's rename-over replaces the file's inode) but not below it, and
-    # only this file: the data directory (records, WAL files) often lives right beside routes.yaml.
-    name = path.name
-    async for _ in awatch(path.parent, stop_event=stop, debounce=200, step=50, recursive=False,
-                          watch_filter=lambda change, p: Path(p).name == name):
-        runtime.reload_from_disk()
-        await runtime.close_retired()
+    while not stop.is_set():
+        files = {runtime.routes_path.resolve()}
+        extra = also()
+        if extra is not None:
+            files.add(extra.resolve())
+        # Watch the folders (an editor's rename-over replaces the file's inode) but not below them, and
+        # only these files: the data directory (records, WAL files) often lives right beside routes.yaml.
+        folders = sorted({str(f.parent) for f in files if f.parent.is_dir()})
+        names = {str(f) for f in files}
+        async for _ in awatch(*folders, stop_event=stop, debounce=200, step=50, recursive=False,
+                              watch_filter=lambda change, p: str(Path(p).resolve()) in names):
+            runtime.reload_from_disk()
+            await runtime.close_retired()
+            now = also()
+            if (now.resolve() if now is not None else None) != (extra.resolve() if extra is not None else None):
+                break  # the configuration names another key file: watch that one

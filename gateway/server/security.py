@@ -95,6 +95,11 @@ class KeyRing:
     def __len__(self) -> int:
         return self.size
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KeyRing) and self._buckets == other._buckets
+
+    __hash__ = None  # type: ignore[assignment]
+
     def tenant_of(self, key: str) -> str | None:
         d = digest(key)
         found: str | None = None
@@ -153,12 +158,19 @@ def load_client_keys(source: KeySource) -> KeyRing | None:
             if k.strip():
                 d = digest(k.strip())
                 entries.append((d, key_tenant(d)))
-    if ck.hashed_file:
-        path = Path(ck.hashed_file)
-        if not path.is_absolute():
-            path = source.base_dir / path
+    path = hashed_file_path(source)
+    if path is not None:
         entries += _parse_hashed_file(path)
     return KeyRing(entries)
+
+
+def hashed_file_path(source: KeySource) -> Path | None:
+    """The key file, relative to routes.yaml's folder unless absolute."""
+    ck = source.client_keys
+    if ck is None or not ck.hashed_file:
+        return None
+    path = Path(ck.hashed_file)
+    return path if path.is_absolute() else source.base_dir / path
 
 
 def load_admin_key(source: KeySource) -> bytes | None:
@@ -212,11 +224,11 @@ class Security:
         self.settings = settings
         self.qualify_tokens = qualify_tokens or (lambda: [])
         self.rejected = {"client_missing": 0, "client_invalid": 0, "admin_missing": 0, "admin_invalid": 0}
-        config = runtime.snapshot.config
-        self._config: RoutesConfig = config
-        self._source = self._source_of(config)
+        self._snapshot = runtime.snapshot
+        self._source = self._source_of(runtime.snapshot.config)
         self.client_keys = load_client_keys(self._source)
         self.admin_digest = load_admin_key(self._source)
+        self.key_error: str | None = None  # why the last reload's keys were refused (the old ones serve)
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -225,25 +237,35 @@ class Security:
         return KeySource(config.gateway.client_keys, config.gateway.admin_key_env, routes.resolve().parent)
 
     def _current(self) -> None:
-        """Follow reloads of routes.yaml: one identity check per request, a rebuild when keys moved."""
-        config = self.runtime.snapshot.config
-        if config is self._config:
+        """Follow reloads: one identity check per request, the keys read again on every reload.
+
+        A reload (SIGHUP, a change of routes.yaml or of the key file) re-reads the key file and the
+        key variables even when routes.yaml names the same ones: a revoked key stops working then.
+        Keys that cannot be read keep the last good ones serving, and say why (key_error, /readyz)."""
+        snapshot = self.runtime.snapshot
+        if snapshot is self._snapshot:
             return
-        self._config = config
-        source = self._source_of(config)
-        if source == self._source:
-            return
+        self._snapshot = snapshot
+        source = self._source_of(snapshot.config)
         try:
             clients = load_client_keys(source)
         except SecurityConfigError as exc:
-            log.error("client keys of the reloaded routes.yaml refused, the old keys stay: %s", exc)
+            self.key_error = str(exc)
+            log.error("client keys refused on reload, the last good keys stay: %s", exc)
             return
         admin = load_admin_key(source)
         if self.settings.production and (not clients or admin is None):
-            log.error("the reloaded routes.yaml has no client or admin key; production keeps the old keys")
+            self.key_error = "the reloaded configuration has no client or admin key"
+            log.error("%s; production keeps the old keys", self.key_error)
             return
-        self._source, self.client_keys, self.admin_digest = source, clients, admin
-        log.warning("keys reloaded: %s", self.describe())
+        changed = (source, clients, admin) != (self._source, self.client_keys, self.admin_digest)
+        self._source, self.client_keys, self.admin_digest, self.key_error = source, clients, admin, None
+        if changed:
+            log.warning("keys reloaded: %s", self.describe())
+
+    def key_file(self) -> Path | None:
+        """The hashed key file the current configuration names (watched like routes.yaml)."""
+        return hashed_file_path(self._source_of(self.runtime.snapshot.config))
 
     def describe(self) -> str:
         clients = "none (open)" if self.client_keys is None else f"{len(self.client_keys)} client key(s)"
