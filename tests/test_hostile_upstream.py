@@ -285,6 +285,116 @@ def test_any_upstream_behaviour_gives_a_valid_answer_or_an_openai_error(upstream
     check_answer(resp, stream, expect)
 
 
+# -- the same contract on the Responses API and the JSON passthrough paths ---------------------------
+
+def response_events(parts: list[str]) -> list[dict]:
+    resp = {"id": "resp_1", "object": "response", "status": "in_progress", "output": []}
+    out = [{"type": "response.created", "response": resp}]
+    out += [{"type": "response.output_text.delta", "item_id": "msg_1", "output_index": 0, "content_index": 0,
+             "delta": p} for p in parts]
+    done = {**resp, "status": "completed", "usage": {"input_tokens": 3, "output_tokens": 2, "total_tokens": 5},
+            "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+                        "content": [{"type": "output_text", "text": "".join(parts), "annotations": []}]}]}
+    out.append({"type": "response.completed", "response": done})
+    return [{**e, "sequence_number": i} for i, e in enumerate(out)]
+
+
+def named_sse(events: list[dict | bytes], eol: bytes) -> bytes:
+    out = b""
+    for e in events:
+        if isinstance(e, dict):
+            out += b"event: " + e["type"].encode() + eol + b"data: " + json.dumps(e).encode() + eol + eol
+        else:
+            out += b"data: " + e + eol + eol
+    return out
+
+
+@st.composite
+def responses_behaviours(draw):
+    """A Responses stream: valid, with a wrong event spliced in, with an error event, or cut."""
+    parts = draw(st.lists(TEXT, max_size=4))
+    events: list[dict | bytes] = list(response_events(parts))
+    kind = draw(st.sampled_from(["valid", "valid", "wrong", "error", "failed", "garbage"]))
+    expect: str | None = "".join(parts) if kind == "valid" else None
+    at = draw(st.integers(1, len(events) - 1))
+    if kind == "wrong":
+        events.insert(at, json.dumps(draw(WRONG_SHAPES | st.just({"no": "type"}))).encode())
+    elif kind == "error":
+        message = draw(SECRET_TEXTS)
+        events.insert(at, {"type": "error", "code": draw(st.sampled_from(["server_error", SECRET, None])),
+                           "message": message, "param": None, "sequence_number": at})
+    elif kind == "failed":
+        events[-1] = {"type": "response.failed", "sequence_number": len(events) - 1,
+                      "response": {"id": "resp_1", "status": "failed", "output": [],
+                                   "error": {"code": "server_error", "message": draw(SECRET_TEXTS)}}}
+    elif kind == "garbage":
+        events.insert(at, draw(st.binary(min_size=1, max_size=40).filter(lambda b: b"\n" not in b and b"\r" not in b)))
+    body = named_sse(events, draw(st.sampled_from([b"\n", b"\r\n"])))
+    if draw(st.integers(0, 4)) == 0:
+        body = body[:draw(st.integers(0, len(body) - 1))]
+        expect = None
+    raw = http_response(200, body, [("Content-Type", "text/event-stream")], draw(st.sampled_from(["length", "close", "chunked"])))
+    cuts = sorted(draw(st.lists(st.integers(0, len(raw) - 1), max_size=3)))
+    pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)]) if raw[a:b]]
+    return Script(pieces), expect
+
+
+def check_responses_stream(resp: httpx.Response, expect: str | None) -> None:
+    text = resp.text
+    assert SECRET not in text and SECRET[:12] not in text, text[:300]
+    assert resp.status_code != 500, text[:300]
+    if resp.status_code != 200:
+        assert expect is None and resp.json()["error"]["message"]
+        return
+    events = [e for e in text.replace("\r\n", "\n").split("\n\n") if e.strip()]
+    got, errors = [], 0
+    for i, event in enumerate(events):
+        data = [line[5:].strip() for line in event.split("\n") if line.startswith("data:")]
+        if not data or data == ["[DONE]"]:
+            continue
+        obj = json.loads(data[0])  # every event the client gets is JSON
+        assert isinstance(obj, dict) and isinstance(obj.get("type"), str), obj
+        if obj["type"] == "error" or "error" in obj and obj.get("type") is None:
+            errors += 1
+            rest = [e for e in events[i + 1:] if "[DONE]" not in e]
+            assert not rest, f"an error event must end the stream: {rest[:2]}"
+        elif obj["type"] == "response.output_text.delta":
+            got.append(obj["delta"])
+    if expect is not None:
+        assert errors == 0 and "".join(got) == expect
+
+
+@settings(max_examples=max(200, EXAMPLES // 4), deadline=None, database=None,
+          derandomize="HOSTILE_EXAMPLES" not in os.environ,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(responses_behaviours())
+def test_any_responses_stream_is_relayed_scrubbed_and_well_formed(upstream, client, case):
+    script, expect = case
+    note(f"expect={expect!r} script={script.pieces!r}")
+    upstream.script = script
+    try:
+        resp = client.post("/v1/responses", json={"model": "m", "input": "hi", "stream": True})
+    except httpx.TransportError as exc:
+        pytest.fail(f"the gateway dropped the connection ({exc!r}) for {script.pieces!r}")
+    check_responses_stream(resp, expect)
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/responses", {"model": "m", "input": "hi"}),
+    ("/v1/embeddings", {"model": "m", "input": "hi"}),
+    ("/tokenize", {"model": "m", "prompt": "hi"}),
+])
+@pytest.mark.parametrize("answer", [
+    b"\x00\xff\xfe", b"[1, 2]", b'{"error": {"message": "Bearer ' + SECRET.encode() + b'", "code": null}}',
+    b'{"object": "error", "message": "invalid key ' + SECRET.encode() + b'"}',
+])
+def test_json_passthrough_paths_scrub_and_check_what_they_relay(upstream, client, path, body, answer):
+    upstream.script = Script([http_response(200, answer, [("Content-Type", "application/json")], "length")])
+    resp = client.post(path, json=body)
+    assert SECRET not in resp.text and SECRET[:12] not in resp.text, resp.text
+    assert resp.status_code == 502 and resp.json()["error"]["message"], resp.text
+
+
 # -- after the storm -----------------------------------------------------------------------------------
 
 def test_the_gateway_still_serves_and_kept_no_secret(upstream, client, gateway):

@@ -20,6 +20,8 @@ import orjson
 
 from ..core.errors import invalid_request
 from ..core.exchange import Exchange
+from ..relay.scrub import Scrubber
+from ..relay.sse import BadStream, data_of
 from .responses_chat import take_output
 
 RESPONSES = "/v1/responses"
@@ -149,41 +151,60 @@ def chat_usage(usage: Any) -> dict[str, Any] | None:
 
 
 _END_EVENTS = frozenset({"response.completed", "response.failed", "response.incomplete"})
+_DELTA_EVENTS = frozenset({"response.output_text.delta", "response.reasoning_text.delta",
+                           "response.reasoning_summary_text.delta", "response.function_call_arguments.delta",
+                           "response.refusal.delta"})
 
 
 class ResponsesObserver:
-    """StreamObserver's counterpart for Responses API streams (same interface: observe, done, error)."""
+    """The relay's observer (relay.sse.EventObserver) for Responses API streams.
 
-    __slots__ = ("ex", "done", "error")
+    Events pass byte for byte, but for two documented rewrites: an upstream error's message is
+    scrubbed (`error` events and a failed response's `error`), and an event whose data is not a JSON
+    object with a `type` is not relayed: the stream ends with a Responses `error` event instead."""
 
-    def __init__(self, ex: Exchange) -> None:
+    __slots__ = ("ex", "done", "error", "scrubber", "sequence")
+
+    def __init__(self, ex: Exchange, scrubber: Scrubber | None = None) -> None:
         self.ex = ex
         self.done = False
         self.error: dict[str, Any] | None = None
+        self.scrubber = scrubber or Scrubber()
+        self.sequence = 0  # the last sequence_number seen: a failure event follows it
+
+    def failure_event(self, message: str, code: str) -> bytes:
+        body = {"type": "error", "code": code, "message": message, "param": None,
+                "sequence_number": self.sequence + 1}
+        return b"event: error\ndata: " + orjson.dumps(body) + b"\n\n"
 
     def relay(self, event: bytes) -> bytes | None:
-        """The proxy's observer interface: the bytes the client gets for this event."""
-        return event if self.observe(event) else None
-
-    def observe(self, event: bytes) -> bool:
-        i = event.find(b"data:")
-        if i < 0:
-            return True
-        payload = event[i + 5:].strip()
+        """The bytes the client gets for this event (None: nothing). Raises BadStream."""
+        payload = data_of(event)
+        if payload is None:
+            return b":\n\n" if event.strip() else None  # a comment (keep-alive), without the upstream's text
         if payload == b"[DONE]":
             self.done = True
-            return True
+            return event
+        if not payload:
+            return None
         try:
             obj = orjson.loads(payload)
         except orjson.JSONDecodeError:
-            return True
-        if not isinstance(obj, dict):
-            return True
-        kind = obj.get("type")
+            raise BadStream("upstream_bad_response", "the upstream sent a stream event that is not JSON") from None
+        if type(obj) is not dict or not isinstance(obj.get("type"), str):
+            raise BadStream("upstream_bad_response", "the upstream sent a stream event without a type")
+        seq = obj.get("sequence_number")
+        if type(seq) is int:
+            self.sequence = seq
+        if self._observe(obj):
+            return b"event: " + obj["type"].encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
+        return event
+
+    def _observe(self, obj: dict[str, Any]) -> bool:
+        """Record what the event says; True when it was rewritten (a scrubbed error)."""
+        kind = obj["type"]
         ex = self.ex
-        if kind in ("response.output_text.delta", "response.reasoning_text.delta",
-                    "response.reasoning_summary_text.delta", "response.function_call_arguments.delta",
-                    "response.refusal.delta"):
+        if kind in _DELTA_EVENTS:
             now = time.perf_counter()
             if ex.t_first_token is None:
                 ex.t_first_token = now
@@ -192,7 +213,8 @@ class ResponsesObserver:
             delta = obj.get("delta")
             if isinstance(delta, str) and kind != "response.function_call_arguments.delta":
                 (ex.generated.reasoning if "reasoning" in kind else ex.generated.content).append(delta)
-        elif kind in _END_EVENTS:
+            return False
+        if kind in _END_EVENTS:
             self.done = True
             resp = obj.get("response") if isinstance(obj.get("response"), dict) else {}
             # The output items, as the client sends them back next turn, replace what the deltas gathered.
@@ -202,11 +224,23 @@ class ResponsesObserver:
                 ex.usage = usage
             ex.generated.finish_reason = resp.get("status")
             if kind == "response.failed" and isinstance(resp.get("error"), dict):
-                self.error = resp["error"]
-        elif kind == "error" or "error" in obj and kind is None:
-            err = obj.get("error") if isinstance(obj.get("error"), dict) else obj
-            self.error = {"message": str(err.get("message")), "code": err.get("code")}
-        return True
+                self.error = self._scrubbed(resp["error"])
+                return True
+            return False
+        if kind == "error":  # terminal in the Responses API: nothing after it is for the client
+            self.done = True
+            inner = obj.get("error")
+            self.error = self._scrubbed(inner if isinstance(inner, dict) else obj)
+            if isinstance(inner, dict):
+                self._scrubbed(obj)
+            return True
+        return False
+
+    def _scrubbed(self, err: dict[str, Any]) -> dict[str, Any]:
+        """Scrub an error object's message in place; the error as recorded."""
+        err["message"] = self.scrubber.text(str(err.get("message") or ""))
+        err["code"] = self.scrubber.code(err.get("code"))
+        return {"message": err["message"], "code": err["code"]}
 
 
 def observe_response_body(ex: Exchange, body: bytes | dict[str, Any]) -> None:

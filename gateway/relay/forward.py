@@ -20,7 +20,7 @@ from ..upstream.encoding import DecodeError, decoder_for
 from ..core.errors import GatewayError, error_body
 from ..core.exchange import Exchange
 from ..core.runtime import LaneRuntime
-from .sse import DONE, MAX_EVENT_BYTES, BadStream, EventSplitter, StreamObserver, error_event, observe_completion
+from .sse import DONE, MAX_EVENT_BYTES, BadStream, EventSplitter, EventObserver, StreamObserver, observe_completion
 from ..upstream.replicas import UpstreamFailure
 from ..upstream.client import Response as UpstreamResponse  # aiohttp's (the A/B fallback) reads alike
 from ..upstream.errors import MAX_ERROR_BODY, client_status, normalise_error
@@ -123,8 +123,8 @@ async def _relay_whole(ex, lane, replica, resp, decoder, link, on_end, have: byt
         parsed = orjson.loads(data)
     except orjson.JSONDecodeError:
         parsed = _NOT_JSON
-    if type(parsed) is dict and parsed.get("error") is not None:
-        # An error inside a 2xx (some proxies and engines): an error all the same.
+    if type(parsed) is dict and (parsed.get("error") is not None or parsed.get("object") == "error"):
+        # An error inside a 2xx (some proxies and engines; vLLM's flat shape): an error all the same.
         _done(replica, lane, ok=False, why="error object in a 2xx answer")
         body = normalise_error(502, parsed, lane.upstream.scrubber)
         return _error_response(ex, 502, body, on_end)
@@ -223,10 +223,10 @@ def _looks_like_sse(resp: UpstreamResponse, first: bytes) -> bool:
 
 
 async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end, body_bytes: int) -> Response:
-    # token ids (issue 13): the gateway asked for them, the client did not: the observer takes them out
-    observer = StreamObserver(ex, drop_usage_chunk=not ex.client_wants_usage, scrubber=lane.upstream.scrubber,
+    # token ids: the gateway asked for them, the client did not: the observer takes them out
+    observer: EventObserver = StreamObserver(ex, drop_usage_chunk=not ex.client_wants_usage, scrubber=lane.upstream.scrubber,
                               strip_ids=ex.token_ids_strip) \
-        if ex.path != passthrough.RESPONSES else passthrough.ResponsesObserver(ex)
+        if ex.path != passthrough.RESPONSES else passthrough.ResponsesObserver(ex, lane.upstream.scrubber)
     shape = reshape.for_lane(ex, lane).event
     runs = chunk_run.Runs(observer, shape) if chunk_run.ENABLED and type(observer) is StreamObserver else None
     timeouts = lane.upstream.timeouts
@@ -362,7 +362,7 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end, body_byt
                     ex.upstream_error = ex.upstream_error or why
                 if observer.error is None:
                     ex.fail(status, code, why)
-                    yield error_event(why, code) + DONE
+                    yield observer.failure_event(why, code)
                 else:  # the upstream's own error event already told the client what went wrong
                     yield DONE
         except BaseException:

@@ -7,7 +7,7 @@ learn timing (first and last generated token), usage, and what the model generat
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -78,6 +78,21 @@ class EventSplitter:
         return rest
 
 
+class EventObserver(Protocol):
+    """What the relay asks of a stream's observer, whatever the API (chat, completions, Responses)."""
+
+    done: bool  # the stream's end was seen: what follows is not for the client
+    error: dict[str, Any] | None  # the upstream's own error, scrubbed, once one was relayed
+
+    def relay(self, event: bytes) -> bytes | None:
+        """The bytes the client gets for this event (None: nothing). Raises BadStream."""
+        ...
+
+    def failure_event(self, message: str, code: str) -> bytes:
+        """How this API ends a stream the gateway had to cut short, in its own error shape."""
+        ...
+
+
 class StreamObserver:
     """Looks at every event of a chat-completion stream on its way to the client.
 
@@ -109,6 +124,9 @@ class StreamObserver:
                 self.error = {"message": exc.message, "code": exc.code}
             return False
 
+    def failure_event(self, message: str, code: str) -> bytes:
+        return error_event(message, code) + DONE
+
     def relay(self, event: bytes) -> bytes | None:
         """The bytes the client gets for this event (None: nothing). Raises BadStream."""
         if self._known(event):
@@ -127,7 +145,7 @@ class StreamObserver:
         if simple:
             payload = event[5:].strip()
         else:
-            payload = _data_of(event)
+            payload = data_of(event)
             if payload is None:
                 return b":\n\n"  # a comment (keep-alive): harmless, and without the upstream's text
         if payload == b"[DONE]":
@@ -279,7 +297,7 @@ def error_event(message: str, code: str, type: str = "api_error") -> bytes:
     return b"data: " + orjson.dumps(body) + b"\n\n"
 
 
-def _data_of(event: bytes) -> bytes | None:
+def data_of(event: bytes) -> bytes | None:
     """The event's data as the SSE spec defines it: every `data` field, joined by newlines.
 
     Comments (`:...`) and other fields (`event`, `id`, `retry`) are dropped: the openai client
