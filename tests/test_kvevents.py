@@ -10,10 +10,13 @@ import time
 import tracemalloc
 
 import msgpack
+import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gateway.kvevents import chain
-from gateway.kvevents.events import Batch, Cleared, Removed, Stored, decode_batch
+from gateway.kvevents.events import BadPayload, Batch, Cleared, Removed, Stored, decode_batch
 from gateway.kvevents.index import ReplicaIndex
 from gateway.kvevents.pressure import Pressure
 from gateway.kvevents.subscriber import Subscriber
@@ -412,3 +415,113 @@ async def test_rehoming_prefers_the_pool_with_room():
         await service.stop()
         for p in pubs:
             p.terminate()
+
+
+# -- a hostile publisher: malformed events counted, logged and skipped; huge batches in slices ---------
+
+# Values of every type a field can be given, the edges included.
+ANY = st.one_of(
+    st.none(), st.booleans(), st.integers(-(1 << 63), (1 << 64) - 1), st.floats(allow_nan=True),
+    st.text(max_size=8), st.binary(max_size=40),
+    st.lists(st.integers(-(1 << 40), 1 << 40), max_size=4), st.dictionaries(st.text(max_size=4), st.integers(-9, 9), max_size=2),
+)
+HASH = st.one_of(st.binary(min_size=1, max_size=40), st.integers(-(1 << 63), (1 << 64) - 1), ANY)
+FIELDS = {
+    "block_hashes": st.one_of(st.lists(HASH, max_size=4), ANY),
+    "parent_block_hash": st.one_of(st.none(), HASH),
+    "token_ids": st.one_of(st.lists(st.integers(0, 1 << 20), max_size=2 * BS), st.lists(ANY, max_size=3), ANY),
+    "block_size": st.one_of(st.just(BS), ANY),
+    "lora_id": st.one_of(st.none(), ANY),
+    "medium": st.one_of(st.none(), st.sampled_from(["GPU", "CPU"]), ANY),
+    "extra_keys": st.one_of(st.none(), ANY),
+    "group_idx": st.one_of(st.none(), st.just(0), ANY),
+}
+KINDS = st.sampled_from(["BlockStored", "BlockRemoved", "AllBlocksCleared", "Other"]) | st.text(max_size=5)
+
+
+@st.composite
+def event(draw):
+    kind = draw(KINDS)
+    values = {name: draw(strategy) for name, strategy in FIELDS.items() if draw(st.booleans())}
+    if draw(st.booleans()):  # vLLM >= 0.11: a map
+        return {"type": kind, **values}
+    order = ["block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium"]
+    return [kind, *(values.get(name) for name in order)]  # SGLang and older vLLM: a tagged array
+
+
+BATCHES = st.one_of(
+    st.lists(event(), max_size=6).map(encode),
+    st.builds(lambda ts, evs: msgpack.packb([ts, evs]), ANY, st.lists(event(), max_size=3)),
+    st.builds(msgpack.packb, ANY),
+    st.binary(max_size=60),
+)
+
+
+@settings(max_examples=1500, deadline=None, database=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(BATCHES)
+def test_any_payload_decodes_or_is_refused_and_any_decoded_batch_applies(payload):
+    try:
+        batch = decode_batch(payload)
+    except BadPayload:
+        return
+    ReplicaIndex().apply(batch, 1.0)
+
+
+async def test_a_hostile_publisher_never_stops_the_subscriber(publisher):
+    sub = await _subscribed(publisher)
+    try:
+        topic = publisher.topic
+        seq = publisher.seq
+        bad = [
+            encode([{"type": "BlockStored", "block_hashes": 5, "token_ids": [1], "block_size": BS}]),
+            encode([{"type": "BlockStored", "block_hashes": [b"h"], "token_ids": "abc", "block_size": BS}]),
+            encode([{"type": "BlockStored", "block_hashes": [b"y"], "token_ids": [1 << 40] * BS, "block_size": BS}]),
+            encode([{"type": "BlockRemoved", "block_hashes": {"a": 1}}]),
+            encode([["BlockStored", [b"x"], None, [-1] * BS, BS]]),
+        ]
+        for payload in bad:
+            publisher.publish_raw([topic, seq.to_bytes(8, "big"), payload])
+            seq += 1
+        publisher.publish_raw([topic, (1 << 100).to_bytes(13, "big"), encode([])])  # an oversized sequence number
+        publisher.publish_raw([topic, (-5).to_bytes(8, "big", signed=True), encode([])])  # a negative one
+        publisher.publish_raw([topic, b"\x00", b"\x01"])
+        publisher.seq = seq
+        await until(lambda: sub.last_seq == seq - 1, what="the malformed batches passed")
+        a = list(range(5000, 5000 + 4 * BS))
+        last = publisher.publish([stored_event(conv_blocks(a))])
+        await until(lambda: sub.last_seq == last, what="the good batch after them applied")
+        assert sub.index.held_prefix(chain.keys(a, BS)) == 4
+        snap = sub.snapshot()
+        assert snap["state"] == "live" and snap["bad_events"] == len(bad) and snap["bad_payloads"] >= 3
+        assert snap["restarts"] == 0 and snap["apply_errors"] == 0
+        orjson.dumps(snap)  # what /admin/api/kv serves
+    finally:
+        await sub.stop()
+
+
+async def test_a_huge_batch_is_applied_in_slices(publisher):
+    sub = await _subscribed(publisher)
+    try:
+        n = 200_000
+        events = [stored([i.to_bytes(8, "big")], None, list(range(BS)), BS) for i in range(n)]
+        ticks = 0
+        stop = False
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not stop:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        before = sub.events
+        last = publisher.publish(events)
+        await until(lambda: sub.last_seq == last, timeout=120, what="the huge batch applied")
+        stop = True
+        await task
+        assert sub.events - before == n
+        # The loop ran between the slices (at least once per slice), not only before and after.
+        assert ticks >= n // 2_000, ticks
+    finally:
+        await sub.stop()

@@ -18,6 +18,7 @@ GPU pool and are skipped; so are group_idx > 0 (hybrid models' secondary groups)
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 from typing import Any, Sequence, Union
 
@@ -59,10 +60,20 @@ class Batch:
     ts: float  # the engine's clock (time.time() there)
     events: list[Event]
     skipped: int = 0  # events of another tier or group, or of a kind we do not know
+    bad: int = 0  # malformed events, skipped
+
+
+_MIN_HASH, _MAX_HASH = -(1 << 63), 1 << 64  # SGLang's int64, vLLM's uint64 (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES)
 
 
 def _hash(value: Any) -> Hash:
-    if isinstance(value, (bytes, int)):
+    if type(value) is int:
+        if not _MIN_HASH <= value < _MAX_HASH:
+            raise BadPayload("a block hash wider than 64 bits")
+        return value
+    if isinstance(value, bytes):
+        if len(value) > 64:
+            raise BadPayload("a block hash longer than 64 bytes")
         return value
     if isinstance(value, (list, tuple)):  # some publishers send a hash as a list of ints
         return bytes(value) if all(isinstance(v, int) and 0 <= v < 256 for v in value) else repr(value).encode()
@@ -85,6 +96,26 @@ def _fields(raw: Any) -> tuple[str, dict[str, Any]]:
     raise BadPayload("an event that is neither a map nor a tagged array")
 
 
+def _hashes(value: Any) -> list[Hash]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise BadPayload(f"block_hashes of type {type(value).__name__}")
+    return [_hash(h) for h in value]
+
+
+def _token_ids(value: Any) -> array:
+    """The stored blocks' token ids, packed as the index reads them (uint32): anything else is refused."""
+    if value is None:
+        return array("I")
+    if not isinstance(value, list):
+        raise BadPayload(f"token_ids of type {type(value).__name__}")
+    try:
+        return array("I", value)
+    except (TypeError, OverflowError):
+        raise BadPayload("token_ids that are not token ids (unsigned 32-bit integers)") from None
+
+
 def decode_event(raw: Any) -> Event | None:
     kind, f = _fields(raw)
     if kind == "AllBlocksCleared":
@@ -92,19 +123,24 @@ def decode_event(raw: Any) -> Event | None:
     if f.get("medium") not in POOL_MEDIA or (f.get("group_idx") or 0) != 0:
         return None
     if kind == "BlockStored":
-        hashes = [_hash(h) for h in f.get("block_hashes") or ()]
+        hashes = _hashes(f.get("block_hashes"))
         parent = f.get("parent_block_hash")
         size = f.get("block_size")
-        if not isinstance(size, int) or size < 1:
+        if type(size) is not int or not 1 <= size <= 1 << 20:
             raise BadPayload("BlockStored without a block_size")
-        return Stored(hashes, _hash(parent) if parent is not None else None, f.get("token_ids") or (), size,
-                      f.get("extra_keys"), f.get("session_id"))
+        extra = f.get("extra_keys")
+        if extra is not None and not isinstance(extra, list):
+            raise BadPayload(f"extra_keys of type {type(extra).__name__}")
+        session = f.get("session_id")
+        return Stored(hashes, _hash(parent) if parent is not None else None, _token_ids(f.get("token_ids")), size,
+                      extra, session if isinstance(session, str) else None)
     if kind == "BlockRemoved":
-        return Removed([_hash(h) for h in f.get("block_hashes") or ()])
+        return Removed(_hashes(f.get("block_hashes")))
     return None
 
 
-def decode_batch(payload: bytes) -> Batch:
+def unpack_batch(payload: bytes) -> tuple[float, list[Any]]:
+    """The batch's engine time and its raw events (decoded later, in slices: see decode_events)."""
     try:
         raw = msgpack.unpackb(payload, raw=False, strict_map_key=False, use_list=True)
     except Exception as exc:  # noqa: BLE001 - msgpack raises several types
@@ -117,12 +153,25 @@ def decode_batch(payload: bytes) -> Batch:
         raise BadPayload("not an EventBatch")
     if not isinstance(events, list):
         raise BadPayload("EventBatch.events is not a list")
+    when = float(ts) if isinstance(ts, (int, float)) and ts == ts and abs(ts) < 1e12 else 0.0
+    return when, events
+
+
+def decode_events(ts: float, raw_events: list[Any]) -> Batch:
     out: list[Event] = []
-    skipped = 0
-    for item in events:
-        ev = decode_event(item)
+    skipped = bad = 0
+    for item in raw_events:
+        try:
+            ev = decode_event(item)
+        except BadPayload:
+            bad += 1  # one malformed event is skipped, not its whole batch
+            continue
         if ev is None:
             skipped += 1
         else:
             out.append(ev)
-    return Batch(float(ts) if isinstance(ts, (int, float)) else 0.0, out, skipped)
+    return Batch(ts, out, skipped, bad)
+
+
+def decode_batch(payload: bytes) -> Batch:
+    return decode_events(*unpack_batch(payload))

@@ -32,7 +32,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from .events import BadPayload, decode_batch
+from .events import BadPayload, decode_events, unpack_batch
 from .index import ReplicaIndex
 
 log = logging.getLogger("gateway.kvevents")
@@ -43,6 +43,15 @@ REPLAY_TIMEOUT_S = 2.0
 RETRY_S = 5.0
 CATCH_UP = -2  # a queue item asking the apply task to replay the engine's buffer from its start
 VERIFY = -3  # ... to check, after a reconnect, that the engine is the process we knew
+APPLY_SLICE = 2_000  # events decoded and applied between two yields to the event loop
+
+
+def _sequence(frame: bytes, allow_end: bool = False) -> int | None:
+    """A batch number: 8 bytes, big-endian, never negative (but the replay's end marker)."""
+    if len(frame) != 8:
+        return None
+    seq = int.from_bytes(frame, "big", signed=True)
+    return seq if seq >= 0 or (allow_end and seq == END_SEQ) else None
 
 
 class Subscriber:
@@ -64,7 +73,9 @@ class Subscriber:
         self.last_event_at: float | None = None
         self.batches = 0
         self.events = 0
-        self.bad_payloads = 0
+        self.bad_payloads = 0  # messages that are not an EventBatch (or carry no valid sequence number)
+        self.bad_events = 0  # malformed events inside a batch, skipped
+        self.apply_errors = 0  # batches that could not be applied
         self.gaps = 0  # jumps in the sequence
         self.replayed = 0  # batches recovered through the replay socket
         self.unfilled = 0  # batches lost for good (replay unavailable or too short)
@@ -154,7 +165,10 @@ class Subscriber:
                         continue
                     if self.state != "live":  # a message proves the link even before the monitor says so
                         self._contact()
-                    seq = int.from_bytes(frames[-2], "big", signed=True)
+                    seq = _sequence(frames[-2])
+                    if seq is None:  # not a batch number: never applied, never a gap to replay
+                        self.bad_payloads += 1
+                        continue
                     try:
                         self._queue.put_nowait((seq, frames[-1], self.clock()))
                     except asyncio.QueueFull:
@@ -201,44 +215,67 @@ class Subscriber:
     # -- applying --------------------------------------------------------------------------------
 
     async def _apply(self) -> None:
+        """Apply batches in order until stopped. Nothing a publisher sends ends this loop: a batch that
+        cannot be applied is counted, logged and skipped, and the state says so."""
         while True:
             seq, payload, t = await self._queue.get()
-            if seq == CATCH_UP:
-                await self._catch_up()
-                continue
-            if seq == VERIFY:
-                await self._verify()
-                continue
-            last = self.last_seq
-            if last is None and seq > 0 and self.batches == 0:
-                # The first batch came before the connect event: catch up to it from the replay buffer.
-                await self._fill(0, seq, catch_up=True)
-            elif last is not None:
-                if seq == last or (seq < last and t <= self._caught_up_at):
-                    continue  # a duplicate (also received live while the catch-up replayed it)
-                if seq < last:
-                    # vLLM numbers batches from 0 in each engine process: a smaller number is a new process.
-                    self.restarts += 1
-                    log.warning("kv events of %s: sequence went from %d to %d: engine restarted, index reset",
-                                self.replica, last, seq)
-                    self.index.reset("restarted", t)
-                elif seq > last + 1:
-                    self.gaps += 1
-                    await self._fill(last + 1, seq)
-            self._apply_one(seq, payload, t)
+            try:
+                await self._apply_next(seq, payload, t)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - counted and shown; the next batch is applied
+                self.apply_errors += 1
+                self.last_error = f"seq {seq}: {type(exc).__name__}: {exc}"[:300]
+                log.exception("kv events of %s: batch %d could not be applied, skipped", self.replica, seq)
             await asyncio.sleep(0)  # let requests run between batches
 
-    def _apply_one(self, seq: int, payload: bytes, t: float) -> None:
+    async def _apply_next(self, seq: int, payload: bytes, t: float) -> None:
+        if seq == CATCH_UP:
+            await self._catch_up()
+            return
+        if seq == VERIFY:
+            await self._verify()
+            return
+        last = self.last_seq
+        if last is None and seq > 0 and self.batches == 0:
+            # The first batch came before the connect event: catch up to it from the replay buffer.
+            await self._fill(0, seq, catch_up=True)
+        elif last is not None:
+            if seq == last or (seq < last and t <= self._caught_up_at):
+                return  # a duplicate (also received live while the catch-up replayed it)
+            if seq < last:
+                # vLLM numbers batches from 0 in each engine process: a smaller number is a new process.
+                self.restarts += 1
+                log.warning("kv events of %s: sequence went from %d to %d: engine restarted, index reset",
+                            self.replica, last, seq)
+                self.index.reset("restarted", t)
+            elif seq > last + 1:
+                self.gaps += 1
+                await self._fill(last + 1, seq)
+        await self._apply_one(seq, payload, t)
+
+    async def _apply_one(self, seq: int, payload: bytes, t: float) -> None:
         t0 = time.perf_counter()
         try:
-            batch = decode_batch(payload)
+            ts, raw_events = unpack_batch(payload)
         except BadPayload as exc:
             self.bad_payloads += 1
             log.warning("kv events of %s: seq %d: %s", self.replica, seq, exc)
         else:
-            self.index.apply(batch, t)
+            # A huge batch is decoded and applied in slices, the loop free between them.
+            for start in range(0, len(raw_events), APPLY_SLICE):
+                if start:
+                    self.apply_s += time.perf_counter() - t0
+                    await asyncio.sleep(0)
+                    t0 = time.perf_counter()
+                batch = decode_events(ts, raw_events[start:start + APPLY_SLICE])
+                self.index.apply(batch, t)
+                self.events += len(batch.events)
+                if batch.bad:
+                    self.bad_events += batch.bad
+                    log.warning("kv events of %s: seq %d: %d malformed event(s) skipped", self.replica, seq,
+                                batch.bad)
             self.batches += 1
-            self.events += len(batch.events)
         self.last_seq = seq
         self._last_digest = xxhash.xxh3_64_intdigest(payload)
         self.last_event_at = t
@@ -258,7 +295,7 @@ class Subscriber:
                                 break  # the buffer starts later than we need: the rest is lost
                             self.missed_before_start += seq - got  # older than the buffer: never ours
                             got = seq
-                        self._apply_one(seq, payload, self.clock())
+                        await self._apply_one(seq, payload, self.clock())
                         self.replayed += 1
                         got = seq + 1
             except (zmq.ZMQError, asyncio.TimeoutError, OSError) as exc:
@@ -284,7 +321,7 @@ class Subscriber:
                         if first != (last, expected):
                             break
                     elif seq > (self.last_seq or 0):
-                        self._apply_one(seq, payload, self.clock())  # what we missed while away
+                        await self._apply_one(seq, payload, self.clock())  # what we missed while away
                         self.replayed += 1
         except (zmq.ZMQError, asyncio.TimeoutError, OSError) as exc:
             log.info("kv events of %s: cannot verify the engine after reconnecting: %s", self.replica, exc)
@@ -309,7 +346,7 @@ class Subscriber:
                     expected = 0 if self.last_seq is None else self.last_seq + 1
                     if seq > expected:
                         self.missed_before_start += seq - expected  # older than the buffer
-                    self._apply_one(seq, payload, self.clock())
+                    await self._apply_one(seq, payload, self.clock())
                     self.caught_up += 1
         except (zmq.ZMQError, asyncio.TimeoutError, OSError) as exc:
             log.info("kv events of %s: no catch-up from the replay socket: %s", self.replica, exc)
@@ -329,8 +366,8 @@ class Subscriber:
                     frames = frames[1:]
                 if len(frames) < 2:
                     return
-                seq = int.from_bytes(frames[-2], "big", signed=True)
-                if seq == END_SEQ:
+                seq = _sequence(frames[-2], allow_end=True)
+                if seq is None or seq == END_SEQ:
                     return
                 yield seq, frames[-1]
         finally:
@@ -341,7 +378,8 @@ class Subscriber:
                 "state": self.state, "since": self.since, "last_seq": self.last_seq,
                 "last_event_at": self.last_event_at, "batches": self.batches, "events": self.events,
                 "gaps": self.gaps, "replayed": self.replayed, "unfilled": self.unfilled, "restarts": self.restarts,
-                "dropped": self.dropped, "bad_payloads": self.bad_payloads, "disconnects": self.disconnects,
+                "dropped": self.dropped, "bad_payloads": self.bad_payloads,
+                "bad_events": self.bad_events, "apply_errors": self.apply_errors, "disconnects": self.disconnects,
                 "last_gap_at": self.last_gap_at, "queued": self._queue.qsize(), "last_error": self.last_error,
                 "missed_before_start": self.missed_before_start, "caught_up": self.caught_up,
                 "apply_ms_per_batch": round(self.apply_s * 1000 / self.batches, 3) if self.batches else None}

@@ -127,6 +127,12 @@ class Publisher:
                 self._pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload))
         return seq
 
+    def publish_raw(self, frames: Sequence[bytes]) -> None:
+        """Send frames as they are (a hostile or broken publisher): not numbered, not buffered."""
+        with self._lock:
+            if self._pub is not None:
+                self._pub.send_multipart(list(frames))
+
     def _serve_replay(self) -> None:
         while not self._stop.is_set():
             with self._lock:
