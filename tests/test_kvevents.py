@@ -335,7 +335,7 @@ def test_boundaries_find_the_replica_that_holds_the_prefix():
     tokens = list(range(10, 10 + 10 * BS))
     ends = [3 * BS + 1, 6 * BS, 9 * BS + 2, 10 * BS]  # render tokens through each message
     keys = chain.keys(tokens, BS)
-    head = prefix_index.seed("lane", True, 50, None)
+    head = prefix_index.seed("lane", "t", True, 50, None)
     b = Boundaries()
     b.note("lane", messages, head, ends, keys, BS)
     near, far = ReplicaIndex(), ReplicaIndex()
@@ -347,7 +347,7 @@ def test_boundaries_find_the_replica_that_holds_the_prefix():
     assert held == {"near": (1, 6 * BS), "far": (2, 9 * BS)}
     apply(far, [removed([h for h, _, _ in blocks[6:]])], 2.0)  # far's pool let the tail go
     assert b.held("lane", follow_up, head, {"near": near, "far": far})["far"] == (1, 6 * BS)
-    other_head = prefix_index.seed("lane", True, 75, None)  # another effort renders another head
+    other_head = prefix_index.seed("lane", "t", True, 75, None)  # another effort renders another head
     assert b.held("lane", follow_up, other_head, {"near": near, "far": far}) == {}
 
 

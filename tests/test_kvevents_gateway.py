@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import subprocess
 import sys
@@ -12,7 +14,7 @@ import httpx
 import pytest
 
 from tests.support.emulator_proc import run_emulator
-from tests.support.gateway_proc import run_gateway
+from tests.support.gateway_proc import free_port, run_gateway
 from tests.support.kv_publisher import Publisher, stored
 
 
@@ -128,14 +130,9 @@ def test_emulated_replica_publishes_events_and_verdicts_name_the_displacer():
                 assert names[kv["displaced_by"][0]["conversation"]] != name, kv
 
 
-def test_routing_follows_what_the_pools_actually_hold():
-    """prefix_source: kv_events: a new conversation sharing another's prefix goes to the replica whose pool
-    holds it; once that pool lets it go (a reset), a newcomer is placed by load, not by a stale record.
-    (The prefix is long: a replica already home to more than its share takes only a long one.)"""
-    import contextlib
-
-    from tests.support.gateway_proc import free_port
-
+@contextlib.contextmanager
+def _two_pools(gateway: dict | None = None, env: dict[str, str] | None = None):
+    """Two emulated vLLM replicas publishing KV events, behind one gateway routing by what the pools hold."""
     with contextlib.ExitStack() as stack:
         emus, kv = [], {}
         for _ in range(2):
@@ -151,35 +148,77 @@ def test_routing_follows_what_the_pools_actually_hold():
                 "render": {"template": "deepseek_v4.1", "thinking": False},
                 "routing": "conversation_affinity", "affinity": {"prefix_source": "kv_events"},
                 "kv_events": {"replicas": kv}}
-        with run_gateway({"lanes": {"ds": lane}, "models": {"ds": "ds"}}) as gw:
+        routes = {"lanes": {"ds": lane}, "models": {"ds": "ds"}, **({"gateway": gateway} if gateway else {})}
+        with run_gateway(routes, env=env) as gw:
+            admin = {"Authorization": f"Bearer {env['KV_ADMIN']}"} if env else {}
             until(lambda: all(r["stream"]["state"] == "live"
-                              for r in httpx.get(f"{gw.url}/admin/api/kv").json()["replicas"]), what="live")
-            shared = [{"role": "system", "content": "You are a careful agent. " + " ".join(f"s{i}" for i in range(6000))},
-                      {"role": "user", "content": "Read the repository and summarise it. " + " ".join(f"u{i}" for i in range(200))}]
+                              for r in httpx.get(f"{gw.url}/admin/api/kv", headers=admin).json()["replicas"]),
+                  what="live")
+            yield gw, emus, admin
 
-            def ask(cid: str, messages: list) -> tuple[str, int, dict]:
-                r = httpx.post(f"{gw.url}/v1/chat/completions", timeout=30, headers={"X-Conversation-Id": cid},
-                               json={"model": "ds", "messages": messages, "max_tokens": 8})
-                assert r.status_code == 200, r.text
-                reason, replica = r.headers["x-gateway-route"].split(";")[:2]
-                ids[cid] = r.headers["x-gateway-conversation"].split(";")[0]
-                return reason, int(replica.split("=")[1]), r.json()["choices"][0]["message"]
 
-            ids: dict[str, str] = {}
+SHARED = [{"role": "system", "content": "You are a careful agent. " + " ".join(f"s{i}" for i in range(6000))},
+          {"role": "user", "content": "Read the repository and summarise it. " + " ".join(f"u{i}" for i in range(200))}]
 
-            def analysed(cid: str) -> bool:
-                rows = httpx.get(f"{gw.url}/admin/api/records", params={"conversation": ids[cid]}).json()["records"]
-                return any(x.get("kv") for x in rows)
 
-            _, home, answer = ask("first", shared)
-            until(lambda: analysed("first"), what="first turn analysed")
-            follow = shared + [answer, {"role": "user", "content": "Now a different question."}]
-            reason, replica, _ = ask("second", follow)
-            assert (reason, replica) == ("prefix", home)
-            until(lambda: analysed("second"), what="second analysed")
+def test_routing_reveals_nothing_across_tenants():
+    """Tenant B sending tenant A's long prompt is placed as any newcomer and told so (`least_loaded`);
+    tenant A's own next conversation with that prompt follows it (`prefix`)."""
+    keys = {"KV_CLIENT_KEYS": "sk-tenant-a-0123456789,sk-tenant-b-0123456789", "KV_ADMIN": "kv-admin-0123456789abcdef"}
+    with _two_pools({"client_keys": {"env": "KV_CLIENT_KEYS"}, "admin_key_env": "KV_ADMIN"}, keys) as (gw, _, admin):
+        def ask(key: str, cid: str, messages: list) -> tuple[str, str]:
+            r = httpx.post(f"{gw.url}/v1/chat/completions", timeout=30,
+                           headers={"X-Conversation-Id": cid, "Authorization": f"Bearer {key}"},
+                           json={"model": "ds", "messages": messages, "max_tokens": 8})
+            assert r.status_code == 200, r.text
+            return r.headers["x-gateway-route"].split(";")[0], r.headers["x-gateway-conversation"].split(";")[0]
 
-            httpx.post(f"{emus[home].url}/emulator/reset", timeout=10)  # that pool lets everything go
-            until(lambda: next(r for r in httpx.get(f"{gw.url}/admin/api/kv").json()["replicas"]
-                               if r["replica"] == emus[home].url)["held_tokens"] == 0, what="cleared")
-            reason, _, _ = ask("third", shared + [answer, {"role": "user", "content": "Yet another question."}])
-            assert reason == "least_loaded"
+        def analysed(conversation: str) -> bool:
+            rows = httpx.get(f"{gw.url}/admin/api/records", headers=admin,
+                             params={"conversation": conversation}).json()["records"]
+            return any(x.get("kv") for x in rows)
+
+        a, b = "sk-tenant-a-0123456789", "sk-tenant-b-0123456789"
+        _, first = ask(a, "a-1", SHARED)
+        until(lambda: analysed(first), what="tenant A's turn analysed")
+        reason, other = ask(b, "b-1", SHARED)
+        assert reason == "least_loaded"
+        until(lambda: analysed(other), what="tenant B's turn analysed")
+        reason, _ = ask(a, "a-2", SHARED + [{"role": "assistant", "content": "Done."},
+                                          {"role": "user", "content": "And the tests?"}])
+        assert reason == "prefix"
+
+
+def test_routing_follows_what_the_pools_actually_hold():
+    """prefix_source: kv_events: a new conversation sharing another's prefix goes to the replica whose pool
+    holds it; once that pool lets it go (a reset), a newcomer is placed by load, not by a stale record.
+    (The prefix is long: a replica already home to more than its share takes only a long one.)"""
+    with _two_pools() as (gw, emus, _):
+        shared = SHARED
+
+        def ask(cid: str, messages: list) -> tuple[str, int, dict]:
+            r = httpx.post(f"{gw.url}/v1/chat/completions", timeout=30, headers={"X-Conversation-Id": cid},
+                           json={"model": "ds", "messages": messages, "max_tokens": 8})
+            assert r.status_code == 200, r.text
+            reason, replica = r.headers["x-gateway-route"].split(";")[:2]
+            ids[cid] = r.headers["x-gateway-conversation"].split(";")[0]
+            return reason, int(replica.split("=")[1]), r.json()["choices"][0]["message"]
+
+        ids: dict[str, str] = {}
+
+        def analysed(cid: str) -> bool:
+            rows = httpx.get(f"{gw.url}/admin/api/records", params={"conversation": ids[cid]}).json()["records"]
+            return any(x.get("kv") for x in rows)
+
+        _, home, answer = ask("first", shared)
+        until(lambda: analysed("first"), what="first turn analysed")
+        follow = shared + [answer, {"role": "user", "content": "Now a different question."}]
+        reason, replica, _ = ask("second", follow)
+        assert (reason, replica) == ("prefix", home)
+        until(lambda: analysed("second"), what="second analysed")
+
+        httpx.post(f"{emus[home].url}/emulator/reset", timeout=10)  # that pool lets everything go
+        until(lambda: next(r for r in httpx.get(f"{gw.url}/admin/api/kv").json()["replicas"]
+                           if r["replica"] == emus[home].url)["held_tokens"] == 0, what="cleared")
+        reason, _, _ = ask("third", shared + [answer, {"role": "user", "content": "Yet another question."}])
+        assert reason == "least_loaded"

@@ -222,17 +222,17 @@ def _messages(n: int, tag: str = "") -> list[dict]:
 
 
 def test_prefix_chain_agrees_on_a_common_prefix_only():
-    head = prefix_index.seed("lane", True, 50, None)
+    head = prefix_index.seed("lane", "t", True, 50, None)
     a = dict(prefix_index.sampled_chain(_messages(20), head))
     b = dict(prefix_index.sampled_chain(_messages(40), head))
     assert all(a[p] == b[p] for p in a if p < 19)
     assert a[19] != b.get(19)
-    other = prefix_index.seed("lane", True, 75, None)  # another effort renders another head
+    other = prefix_index.seed("lane", "t", True, 75, None)  # another effort renders another head
     assert dict(prefix_index.sampled_chain(_messages(20), other))[0] != a[0]
 
 
 def test_lookup_finds_the_longest_prefix_per_replica():
-    head = prefix_index.seed("lane", None, None, None)
+    head = prefix_index.seed("lane", "t", None, None, None)
     store: dict[str, bytes] = {}
     for k in prefix_index.entries(_messages(12), head, "http://r1"):
         store[k] = b"1"

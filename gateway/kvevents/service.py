@@ -236,7 +236,7 @@ class KVEventsService:
         messages = body.get("messages")
         if not ends_raw or not isinstance(messages, list) or not messages:
             return
-        head = prefix_index.seed(lane, ex.thinking_applied, ex.effort_applied, body.get("tools"))
+        head = prefix_index.seed(lane, ex.tenant, ex.thinking_applied, ex.effort_applied, body.get("tools"))
         self.boundaries.note(lane, messages, head, array("I", ends_raw).tolist(), keys, block)
 
     # -- what routers ask (routing/conversation_affinity.py, prefix_source: kv_events) --------------

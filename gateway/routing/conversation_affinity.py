@@ -85,7 +85,7 @@ class ConversationAffinity:
         hint = Hint()
         ex.routing_hint = hint
         if isinstance(messages, list) and messages:
-            hint.head = prefix_index.seed(self.lane, ex.thinking_applied, ex.effort_applied, body.get("tools"))
+            hint.head = prefix_index.seed(self.lane, ex.tenant, ex.thinking_applied, ex.effort_applied, body.get("tools"))
             hint.drift = _head_drift(state, ex, body, "vllm" if lane.config.engine == "vllm" else "sglang")
         wants_prefix = state is None or getattr(found, "is_new", True) or state.replica is None or hint.drift
         kv = self._kv()

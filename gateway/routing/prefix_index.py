@@ -51,9 +51,11 @@ def positions(n_messages: int) -> list[int]:
     return out
 
 
-def seed(lane: str, thinking: Any, effort: Any, tools: Any) -> int:
-    """What the engine renders before the first message (and the lane, so lanes never share keys)."""
-    head = orjson.dumps([lane, thinking, effort, tools], option=orjson.OPT_SORT_KEYS)
+def seed(lane: str, tenant: str, thinking: Any, effort: Any, tools: Any) -> int:
+    """What the engine renders before the first message; the lane, so lanes never share keys; and the
+    tenant, so that where a request is sent, and what its response says about it, comes only from its
+    own tenant's requests (another tenant's prompts must not be detectable through routing)."""
+    head = orjson.dumps([lane, tenant, thinking, effort, tools], option=orjson.OPT_SORT_KEYS)
     return xxhash.xxh64_intdigest(head)
 
 
