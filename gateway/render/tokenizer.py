@@ -61,8 +61,8 @@ class TextTokenizer:
 
     def _encode_released(self, text: str) -> list[int]:
         """The tokenizer's ids for one text, the GIL released while it encodes: `Tokenizer.encode` holds
-        the GIL throughout (a 2 MB text stalled the event loop over a second); the batch call does not,
-        and computes no character offsets, which nothing here reads."""
+        the GIL throughout, so a large prompt counted in a thread would stop the event loop and every
+        stream with it; the batch call releases it, and computes no character offsets (unused here)."""
         return self._tok.encode_batch_fast([text], add_special_tokens=False)[0].ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[array]:
