@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN = $(VENV)/bin
 
-.PHONY: install run test test-engine test-packaging fuzz-drift bench clean
+.PHONY: install run test test-engine test-packaging fuzz-drift bench docs clean
 
 $(BIN)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,14 @@ test-packaging: install
 fuzz-drift: install
 	FUZZ_DRIFT_EXAMPLES=$${FUZZ_DRIFT_EXAMPLES:-50000} $(BIN)/pytest -q tests/test_drift_fuzz.py
 
+# The docs site into site/ (strict: a broken link or a stale generated page fails).
+docs: install
+	$(BIN)/pip install -q -e '.[docs]'
+	$(BIN)/python scripts/gen_docs.py --check
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 bench: install
 	$(BIN)/python bench/overhead.py
 
 clean:
-	rm -rf $(VENV) var .pytest_cache
+	rm -rf $(VENV) var .pytest_cache site

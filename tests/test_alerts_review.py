@@ -23,7 +23,7 @@ from gateway.records.record import client_of
 from gateway.core.settings import Settings
 from tests.test_records_units import exchange
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "concepts" / "conversations.md"  # the cause table
 NOW = 1_800_000_000.0
 
 
@@ -35,11 +35,11 @@ def row(cause: str, conversation: str = "c1", tokens: int = 5_000, seconds: floa
 
 
 def test_every_documented_cause_has_a_remedy_and_unseen_causes_get_the_default() -> None:
-    from gateway.conversations.causes import CAUSES  # the catalogue the README's cause table is made from
+    from gateway.conversations.causes import CAUSES  # the catalogue the docs' cause table is made from
 
     causes = set(CAUSES)
     text = README.read_text(encoding="utf-8")
-    assert all(f"| `{c}` |" in text for c in causes), "every cause is in the README's table"
+    assert all(f"| `{c}` |" in text for c in causes), "every cause is in the docs' table"
     assert {"effort_changed", "reasoning_dropped_by_template", "tools_changed"} <= causes
     for cause in causes | {"unknown", "eviction", "rehomed"}:
         rem = REMEDIES.get(cause)

@@ -392,7 +392,7 @@ def _load_subcommands() -> None:
     """Admin views (stats, drift, qualify) live beside their features and register themselves."""
     import importlib
 
-    for mod in ("gateway.records.cli", "gateway.conversations.cli", "gateway.qualify.cli"):
+    for mod in ("gateway.records.cli", "gateway.conversations.cli", "gateway.qualify.cli", "gateway.cli.schema"):
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as exc:
