@@ -1,0 +1,271 @@
+"""A fleet of paced agent sessions through one gateway: how many can one process serve?
+
+    .venv/bin/python bench/fleet.py [--sessions 40] [--seconds 120] [--workers 1|2] [--modes direct,gateway]
+
+N concurrent agent sessions run against an emulated lane paced like a real engine (decode and prefill
+rates of the demo), for a bounded time, first straight to the emulator ("direct"), then through one
+gateway process (or `--workers 2`, which shares state through a private Redis). Sessions have the
+shape of real agents: a shared system prompt and tools (`--head-tokens`), a first user turn, then tool
+calls whose results grow the history each turn (`--growth-tokens`), a think time between turns, every
+request streamed with usage. Printed, per mode: sessions and turns served, TTFT p50/p99 (and what the
+gateway adds to direct), the gateway's CPU per turn (its whole process tree, from /proc), the share of
+turns with a cache verdict and with predicted == reported cached tokens, conversations formed, and
+RSS over the run (flat after warm-up is the goal; the growth per conversation is the state's cost).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.support.conversations import lane  # noqa: E402
+from tests.support.emulator_proc import run_emulator  # noqa: E402
+from tests.support.gateway_proc import run_gateway  # noqa: E402
+
+TICKS = os.sysconf("SC_CLK_TCK")
+WORDS = ["alpha", "beta", "gamma", "delta", "file", "src", "test", "def", "return", "import", "class", "value"]
+TOOLS = [{"type": "function", "function": {"name": name, "description": f"{name} " + "detail " * 60,
+                                           "parameters": {"type": "object", "properties": {
+                                               "path": {"type": "string"}, "command": {"type": "string"}}}}}
+         for name in ("read_file", "write_file", "run_shell", "search", "list_dir", "apply_patch")]
+
+
+def words(rng: random.Random, tokens: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(max(1, tokens)))  # ~1 token per word
+
+
+# -- the gateway's process tree, read from /proc ---------------------------------------------------------
+
+
+def tree(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def cpu_s(pid: int) -> float:
+    total = 0
+    for p in tree(pid):
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime + stime
+    return total / TICKS
+
+
+def rss_mb(pid: int) -> float:
+    kb = 0
+    for p in tree(pid):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    kb += int(line.split()[1])
+    return kb / 1024
+
+
+# -- one agent session -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Stats:
+    turns: int = 0
+    errors: int = 0
+    ttft: list[float] = field(default_factory=list)
+    sessions_done: int = 0
+
+
+async def session(i: int, client: httpx.AsyncClient, head: str, args: argparse.Namespace, deadline: float,
+                  stats: Stats) -> None:
+    rng = random.Random(i)
+    await asyncio.sleep(rng.uniform(0, args.think_s))  # arrivals spread over one think time
+    messages: list[dict[str, Any]] = [{"role": "system", "content": head},
+                                      {"role": "user", "content": f"Task {i}: " + words(rng, 200)}]
+    turn = 0
+    while time.monotonic() < deadline:
+        t0 = time.perf_counter()
+        first = None
+        usage = None
+        text: list[str] = []
+        calls_by_index: dict[int, dict[str, Any]] = {}
+        try:
+            async with client.stream("POST", "/v1/chat/completions", json={
+                    "model": "ds", "messages": messages, "tools": TOOLS, "stream": True,
+                    "stream_options": {"include_usage": True}, "max_tokens": args.answer_tokens}) as resp:
+                if resp.status_code != 200:
+                    stats.errors += 1
+                    await resp.aread()
+                    await asyncio.sleep(args.think_s)
+                    continue
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:") or line.endswith("[DONE]"):
+                        continue
+                    chunk = orjson.loads(line[5:])
+                    for choice in chunk.get("choices") or ():
+                        delta = choice.get("delta") or {}
+                        if first is None and (delta.get("content") or delta.get("reasoning_content")
+                                              or delta.get("reasoning")):
+                            first = time.perf_counter() - t0
+                        if delta.get("content"):
+                            text.append(delta["content"])
+                        for tc in delta.get("tool_calls") or ():
+                            c = calls_by_index.setdefault(tc.get("index", 0), {
+                                "id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+                            c["id"] = tc.get("id") or c["id"]
+                            fn = tc.get("function") or {}
+                            c["function"]["name"] += fn.get("name") or ""
+                            c["function"]["arguments"] += fn.get("arguments") or ""
+                    usage = chunk.get("usage") or usage
+        except httpx.HTTPError:
+            stats.errors += 1
+            await asyncio.sleep(args.think_s)
+            continue
+        stats.turns += 1
+        if first is not None:
+            stats.ttft.append(first)
+        turn += 1
+        # The answer goes back as it came (an append-only client), then the next observation: a tool
+        # result when the model called a tool, else the user's next message.
+        calls = [c for c in calls_by_index.values() if c["function"]["name"]]
+        said: dict[str, Any] = {"role": "assistant", "content": "".join(text) or None}
+        if calls:
+            said["tool_calls"] = calls
+        messages.append(said)
+        observation = words(rng, args.growth_tokens)
+        messages += [{"role": "tool", "tool_call_id": c["id"], "content": observation} for c in calls[:1]] or \
+            [{"role": "user", "content": observation}]
+        await asyncio.sleep(args.think_s * rng.uniform(0.5, 1.5))
+    stats.sessions_done += 1
+
+
+async def drive(url: str, args: argparse.Namespace, pid: int | None) -> dict[str, Any]:
+    rng = random.Random(7)
+    head = "You are a coding agent in a large repository. " + words(rng, args.head_tokens)
+    stats = Stats()
+    limits = httpx.Limits(max_connections=args.sessions + 8, max_keepalive_connections=args.sessions + 8)
+    rss: list[tuple[float, float]] = []
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        t0 = time.monotonic()
+        deadline = t0 + args.seconds
+        cpu0 = cpu_s(pid) if pid else 0.0
+
+        async def sample() -> None:
+            while time.monotonic() < deadline:
+                if pid:
+                    rss.append((time.monotonic() - t0, rss_mb(pid)))
+                await asyncio.sleep(args.seconds / 12)
+
+        sampler = asyncio.create_task(sample())
+        await asyncio.gather(*(session(i, client, head, args, deadline, stats) for i in range(args.sessions)))
+        sampler.cancel()
+        cpu = (cpu_s(pid) - cpu0) if pid else 0.0
+    ttft = sorted(stats.ttft)
+    return {"turns": stats.turns, "errors": stats.errors, "sessions": stats.sessions_done,
+            "ttft_p50": statistics.median(ttft) if ttft else None,
+            "ttft_p99": ttft[min(len(ttft) - 1, int(len(ttft) * 0.99))] if ttft else None,
+            "cpu_ms_per_turn": 1000 * cpu / stats.turns if pid and stats.turns else None, "rss": rss}
+
+
+def verdicts(url: str, turns: int) -> dict[str, Any]:
+    rows = httpx.get(url + "/admin/api/records", params={"limit": 5000}, timeout=30).json()["records"]
+    rows = [r for r in rows if r.get("status") == 200]
+    judged = [r for r in rows if r.get("verdict") not in (None, "unknown")]
+    exact = [r for r in judged if r.get("cached_tokens") is not None
+             and r.get("predicted_cached_tokens") == r.get("cached_tokens")]
+    return {"records": len(rows), "judged": len(judged), "exact": len(exact),
+            "conversations": len({r.get("conversation") for r in rows if r.get("conversation")})}
+
+
+@contextlib.contextmanager
+def private_redis(workers: int) -> Iterator[dict[str, str]]:
+    if workers == 1:
+        yield {}
+        return
+    from tests.support.redis_proc import run_redis
+
+    with run_redis() as port:
+        yield {"GATEWAY_REDIS_URL": f"redis://127.0.0.1:{port}/0"}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sessions", type=int, default=40)
+    ap.add_argument("--seconds", type=float, default=120)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--modes", default="direct,gateway")
+    ap.add_argument("--head-tokens", type=int, default=15_000, help="shared system prompt (tools add ~2K)")
+    ap.add_argument("--growth-tokens", type=int, default=2_000, help="tool result per turn")
+    ap.add_argument("--answer-tokens", type=int, default=24)
+    ap.add_argument("--think-s", type=float, default=3.0)
+    ap.add_argument("--decode-tps", type=float, default=60.0)
+    ap.add_argument("--prefill-tps", type=float, default=5_000.0)
+    args = ap.parse_args()
+    knobs = dict(flavour="vllm", tokenizer="dsv41", block_size=16, decode_tps=args.decode_tps,
+                 prefill_tps=args.prefill_tps, output_tokens=args.answer_tokens, reasoning_tokens=0,
+                 max_model_len=1 << 20)
+    results: dict[str, dict[str, Any]] = {}
+    print(f"{args.sessions} sessions x {args.seconds:g} s, head {args.head_tokens} tokens, +{args.growth_tokens} "
+          f"per turn, think {args.think_s:g} s, decode {args.decode_tps:g} tok/s, prefill {args.prefill_tps:g} tok/s")
+    for mode in args.modes.split(","):
+        with run_emulator(**knobs) as emu:
+            if mode == "direct":
+                results[mode] = asyncio.run(drive(emu.url, args, None))
+            else:
+                with private_redis(args.workers) as env, \
+                        run_gateway({"lanes": {"ds": lane(emu.url, render={"template": "deepseek_v4.1",
+                                                                           "thinking": False})},
+                                     "models": {"ds": "ds"}}, workers=args.workers, env=env) as gw:
+                    results[mode] = asyncio.run(drive(gw.url, args, gw.proc.pid))
+                    time.sleep(2)  # the last turns' analysis
+                    results[mode].update(verdicts(gw.url, results[mode]["turns"]))
+        r = results[mode]
+        line = (f"{mode:8s} turns {r['turns']:5d} errors {r['errors']} sessions {r['sessions']} "
+                f"TTFT p50 {1000 * (r['ttft_p50'] or 0):.0f} ms p99 {1000 * (r['ttft_p99'] or 0):.0f} ms")
+        if r.get("cpu_ms_per_turn") is not None:
+            line += f" | CPU {r['cpu_ms_per_turn']:.1f} ms/turn"
+        if "judged" in r:
+            line += (f" | verdicts {r['judged']}/{r['records']}, predicted == reported {r['exact']}/{r['judged']}, "
+                     f"{r['conversations']} conversations")
+        print(line)
+        if r["rss"]:
+            print("         RSS MB over time: " + " ".join(f"{t:.0f}s:{m:.0f}" for t, m in r["rss"]))
+    if "direct" in results and "gateway" in results:
+        d, g = results["direct"], results["gateway"]
+        if d["ttft_p50"] and g["ttft_p50"]:
+            print(f"TTFT added by the gateway: p50 {1000 * (g['ttft_p50'] - d['ttft_p50']):+.1f} ms, "
+                  f"p99 {1000 * (g['ttft_p99'] - d['ttft_p99']):+.1f} ms (paced emulator: a queue, not only proxying)")
+        rss = g["rss"]
+        if len(rss) >= 4 and g.get("conversations"):
+            warm = rss[len(rss) // 3][1]
+            print(f"RSS after warm-up {warm:.0f} MB -> end {rss[-1][1]:.0f} MB "
+                  f"({(rss[-1][1] - rss[0][1]) / g['conversations']:.2f} MB per conversation over the run)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
