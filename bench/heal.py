@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 from gateway.core.config import Lane  # noqa: E402
 from gateway.conversations.effort import EffortChoice  # noqa: E402
 from gateway.conversations.identity import lineage  # noqa: E402
-from gateway.conversations.policy import Found  # noqa: E402
+from gateway.conversations.found import Found  # noqa: E402
 from gateway.conversations.state import ConversationState  # noqa: E402
 from gateway.core.exchange import Exchange  # noqa: E402
 from gateway.observe.gc_tuning import settle  # noqa: E402

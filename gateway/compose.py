@@ -42,6 +42,7 @@ from .pipeline.flow import Pipeline
 from .qualify.feature import LaneAddressed, QualificationService
 from .records.feature import Records, build_records
 from .render.feature import RenderPreload, attach as attach_renderer
+from .routing import make_policy
 from .routing.feature import Routing
 from .core.runtime import Runtime
 from .server.security import Security, SecurityConfigError
@@ -193,7 +194,7 @@ class Gateway:
 def build(settings: Settings) -> Gateway:
     """The gateway of `settings`, every part built and wired; nothing started yet."""
     config = _part("routes.yaml", lambda: load_routes(settings.routes_path))
-    runtime = Runtime(config, settings.routes_path)
+    runtime = Runtime(config, settings.routes_path, make_router=make_policy)
     store, redis_client = _part("state store", lambda: build_store(settings))
     limits = LimitsPolicy()
     kv_events = KVEventsService(runtime)  # subscribes when started; reads routes.yaml through the runtime

@@ -12,7 +12,7 @@ import asyncio
 import json
 
 from gateway.observe.aftermath import Aftermath
-from gateway.conversations.policy import Found
+from gateway.conversations.found import Found
 from gateway.conversations.state import ConversationState
 from gateway.core.exchange import Exchange
 from tests.support.emulator_proc import run_emulator

@@ -16,7 +16,7 @@ import pytest
 from gateway.core.config import Lane
 from gateway.conversations.effort import EffortChoice
 from gateway.conversations.identity import lineage
-from gateway.conversations.policy import Found
+from gateway.conversations.found import Found
 from gateway.conversations.state import ConversationState
 from gateway.core.exchange import Exchange
 from gateway.heal.base import Relayed, heal_digest

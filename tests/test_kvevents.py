@@ -381,6 +381,7 @@ async def test_rehoming_prefers_the_pool_with_room():
     from gateway.kvevents.service import KVEventsService
     from gateway.routing.conversation_affinity import ConversationAffinity
     from gateway.core.runtime import Runtime
+    from gateway.routing import make_policy
 
     pubs = [Publisher(topic="kv"), Publisher(topic="kv"), Publisher(topic="kv")]
     urls = ["http://127.0.0.1:9001", "http://127.0.0.1:9002", "http://127.0.0.1:9003"]
@@ -390,7 +391,7 @@ async def test_rehoming_prefers_the_pool_with_room():
         "lanes": {"l": {"replicas": urls, "upstream_model": "m", "kv_events": {"replicas": kv},
                         "affinity": {"prefix_source": "kv_events"}}},
         "models": {"m": "l"}}))
-    runtime = Runtime(config)
+    runtime = Runtime(config, make_router=make_policy)
     service = KVEventsService(runtime)
     await service.start()
     try:

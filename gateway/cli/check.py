@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .main import CHECK_EXTRAS, EXIT_OK, EXIT_PROBLEM, EXIT_UNREACHABLE, CliError, load_config
+from .common import CHECK_EXTRAS, EXIT_OK, EXIT_PROBLEM, EXIT_UNREACHABLE, CliError, load_config
 from ..core.yaml_lines import key_line
 
 # The qualification identity's fields, as keys of a lane in routes.yaml.

@@ -22,50 +22,21 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Callable
 
-Command = Callable[[argparse.Namespace], int]
-
-EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-
-
-class CliError(Exception):
-    """A user error: printed as one line on stderr, the process exits with `code`."""
-
-    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (the usage itself is one `--help` away)."""
-
-    def error(self, message: str):  # type: ignore[override]
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def read_json_file(path: str, what: str = "request") -> object:
-    """A JSON file given on the command line, or CliError naming the file and the line."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CliError(f"cannot read {what} file {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise CliError(f"{path}: not UTF-8 text") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CliError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg} (column {exc.colno})") from None
-
-
-def load_config(path: str):
-    """routes.yaml, or CliError with the file, line and key the validation names."""
-    from ..core.config import ConfigError, load_routes
-
-    try:
-        return load_routes(path)
-    except ConfigError as exc:
-        raise CliError(str(exc)) from None
+from .common import (  # noqa: F401 - the shared parts, also read through this module
+    CHECK_EXTRAS,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PROBLEM,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    SUBCOMMANDS,
+    CliError,
+    Command,
+    Parser,
+    load_config,
+    read_json_file,
+)
 
 
 def _serve_args(p: argparse.ArgumentParser) -> None:
@@ -287,7 +258,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 # extra(config, routes_path, observed=..., records_dir=..., redis_url=...) -> {lane: reason} of lanes that would
 # be refused (printing its own report); e.g. the qualification state per lane.
-CHECK_EXTRAS: list[Callable] = []
 
 
 def cmd_emulate(argv: list[str]) -> int:
@@ -368,7 +338,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
 
 
 def main(argv: list[str] | None = None) -> int:

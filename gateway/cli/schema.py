@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from .main import SUBCOMMANDS
+from .common import SUBCOMMANDS
 
 SCHEMA_ID = "https://lane-gateway.dev/schema/routes.json"
 

@@ -35,7 +35,7 @@ from . import handoff, inline, rawbody
 from .job import Job, Outcome
 from .memo import TurnMemo, memos
 from .memo import cost as memo_cost
-from .policy import Found
+from .found import Found
 from .prints import message_prints, segment_prints
 from .state import ConversationState, Head, MessagePrints, SegmentPrints, TurnPrint
 from .worker import AnalysisProcess

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from ..cli.admin_client import get_json, send_json
-from ..cli.main import EXIT_UNREACHABLE, SUBCOMMANDS, CliError
+from ..cli.common import EXIT_UNREACHABLE, SUBCOMMANDS, CliError
 
 ACTIONS = ("list", "conversation", "ack", "mute", "rules", "unmute")
 

@@ -7,7 +7,6 @@ the messages; rendering and comparing happen after the response (see analyzer.py
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any
 
 from ..pipeline import responses_chat
@@ -17,21 +16,10 @@ from ..core.runtime import LaneRuntime
 from ..store import StateStore
 from . import effort as effort_mod
 from .identity import Lineage, explicit_key, key_id, lineage, request_tail
+from .found import Found
 from .state import ConversationState, Head
 
 REPIN_HEADER = "x-gateway-repin"
-
-
-@dataclass
-class Found:
-    """What the hot path learnt, handed to the analyzer through ex.conversation."""
-
-    state: ConversationState
-    lineage: Lineage
-    is_new: bool
-    anchor_turn: int | None  # the turn whose output this request continues (lineage only)
-    requested: effort_mod.EffortChoice
-    repinned: bool = False
 
 
 class ConversationPolicy:

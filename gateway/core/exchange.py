@@ -8,15 +8,27 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from ..conversations.found import Found
     from ..pipeline.body_parts import Body
-    from ..conversations.policy import Found
     from ..pipeline.history_memo import Parsed
-    from ..tracing.base import Trace
+    from .config import Lane
 
 CHAT_PATH = "/v1/chat/completions"
+
+
+class Trace(Protocol):
+    """One request's spans while it is in flight (held on the exchange; gateway/tracing/ makes them)."""
+
+    def upstream_started(self, ex: "Exchange", lane: "Lane") -> str:
+        """Start the span of the call to the engine; the W3C `traceparent` value that continues it."""
+        ...
+
+    def finish(self, ex: "Exchange", lane: "Lane | None") -> None:
+        """End every span with the exchange's own timings and findings (after the analysis)."""
+        ...
 
 
 @dataclass
@@ -158,7 +170,7 @@ class Exchange:
     qualification: str | None = None  # "overridden" when an unqualified lane served under override
     qualification_run: bool = False  # sent by `gateway qualify` through the qualify route
 
-    trace: "Trace | None" = None  # the request's spans while tracing is on (gateway/tracing/)
+    trace: Trace | None = None  # the request's spans while tracing is on (gateway/tracing/)
 
     # Timings, perf_counter seconds.
     t_forwarded: float | None = None

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from .config import ConfigError, Lane, RoutesConfig, load_routes
 from .exchange import Exchange
-from ..routing import RoutingPolicy, make_policy
 from ..upstream.replicas import Upstream
 
 if TYPE_CHECKING:
     from ..limits.policy import Plan
+    from ..routing.base import RoutingPolicy
     from ..render.estimate import Estimator
     from ..render.renderer import Renderer
 
@@ -32,7 +32,7 @@ class LaneRuntime:
     name: str
     config: Lane
     upstream: Upstream
-    router: RoutingPolicy
+    router: "RoutingPolicy"
     inflight: int = 0
     # Set by the lane hooks at each (re)load (compose.py wires them): exactly one of renderer
     # (the lane has a template) and estimator (it has none); the limits' plan; the qualification state.
@@ -71,8 +71,15 @@ class Finisher(Protocol):
 LaneHook = Callable[[LaneRuntime], None]
 
 
+RouterFactory = Callable[[str], "RoutingPolicy"]
+
+
 class Runtime:
-    def __init__(self, config: RoutesConfig, routes_path: Path | None = None) -> None:
+    def __init__(self, config: RoutesConfig, routes_path: Path | None = None, *,
+                 make_router: RouterFactory) -> None:
+        """`make_router`: a lane's `routing` name -> its router (routing.make_policy, passed by compose.py:
+        the core does not depend on the features built on it)."""
+        self.make_router = make_router
         self.routes_path = routes_path
         self.finishers: tuple[Finisher, ...] = ()
         self.lane_hooks: tuple[LaneHook, ...] = ()  # run on every new LaneRuntime (e.g. attach a renderer)
@@ -90,7 +97,7 @@ class Runtime:
             old = previous.lanes.get(name) if previous else None
             if old is not None and old.upstream.identity() == upstream.identity():
                 upstream = old.upstream  # keep the warm pool and replica health
-            lanes[name] = LaneRuntime(name, lane, upstream, make_policy(lane.routing))
+            lanes[name] = LaneRuntime(name, lane, upstream, self.make_router(lane.routing))
             for hook in self.lane_hooks:
                 hook(lanes[name])
         return Snapshot(config, lanes, version, time.time())

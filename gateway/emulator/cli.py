@@ -23,7 +23,7 @@ _CHOICES = {
 
 
 def build_parser(prog: str = "gateway.emulator") -> argparse.ArgumentParser:
-    from ..cli.main import Parser  # one-line usage errors, as every gateway command
+    from ..cli.common import Parser  # one-line usage errors, as every gateway command
 
     p = Parser(prog=prog, description="SGLang/vLLM-like upstream emulator: OpenAI-compatible, with a real "
                                       "prefix cache; every knob below is also a key of --config-json")

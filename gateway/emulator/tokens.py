@@ -160,7 +160,8 @@ def dsv41_tokenizers(default_thinking: Callable[[], bool] = lambda: False,
     """
     import dataclasses
 
-    from gateway.render.renderer import Renderer, RenderOptions, options_for_request
+    from gateway.render.renderer import Renderer, RenderOptions
+    from gateway.render.told import options_for_request
     from gateway.render.tokenizer import load_tokenizer
 
     from .generation import thinking_enabled

@@ -10,14 +10,14 @@ they change (copy-on-write), so an untouched 2 MB history costs nothing beyond t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, Protocol
 
 from ..core.errors import GatewayError
 
 if TYPE_CHECKING:
-    from ..core.config import Limits
+    from ..core.config import Lane, Limits
     from ..core.exchange import Exchange
-    from ..core.runtime import LaneRuntime
+    from ..render.renderer import Renderer
     from .scan import Facts
 
 # Response header listing what the gateway did to a request that it still forwarded.
@@ -29,12 +29,19 @@ NEED_TEXT = "text"  # byte counts and the list of text spans (token bounds and e
 NEED_PLACEHOLDERS = "placeholders"
 
 
+class LimitedLane(Protocol):
+    """What the limits read of a lane (core.runtime.LaneRuntime is one)."""
+
+    config: "Lane"
+    renderer: "Renderer | None"
+
+
 @dataclass(slots=True)
 class Context:
     """One request as the limits see it."""
 
     ex: "Exchange"
-    lane: "LaneRuntime"
+    lane: LimitedLane
     limits: "Limits"
     body: dict[str, Any]
     facts: "Facts | None" = None

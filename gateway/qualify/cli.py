@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from ..cli.main import CHECK_EXTRAS, SUBCOMMANDS
+from ..cli.common import CHECK_EXTRAS, SUBCOMMANDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cli.admin_client import get_json
-from ..cli.main import EXIT_UNREACHABLE, SUBCOMMANDS, CliError
+from ..cli.common import EXIT_UNREACHABLE, SUBCOMMANDS, CliError
 from .query import Filters
 from .stats import compute_stats, costs, format_costs, format_table, parse_window
 from .store_sqlite import FILENAME, RecordReader

@@ -57,7 +57,7 @@ async def forward(
         ex.retries += 1
 
     try:
-        traceparent = ex.trace.upstream_started(ex, lane) if ex.trace is not None else None
+        traceparent = ex.trace.upstream_started(ex, lane.config) if ex.trace is not None else None
         replica, resp = await _race(link, upstream.send(order, path, body, ex.request_id, on_retry=retried,
                                                         traceparent=traceparent), ex)
     except UpstreamFailure as exc:

@@ -8,8 +8,8 @@ from .renderer import (
     RenderOptions,
     Segment,
     effective_effort,
-    options_for_request,
 )
+from .told import options_for_request
 
 __all__ = [
     "Rendered",

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .estimate import Estimator
-from .renderer import Rendered, Renderer, RenderOptions, effective_effort, options_for_request
+from .renderer import Rendered, Renderer, RenderOptions, effective_effort
+from .told import options_for_request
 
 if TYPE_CHECKING:
     from ..core.config import Lane

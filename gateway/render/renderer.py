@@ -1107,10 +1107,3 @@ def _template_error(e: jinja2.TemplateError) -> RenderError:
         return RenderError(rest, head)
     return RenderError(f"chat template error: {msg}", None)
 
-
-def options_for_request(body: Mapping[str, Any], defaults: RenderOptions) -> RenderOptions:
-    """The render options the lane's engine uses for `body`: render/told.py `read` (the engine's own
-    precedence of `reasoning_effort`, `chat_template_kwargs.{thinking, reasoning_effort, drop_thinking}`)."""
-    from .told import read
-
-    return read(dict(body), defaults)

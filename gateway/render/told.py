@@ -24,7 +24,7 @@ can be told per request, so `gateway check` says the lane's values must equal th
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .effort import DEFAULT_EFFORT_MAP, ENGINE_WORDS, effort_word
 from .renderer import RenderOptions
@@ -118,3 +118,9 @@ def untold(lane: "Lane") -> list[str]:
             out.append("render.effort_map differs from SGLang's reference table: SGLang maps effort words with the "
                        "checkpoint's own profile, which the lane's effort_map must equal (numbers are passed as is)")
     return out
+
+
+def options_for_request(body: Mapping[str, Any], defaults: RenderOptions) -> RenderOptions:
+    """The render options the lane's engine uses for `body` (`read`: the engine's own precedence of
+    `reasoning_effort`, `chat_template_kwargs.{thinking, reasoning_effort, drop_thinking}`)."""
+    return read(dict(body), defaults)

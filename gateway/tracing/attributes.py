@@ -8,7 +8,7 @@ from ..records.record import build_record
 
 if TYPE_CHECKING:
     from ..core.exchange import Exchange
-    from ..core.runtime import LaneRuntime
+    from ..core.config import Lane
 
 # gen_ai.operation.name per endpoint (the conventions' well-known values where one exists).
 OPERATIONS = {
@@ -34,7 +34,7 @@ def _max_tokens(body: dict[str, Any] | None) -> Any:
     return None
 
 
-def request_attributes(ex: "Exchange", lane: "LaneRuntime | None") -> dict[str, Any]:
+def request_attributes(ex: "Exchange", lane: "Lane | None") -> dict[str, Any]:
     """What is known once the request has been routed: for the upstream span too."""
     attrs: dict[str, Any] = {
         "gen_ai.operation.name": operation(ex.path),
@@ -44,7 +44,7 @@ def request_attributes(ex: "Exchange", lane: "LaneRuntime | None") -> dict[str, 
         "gateway.lane": ex.lane,
     }
     if lane is not None:
-        attrs["gen_ai.provider.name"] = lane.config.engine
+        attrs["gen_ai.provider.name"] = lane.engine
     body = ex.body if isinstance(ex.body, dict) else {}
     for key, name in (("temperature", "gen_ai.request.temperature"), ("top_p", "gen_ai.request.top_p")):
         value = body.get(key)
@@ -53,7 +53,7 @@ def request_attributes(ex: "Exchange", lane: "LaneRuntime | None") -> dict[str, 
     return {k: v for k, v in attrs.items() if v is not None}
 
 
-def outcome_attributes(ex: "Exchange", lane: "LaneRuntime | None") -> dict[str, Any]:
+def outcome_attributes(ex: "Exchange", lane: "Lane | None") -> dict[str, Any]:
     """Everything the record says that a trace reader filters on, after the analysis."""
     rec = build_record(ex)
     attrs: dict[str, Any] = request_attributes(ex, lane)

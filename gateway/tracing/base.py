@@ -4,21 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from ..core.exchange import Trace
+
 if TYPE_CHECKING:
     from ..core.exchange import Exchange
     from ..core.runtime import LaneRuntime
 
-
-class Trace(Protocol):
-    """One request's spans while it is in flight (held on the exchange)."""
-
-    def upstream_started(self, ex: "Exchange", lane: "LaneRuntime") -> str:
-        """Start the span of the call to the engine; the W3C `traceparent` value that continues it."""
-        ...
-
-    def finish(self, ex: "Exchange", lane: "LaneRuntime | None") -> None:
-        """End every span with the exchange's own timings and findings (after the analysis)."""
-        ...
+__all__ = ["Trace", "Tracing", "NoTracing", "NO_TRACING"]
 
 
 class Tracing(Protocol):

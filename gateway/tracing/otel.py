@@ -22,6 +22,7 @@ from .attributes import operation, outcome_attributes, request_attributes
 
 if TYPE_CHECKING:
     from ..core.exchange import Exchange
+    from ..core.config import Lane
     from ..core.runtime import LaneRuntime
 
 
@@ -52,15 +53,15 @@ class OtelTrace:
                                         start_time=_ns(ex, ex.started))
         self.upstream: trace.Span | None = None
 
-    def upstream_started(self, ex: "Exchange", lane: "LaneRuntime") -> str:
+    def upstream_started(self, ex: "Exchange", lane: "Lane") -> str:
         ctx = trace.set_span_in_context(self.server)
-        name = f"{operation(ex.path)} {lane.config.upstream_model}"
+        name = f"{operation(ex.path)} {lane.upstream_model}"
         self.upstream = self.tracer.start_span(name, context=ctx, kind=SpanKind.CLIENT,
                                                attributes=request_attributes(ex, lane))
         span_ctx = self.upstream.get_span_context()
         return f"00-{span_ctx.trace_id:032x}-{span_ctx.span_id:016x}-{int(span_ctx.trace_flags):02x}"
 
-    def finish(self, ex: "Exchange", lane: "LaneRuntime | None") -> None:
+    def finish(self, ex: "Exchange", lane: "Lane | None") -> None:
         server = self.server
         if server.is_recording():
             server.update_name(f"{operation(ex.path)} {ex.public_model}" if ex.public_model else operation(ex.path))
@@ -108,7 +109,7 @@ class OtelTracing:
 
     def exchange_done(self, ex: "Exchange", lane: "LaneRuntime | None") -> None:
         if ex.trace is not None:
-            ex.trace.finish(ex, lane)
+            ex.trace.finish(ex, lane.config if lane is not None else None)
 
     def shutdown(self) -> None:
         self.provider.shutdown()
