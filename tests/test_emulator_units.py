@@ -160,3 +160,45 @@ async def test_injected_tokenizer_drives_the_cache() -> None:
         second = await (await client.post("/v1/chat/completions", json=body)).json()
         # the prompt and the reply, but for the reply's last token (sampled, never fed back: no KV)
         assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == 8 + len(reply) - 1
+
+
+# -- playing an agent's model ---------------------------------------------------------------------------
+
+SHELLS = [
+    ("exec_command", {"cmd": {"type": "string"}}, "echo ok"),  # Codex
+    ("Bash", {"command": {"type": "string"}, "description": {"type": "string"}}, "echo ok"),  # Claude Code
+    ("run_shell_command", {"command": {"type": "string"}}, "echo ok"),  # Qwen Code
+    ("shell", {"command": {"type": "array", "items": {"type": "string"}}}, ["echo", "ok"]),  # an argv tool
+]
+
+
+@pytest.mark.parametrize("name, props, expected", SHELLS)
+def test_the_agent_model_runs_a_harmless_command_then_answers(name: str, props: dict, expected) -> None:
+    cfg = EmulatorConfig(agent_tool_turns=2, answer_tokens=40)
+    other = {"type": "function", "function": {"name": "read_file", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}}}}}
+    shell = {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": props}}}
+    messages = [{"role": "user", "content": "list the files"}]
+    for _ in range(2):
+        plan = plan_chat({"messages": messages, "tools": [other, shell]}, 1, cfg)
+        assert plan.finish_reason == "tool_calls" and plan.tool_call is not None
+        assert plan.tool_call.name == name
+        assert list(json.loads(plan.tool_call.arguments).values()) == [expected]
+        messages += [{"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": name, "arguments": plan.tool_call.arguments}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "ok"}]
+    plan = plan_chat({"messages": messages, "tools": [other, shell], "max_tokens": 64000}, 1, cfg)
+    assert plan.tool_call is None and plan.finish_reason == "stop" and 10 <= len(plan.content) <= 40
+    # A new user message starts the next round of commands.
+    messages += [{"role": "assistant", "content": "done"}, {"role": "user", "content": "again"}]
+    assert plan_chat({"messages": messages, "tools": [shell]}, 1, cfg).tool_call is not None
+
+
+def test_plausible_answers_stop_unless_the_budget_is_smaller() -> None:
+    cfg = EmulatorConfig(answer_tokens=100)
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    lengths = {len(plan_chat({**body, "seed": s}, s, cfg).content) for s in range(20)}
+    assert min(lengths) >= 25 and max(lengths) <= 100 and len(lengths) > 3
+    assert plan_chat({**body, "max_tokens": 64000}, 1, cfg).finish_reason == "stop"
+    short = plan_chat({**body, "max_tokens": 5}, 1, cfg)
+    assert len(short.content) == 5 and short.finish_reason == "length"

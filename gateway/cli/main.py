@@ -202,10 +202,22 @@ DEMO_PREFILL_TPS = 5000.0
 DEMO_TTFT_MS = 30.0
 
 
+# A demo lane plays an agent's model, so agent CLIs work against `gateway demo` as they come: its context
+# is the lane's window (DeepSeek V4's 1M: Qwen Code asks max_tokens 64000), answers stop after a plausible
+# length, and a request that offers a shell tool gets a harmless command run twice before the answer.
+DEMO_CONTEXT_TOKENS = 1 << 20
+DEMO_ANSWER_TOKENS = 120
+DEMO_AGENT_TOOL_TURNS = 2
+
+
 def emulator_knobs(lane, pacing: tuple[float, float] | None) -> dict:
-    """The emulator's config for a demo lane: paced like a real lane unless the lane's knobs say otherwise."""
+    """The emulator's config for a demo lane: paced like a real lane, playing an agent's model, unless
+    the lane's own knobs say otherwise."""
     paced = {"decode_tps": pacing[0], "prefill_tps": pacing[1], "ttft_ms": DEMO_TTFT_MS} if pacing else {}
-    return {"flavour": lane.emulator.flavour, "model": lane.upstream_model, **paced, **lane.emulator.knobs}
+    agent = {"max_model_len": lane.limits.max_context_tokens or DEMO_CONTEXT_TOKENS,
+             "answer_tokens": DEMO_ANSWER_TOKENS, "agent_tool_turns": DEMO_AGENT_TOOL_TURNS}
+    return {"flavour": lane.emulator.flavour, "model": lane.upstream_model, **agent, **paced,
+            **lane.emulator.knobs}
 
 
 def start_emulators(config, pacing: tuple[float, float] | None = None) -> list[subprocess.Popen]:

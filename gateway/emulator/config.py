@@ -36,6 +36,13 @@ class EmulatorConfig:
     # output
     seed: int = 0
     output_tokens: int = 16  # content tokens when the request gives no max_tokens
+    # Answers that end like a model's: a stop after a plausible length (a quarter of this to all of it,
+    # drawn per prompt), cut at max_tokens only when the budget is smaller. 0: max_tokens of words.
+    answer_tokens: int = 0
+    # Play an agent's model: when the request offers a shell or command tool, call it with a harmless
+    # command for this many rounds after the user's message, then answer. 0: the first offered tool is
+    # called once, with arguments made from its schema.
+    agent_tool_turns: int = 0
     reasoning_tokens: int = 8
     default_thinking: bool = False
     reasoning_field: str | None = None  # reasoning | reasoning_content | both; None = flavour default
@@ -127,7 +134,8 @@ class EmulatorConfig:
             raise ValueError("cache_blocks must be >= 0")
         if not 0.0 <= self.fail_rate <= 1.0:
             raise ValueError("fail_rate must be within [0, 1]")
-        for name in ("output_tokens", "reasoning_tokens", "max_model_len", "recent_requests"):
+        for name in ("output_tokens", "reasoning_tokens", "max_model_len", "recent_requests", "answer_tokens",
+                     "agent_tool_turns"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         for name in ("ttft_ms", "prefill_tps", "decode_tps", "stall_before_first_byte_s", "stall_s"):

@@ -152,6 +152,69 @@ def _chosen_tool(body: dict[str, Any]) -> dict[str, Any] | None:
     return first if isinstance(first, dict) else None
 
 
+# Tools an agent CLI runs commands with (Codex exec_command and shell, Claude Code Bash, Qwen Code
+# run_shell_command, OpenCode bash, Gemini and others), and the name of their command parameter.
+_SHELL_NAMES = ("shell", "bash", "exec_command", "run_shell_command", "local_shell", "run_terminal_cmd",
+                "execute_command", "terminal", "run_command", "command")
+_COMMAND_PARAMS = ("command", "cmd")
+HARMLESS_COMMAND = "echo ok"
+
+
+def _shell_tool(tools: list[Any]) -> tuple[dict[str, Any], str, bool] | None:
+    """The request's shell tool: (tool, its command parameter, whether it takes an argv array)."""
+    best = None
+    for t in tools:
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(fn, dict):
+            continue
+        props = (fn.get("parameters") or {}).get("properties") if isinstance(fn.get("parameters"), dict) else None
+        if not isinstance(props, dict):
+            continue
+        param = next((p for p in _COMMAND_PARAMS if isinstance(props.get(p), dict)), None)
+        if param is None:
+            continue
+        as_array = props[param].get("type") == "array"
+        name = str(fn.get("name") or "").lower()
+        if name in _SHELL_NAMES or name.split("__")[-1] in _SHELL_NAMES:
+            return t, param, as_array
+        best = best or (t, param, as_array)
+    return best
+
+
+def _rounds_since_user(messages: list[Any]) -> int | None:
+    """Tool-call rounds after the last user message (None: the history has no user message)."""
+    rounds = 0
+    for m in reversed(messages):
+        if not isinstance(m, dict):
+            continue
+        if m.get("role") == "user":
+            return rounds
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            rounds += 1
+    return None
+
+
+def _agent_call(body: dict[str, Any], cfg: EmulatorConfig, rng: random.Random) -> "ToolCallPlan | None":
+    """An agent's next step: run a harmless command with the client's shell tool, `agent_tool_turns`
+    rounds after the user's message, then answer."""
+    tools = body.get("tools")
+    if not isinstance(tools, list) or body.get("tool_choice") == "none":
+        return None
+    rounds = _rounds_since_user(body.get("messages") or [])
+    if rounds is None or rounds >= cfg.agent_tool_turns:
+        return None
+    found = _shell_tool(tools)
+    if found is None:
+        return None
+    tool, param, as_array = found
+    value: Any = HARMLESS_COMMAND.split() if as_array else HARMLESS_COMMAND
+    name = str(tool["function"].get("name"))
+    pair = orjson.dumps(param).decode() + ": " + _dumps_spaced(value)
+    return ToolCallPlan(name=name, arguments="{" + pair + "}", fragments=["{", pair, "}"],
+                        stream_id=f"call_{rng.getrandbits(96):024x}",
+                        final_id=f"chatcmpl-tool-{rng.getrandbits(128):032x}")
+
+
 def _value_for(schema: Any, rng: random.Random, depth: int = 0) -> Any:
     if not isinstance(schema, dict):
         return rng.choice(_VOCAB)
@@ -218,8 +281,19 @@ def plan_chat(body: dict[str, Any], prompt_digest: int, cfg: EmulatorConfig, cho
         n_content = max_tokens - n_reason
     else:
         n_content = cfg.output_tokens
+    natural = None
+    if cfg.answer_tokens:
+        natural = rng.randint(max(1, cfg.answer_tokens // 4), cfg.answer_tokens)
+        n_content = min(n_content, natural) if max_tokens is not None else natural
     reasoning = _pieces(rng, n_reason, lead_space=False)
-    tool = _chosen_tool(body)
+    if cfg.agent_tool_turns:
+        call = _agent_call(body, cfg, rng)
+        if call is not None:
+            content = _pieces(rng, min(n_content, 12), lead_space=False)
+            return Plan(reasoning, content, call, "tool_calls", len((call.name + " " + call.arguments).split()))
+        tool = None
+    else:
+        tool = _chosen_tool(body)
     if tool is not None:
         content = _pieces(rng, n_content, lead_space=False)
         call = _tool_call(tool, rng)
@@ -240,7 +314,10 @@ def plan_chat(body: dict[str, Any], prompt_digest: int, cfg: EmulatorConfig, cho
         return Plan(reasoning, content, None, "stop", 0)
     content = _pieces(rng, n_content, lead_space=False)
     # Hitting max_tokens (or never stopping: ignore_eos) is "length"; the knob's natural end is "stop".
-    finish = "length" if max_tokens is not None or ignore_eos else "stop"
+    if natural is not None and not ignore_eos:
+        finish = "length" if max_tokens is not None and natural > max_tokens - n_reason else "stop"
+    else:
+        finish = "length" if max_tokens is not None or ignore_eos else "stop"
     return Plan(reasoning, content, None, finish, 0)
 
 
