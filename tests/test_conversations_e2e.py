@@ -274,3 +274,21 @@ def test_large_turns_go_to_the_worker_through_shared_memory_that_is_removed(emu)
         # No job's file is left; the bodies went through the ring (conversations/handoff.py).
         assert len(spools) == 1 and [p.name for p in spools[0].iterdir()] == ["bodies"], spools
     assert not spools[0].exists()  # removed when the gateway stopped
+
+
+def test_a_new_session_is_predicted_the_prefix_another_session_left_on_its_replica(emu):
+    """The engine's cache is one prefix tree per replica over every prompt it served: a new session
+    whose system prompt and tools equal another's is predicted the shared blocks on its first turn."""
+    with run_gateway(routes(emu.url)) as gw:
+        first = Agent(gw)
+        first.messages[0]["content"] += " " + "Follow the repository's conventions. " * 80  # a long shared head
+        first.cold_then_hits(1)
+        second = Agent(gw)
+        second.messages[0]["content"] = first.messages[0]["content"]
+        second.messages[1]["content"] = "Another task entirely: write the release notes."
+        _, cache = second.turn()
+        assert second.cid != first.cid
+        assert cache["predicted_cached_tokens"] == cache["reported_cached_tokens"] > 200, cache
+        assert cache["verdict"] == "hit" and cache["cause"] == "shared_prefix", cache
+        _, cache = second.turn()  # its own history from then on
+        assert cache["verdict"] == "hit" and cache["predicted_cached_tokens"] == cache["reported_cached_tokens"]

@@ -369,7 +369,9 @@ def test_a_new_conversation_is_not_healed(emu):
         # The same history under a key the gateway has never seen: no state at hand.
         headers, cache = agent.turn(headers={"X-Conversation-Id": "never-seen"})
         assert "x-gateway-healed" not in headers
-        assert cache["verdict"] == "cold", cache
+        # Nothing of its own to compare with: what the replica holds of the first session is predicted.
+        assert cache["verdict"] in ("cold", "hit") and cache["cause"] in (None, "shared_prefix"), cache
+        assert cache["predicted_cached_tokens"] == cache["reported_cached_tokens"], cache
 
 
 def test_reasoning_echoed_as_vllm_streams_it_is_moved_to_the_field_the_template_reads(emu):

@@ -249,7 +249,10 @@ def agent():
 
 
 def check_verdicts(recs: list[dict[str, Any]], gw_url: str) -> None:
-    assert [r["verdict"] for r in recs] == ["cold", "hit", "drift", "hit", "eviction"]
+    # The first turn is cold, or a hit on the tools another conversation of this module left on the replica.
+    first = recs[0]
+    assert first["verdict"] == "cold" or (first["verdict"] == "hit" and first["cause"] == "shared_prefix"), first
+    assert [r["verdict"] for r in recs[1:]] == ["hit", "drift", "hit", "eviction"]
     assert len({r["conversation"] for r in recs}) == 1 and recs[0]["conversation_source"]
     drift = recs[2]
     assert drift["cause"] and drift["divergence_message_index"] == 0 and drift["tokens_lost"] > 0

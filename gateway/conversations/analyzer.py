@@ -39,6 +39,7 @@ from .found import Found
 from .prints import message_prints, segment_prints
 from .state import ConversationState, Head, MessagePrints, SegmentPrints, TurnPrint
 from .worker import AnalysisProcess
+from ..prefixcache import SharedPrefixes, key_block
 
 log = logging.getLogger("gateway.drift")
 
@@ -77,8 +78,9 @@ class TurnEnd:
 class Analyzer:
     def __init__(self, store: StateStore, alerts: AlertBook, ttl_s: float, threads: int = 1,
                  process: AnalysisProcess | None = None, kv_events: Any = None,
-                 inline_max_bytes: int = 0) -> None:
+                 inline_max_bytes: int = 0, shared: SharedPrefixes | None = None) -> None:
         self.store = store
+        self.shared = shared
         self.kv_events = kv_events  # issue 20: gateway.kvevents.service.KVEventsService, or None
         self.alerts = alerts
         self.ttl_s = ttl_s
@@ -131,7 +133,13 @@ class Analyzer:
                 log.exception("analysis of %s failed", ex.request_id)
                 ex.cache = _unknown("analysis failed")
                 return
-            # -- issue 20: ground truth from the engine's KV-cache events (gateway/kvevents) -------------
+            # What the replica holds from other conversations (prefixcache/): a first turn's prediction.
+            if self.shared is not None and self.shared.apply(ex, lane, outcome):
+                # A first turn's verdict changed: its state says so too (once per conversation).
+                state = ConversationState.from_bytes(outcome.data)
+                state.last_cache = outcome.cache
+                outcome.data = state.to_bytes()
+            # Ground truth from the engine's KV-cache events (gateway/kvevents).
             if self.kv_events is not None:
                 try:
                     self.kv_events.judge(ex, lane, found.state, outcome)
@@ -189,7 +197,8 @@ def make_job(ex: Exchange, lane: LaneRuntime, found: Found, in_process: bool = T
         repinned=found.repinned, state=found.state, healed=tuple((h.kind, i) for h in ex.healed for i in h.indices),
         prompt_token_ids=ex.generated.prompt_token_ids, generated_token_ids=ex.generated.token_ids or None,
         token_ids_why=token_ids.why_counts(ex),  # token ids (issue 13)
-        kv_block_size=cfg.cache.block_size if cfg.kv_events is not None else None,
+        # The render's block keys: for the KV-event index and the model of the replica's cache.
+        kv_block_size=key_block(cfg),
     )
 
 

@@ -32,6 +32,8 @@ CAUSES: dict[str, tuple[Fixer, str]] = {
     "eviction": ("nobody", "the prefix was stable but the engine held fewer tokens than predicted (its pool "
                            "let them go)"),
     "rehomed": ("lane config", "the router moved the conversation to another replica (affinity settings)"),
+    "shared_prefix": ("nobody", "a hit: a conversation's first turn found its head (system prompt, tools) on "
+                                "the replica, stored by another conversation"),
 }
 
 

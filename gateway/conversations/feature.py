@@ -13,6 +13,7 @@ from starlette.responses import Response
 from ..core.errors import GatewayError, invalid_request
 from ..store import StateStore
 from .alerts import AlertBook
+from ..prefixcache import SharedPrefixes
 from .analyzer import Analyzer, TurnEnd
 from .identity import DEFAULT_TENANT
 from .lookup import candidate_ids
@@ -38,8 +39,9 @@ class Conversations:
         self.alerts = AlertBook(store)
         self.process = AnalysisProcess() if settings.analysis != "thread" else None
         self.analyzer = Analyzer(store, self.alerts, TTL_S, threads=settings.analysis_threads, process=self.process,
-                                 kv_events=kv_events,  # issue 20: the KV-event verdicts (gateway/kvevents)
-                                 inline_max_bytes=settings.analysis_inline_bytes)
+                                 kv_events=kv_events,  # the KV-event verdicts (gateway/kvevents)
+                                 inline_max_bytes=settings.analysis_inline_bytes,
+                                 shared=SharedPrefixes())  # what each replica holds, from every conversation
         self.policy = ConversationPolicy(store, header, TTL_S)
         self.turn_end = TurnEnd(store, TTL_S)
 

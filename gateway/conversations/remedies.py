@@ -85,6 +85,10 @@ REMEDIES: dict[str, Remedy] = {
         "lane", "moved to another replica",
         "The router sent the conversation to a replica that did not hold its cache: check the lane's routing "
         "(conversation affinity) and replica health."),
+    "shared_prefix": Remedy(
+        "nobody", "prefix shared with another session",
+        "Nothing to fix: the session's first turn reused the head (system prompt, tools) another session left on "
+        "the replica. Routing new sessions to where their head is (conversation affinity) keeps it so."),
     "unknown": Remedy(
         "client", "unexplained drift",
         "The prompt changed at this point for a reason the gateway could not name: compare the two renders below "

@@ -1,0 +1,65 @@
+"""Prediction from the model of each replica's cache: a conversation's first turn (or any turn with
+nothing of its own to compare with) is predicted the longest prefix that the replica it goes to holds,
+whoever stored it: a new session whose system prompt and tools equal another's gets the shared blocks.
+After every analysed turn, its blocks (prompt, then the output as the next turn renders it) are held.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import TYPE_CHECKING, Any
+
+from .model import ReplicaBlocks, key_block
+
+if TYPE_CHECKING:
+    from ..conversations.job import Outcome
+    from ..core.exchange import Exchange
+    from ..core.runtime import LaneRuntime
+
+
+class SharedPrefixes:
+    def __init__(self) -> None:
+        self.replicas: dict[tuple[str, str], ReplicaBlocks] = {}
+        self.predicted_turns = 0  # first turns predicted from another conversation's blocks
+
+    def replica(self, lane: "LaneRuntime", url: str) -> ReplicaBlocks:
+        key = (lane.name, url)
+        blocks = self.replicas.get(key)
+        if blocks is None:
+            pool = lane.config.cache.pool_tokens
+            blocks = self.replicas[key] = ReplicaBlocks(pool // key_block(lane.config) if pool else None)
+        return blocks
+
+    def apply(self, ex: "Exchange", lane: "LaneRuntime", outcome: "Outcome") -> bool:
+        """Predict a first turn from what its replica holds; then hold this turn's blocks there.
+        True when the turn's verdict changed."""
+        cache = outcome.cache
+        changed = False
+        if not outcome.kv_keys or ex.replica is None or not isinstance(cache, dict):
+            return changed
+        keys = array("Q", outcome.kv_keys)
+        blocks = self.replica(lane, ex.replica)
+        block = key_block(lane.config)
+        prompt = cache.get("rendered_prompt_tokens") or 0
+        if cache.get("verdict") == "cold" and not cache.get("predicted_cached_tokens") and cache.get("cause") is None:
+            # The engine never reuses the prompt's last token: a prefix ends one token short of it.
+            usable = (max(0, prompt - 1) // block)
+            held = blocks.held(keys[:usable])
+            if held:
+                predicted = held * block
+                reported = cache.get("reported_cached_tokens")
+                changed = True
+                cache["predicted_cached_tokens"] = predicted
+                cache["shared_prefix_tokens"] = predicted
+                self.predicted_turns += 1
+                if reported is not None and reported < predicted:
+                    cache["verdict"], cache["tokens_lost"] = "eviction", predicted - reported
+                    cache["seconds_lost"] = round((predicted - reported) / lane.config.cache.prefill_tokens_per_s, 3)
+                else:
+                    cache["verdict"], cache["cause"] = "hit", "shared_prefix"
+        blocks.store(keys)
+        return changed
+
+    def snapshot(self) -> dict[str, Any]:
+        return {f"{lane} {url}": {"blocks": len(b), "capacity_blocks": b.capacity, "evicted": b.evicted}
+                for (lane, url), b in self.replicas.items()}
