@@ -292,3 +292,37 @@ def test_a_new_session_is_predicted_the_prefix_another_session_left_on_its_repli
         assert cache["verdict"] == "hit" and cache["cause"] == "shared_prefix", cache
         _, cache = second.turn()  # its own history from then on
         assert cache["verdict"] == "hit" and cache["predicted_cached_tokens"] == cache["reported_cached_tokens"]
+
+
+def test_a_retried_turn_with_an_edited_answer_stays_in_its_conversation(emu):
+    """A client that resends its turn with the relayed answer edited (Qwen Code dropping a buffered tool
+    call) is found through an earlier answer it sent back: one conversation, the edit named, the
+    prediction still exact."""
+    with run_gateway(routes(emu.url)) as gw:
+        agent = Agent(gw)
+        agent.cold_then_hits(2)
+        last = max(i for i, m in enumerate(agent.messages) if m["role"] == "assistant")
+        agent.messages[last]["content"] = (agent.messages[last].get("content") or "") + " (edited by the client)"
+        cid = agent.cid
+        headers, cache = agent.turn()
+        assert agent.cid == cid and headers["x-gateway-conversation"].endswith("via=lineage_rejoined"), headers
+        assert cache["verdict"] == "drift" and cache["cause"] == "client_retried_turn", cache
+        assert cache["predicted_cached_tokens"] == cache["reported_cached_tokens"], cache
+        _, cache = agent.turn()  # and it goes on from there
+        assert agent.cid == cid and cache["verdict"] == "hit", cache
+
+
+def test_reasoning_only_answers_do_not_join_two_sessions(emu):
+    with run_gateway(routes(emu.url)) as gw:
+        a, b = Agent(gw, tools=False), Agent(gw, tools=False)
+        b.messages[1]["content"] += " Use the second approach."
+        for agent, thought in ((a, "think about a"), (b, "think about b")):
+            agent.turn()
+            agent.messages[-2] = {"role": "assistant", "content": "", "reasoning_content": thought}
+        assert lineage_digest(a.messages[-2]) != lineage_digest(b.messages[-2])
+
+
+def lineage_digest(message: dict) -> int:
+    from gateway.conversations.identity import message_digest
+
+    return message_digest(message, "vllm")

@@ -199,6 +199,7 @@ def make_job(ex: Exchange, lane: LaneRuntime, found: Found, in_process: bool = T
         token_ids_why=token_ids.why_counts(ex),  # token ids (issue 13)
         # The render's block keys: for the KV-event index and the model of the replica's cache.
         kv_block_size=key_block(cfg),
+        rejoined=ex.conversation_source == "lineage_rejoined",
     )
 
 
@@ -311,6 +312,8 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
         if not cmp.stable:
             offset_chars = _char_offset(rendered, cmp, options, old, tokens_of)
             divergence = classify(old, new, rendered, cmp, offset_chars)
+            if job.rejoined:  # the turn was found through an earlier answer: the client redid its last turn
+                divergence = Divergence("client_retried_turn", divergence.message_index, divergence.field)
             snippets = _snippets(rendered, cmp, old, tokens_of, options) if rendered.exact else \
                 _message_snippets(rendered, cmp, old, tokens_of)
             verdict, tokens_lost = "drift", max(0, potential - predicted)

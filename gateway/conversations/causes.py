@@ -23,6 +23,9 @@ CAUSES: dict[str, tuple[Fixer, str]] = {
     "image_removed": ("client", "an image was removed from an earlier message (by the client, or by the lane's "
                                 "`images_policy: drop_oldest`)"),
     "tool_results_reordered": ("client", "tool results sent back in another order"),
+    "client_retried_turn": ("client", "the client sent its last turn again with the answer the gateway relayed "
+                                      "edited or dropped (a retried or partly discarded turn); the turn stays in "
+                                      "its conversation"),
     "regenerated": ("nobody", "the request is a prefix of the previous turn (a retry or regeneration)"),
     "output_retokenized": ("nobody", "the generated text tokenizes differently when sent back than the tokens the "
                                      "engine generated, so the cache holds other ids for the same text"),

@@ -50,6 +50,10 @@ def message_digest(msg: dict[str, Any], engine: str = "sglang") -> int:
         h.update(SEP + name.encode("utf-8", "surrogatepass") + SEP + args_meaning(args))
     if c.tool_call_id:
         h.update(SEP + c.tool_call_id.encode("utf-8", "surrogatepass"))
+    if c.role == "assistant" and not c.content and not c.tool_calls and c.reasoning:
+        # An answer that is reasoning only: without it every such answer would look alike, and two
+        # conversations would join at the same position.
+        h.update(SEP + b"reasoning" + SEP + c.reasoning.encode("utf-8", "surrogatepass"))
     return h.intdigest()
 
 
@@ -89,6 +93,30 @@ def lineage(messages: list[dict[str, Any]], engine: str = "sglang") -> Lineage:
         if isinstance(m, dict) and m.get("role") == "assistant":
             return Lineage(i, message_digest(m, engine), i)
     return Lineage(None, 0, 0)
+
+
+REJOIN_LOOKBACK = 8  # earlier assistant messages looked up when the latest one is not known
+
+
+def earlier_lineages(messages: list[dict[str, Any]], engine: str = "sglang",
+                     limit: int = REJOIN_LOOKBACK) -> list[Lineage]:
+    """The assistant messages before the latest one, newest first: when the client edited or dropped
+    the answer the gateway relayed last (a retried turn), an earlier one it relayed still names the
+    conversation. Only assistant outputs count, never a system prompt or a first instruction, so two
+    sessions that share only those never join."""
+    out: list[Lineage] = []
+    seen_latest = False
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if not (isinstance(m, dict) and m.get("role") == "assistant"):
+            continue
+        if not seen_latest:
+            seen_latest = True
+            continue
+        out.append(Lineage(i, message_digest(m, engine), i))
+        if len(out) >= limit:
+            break
+    return out
 
 
 def request_tail(messages: list[dict[str, Any]], engine: str = "sglang") -> int:

@@ -48,6 +48,7 @@ class Job:
     # The previous render's token ids ((tokenizer, digest, length), ids), when it was analysed on the event
     # loop and the conversation now moves to the worker (inline.py): compared token by token, not coarsely.
     seed_tokens: list[tuple[Any, Any]] | None = None
+    rejoined: bool = False  # found through an earlier answer: the client retried or edited its last turn
 
 
 @dataclass

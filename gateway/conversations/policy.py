@@ -15,7 +15,7 @@ from ..server.headers import token
 from ..core.runtime import LaneRuntime
 from ..store import StateStore
 from . import effort as effort_mod
-from .identity import Lineage, explicit_key, key_id, lineage, request_tail
+from .identity import Lineage, earlier_lineages, explicit_key, key_id, lineage, request_tail
 from .found import Found
 from .state import ConversationState, Head
 
@@ -79,8 +79,29 @@ class ConversationPolicy:
                                              replica=state.replica, last=state.last)
                     return fork, False, anchor_turn, "lineage_fork"
                 return state, False, anchor_turn, "lineage"
+        if keys:
+            rejoined = await self._rejoin(ex, body["messages"], lane)
+            if rejoined is not None:
+                return rejoined
         source = "new" if not keys else "lineage_unknown"
         return ConversationState(_new_id(), source, lane=lane.name), True, None, source
+
+    async def _rejoin(self, ex: Exchange, messages: list, lane: LaneRuntime):
+        """The latest assistant message is not one the gateway relayed (the client retried its turn, or
+        edited or dropped the last answer): an earlier answer it relayed, at its position, names the
+        conversation, which this turn continues (its drift names the edit)."""
+        earlier = earlier_lineages(messages, lane.config.engine)
+        if not earlier:
+            return None
+        keys = [lin.anchor_keys(ex.tenant)[0] for lin in earlier]  # at their positions only
+        for value in await self.store.mget(keys):
+            if value is None:
+                continue
+            cid, _, turn = value.decode().partition("|")
+            state = await self._load(cid)
+            if state is not None:
+                return state, False, int(turn or 0), "lineage_rejoined"
+        return None
 
     async def _load(self, cid: str) -> ConversationState | None:
         """The conversation's state, with its head (turn, pins, replica) as of the latest response.

@@ -85,6 +85,10 @@ REMEDIES: dict[str, Remedy] = {
         "lane", "moved to another replica",
         "The router sent the conversation to a replica that did not hold its cache: check the lane's routing "
         "(conversation affinity) and replica health."),
+    "client_retried_turn": Remedy(
+        "client", "turn retried with an edited answer",
+        "The client resent its last turn with the model's answer edited or dropped (e.g. a discarded tool call): "
+        "send the answer back as it came, or retry from the request before it, so the prefix stays the same."),
     "shared_prefix": Remedy(
         "nobody", "prefix shared with another session",
         "Nothing to fix: the session's first turn reused the head (system prompt, tools) another session left on "
