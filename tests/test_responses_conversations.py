@@ -17,6 +17,7 @@ from gateway.pipeline.responses_chat import chat_view, take_output
 from tests.support.conversations import AGENT_EMULATOR, SYSTEM, routes, wait_analysed
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
+from tests.support.poll import wait_until
 
 TOOLS = [{"type": "function", "name": "read_file", "description": "Read a file from the workspace.",
           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}]
@@ -238,3 +239,24 @@ def test_engine_responses_turns_are_predicted_exactly(stream):
             assert cache["render_matches_engine"], cache
             assert cache["verdict"] == "hit", cache
             assert cache["predicted_cached_tokens"] == cache["reported_cached_tokens"] > 0, cache
+
+
+@pytest.mark.parametrize("unreadable", [
+    {"previous_response_id": "resp_earlier"},
+    {"input": [{"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "*** Begin Patch"},
+               {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go on"}]}]},
+])
+def test_a_request_the_view_cannot_read_still_states_the_lanes_render_inputs(gw, emu_proc, unreadable):
+    body = {"model": "ds", "input": "Continue.", "reasoning": {"effort": "high"}, "max_output_tokens": 16,
+            **unreadable}
+    r = httpx.post(gw.url + "/v1/responses", json=body, timeout=30)
+    assert r.status_code < 500, r.text
+    sent = emu_proc.stats()["recent"][-1]["body"]
+    kwargs = sent.get("chat_template_kwargs") or {}
+    assert kwargs.get("thinking") is True and kwargs.get("reasoning_effort") == 50, sent
+    assert isinstance(kwargs.get("drop_thinking"), bool), sent
+    def recorded() -> list:
+        return httpx.get(gw.url + "/admin/api/records", params={"limit": 1}).json()["records"]
+
+    wait_until(recorded, what="the request's record")
+    assert (recorded()[0]["analysis"] or "").startswith("responses: "), recorded()[0]

@@ -36,6 +36,7 @@ class ConversationPolicy:
             ex.mapped_chat = view.body
             if view.unmapped is not None:
                 ex.analysis_skipped = "responses: " + view.unmapped  # recorded, not analysed
+                self._state_render_inputs(ex, lane, body)
         chat = ex.chat
         messages = chat.get("messages") if chat is not None else None
         if not isinstance(messages, list):  # /v1/completions: nothing to pin or compare
@@ -51,6 +52,21 @@ class ConversationPolicy:
         self._pin(ex, lane, chat, found)
         if chat is not body:
             responses_chat.tell_back(body, chat)  # the pin, in the Responses body the engine gets
+
+    @staticmethod
+    def _state_render_inputs(ex: Exchange, lane: LaneRuntime, body: dict[str, Any]) -> None:
+        """A Responses request whose items cannot be read is not analysed, but the engine still gets the
+        lane's render inputs stated (thinking, effort, drop_thinking), as on every other turn: left to
+        the template's defaults, the model would leave thinking mode and the prefix would change."""
+        if lane.config.render.template is None:
+            return
+        stub = responses_chat.render_inputs(body)
+        requested = effort_mod.resolve(stub, lane.config)
+        ex.effort_requested, ex.thinking_requested = requested.effort, requested.thinking
+        ex.effort_applied, ex.thinking_applied = requested.effort, requested.thinking
+        ex.effort_action = "stated"
+        effort_mod.apply_to_body(stub, lane.config, bool(requested.thinking), requested.effort)
+        responses_chat.tell_back(body, stub)
 
     async def _identify(self, ex: Exchange, body: dict[str, Any], lin: Lineage, lane: LaneRuntime):
         headers = ex.request_headers or {}

@@ -96,6 +96,17 @@ def _chat_view(body: dict[str, Any]) -> ChatView:
     return ChatView(chat)
 
 
+def render_inputs(body: dict[str, Any]) -> dict[str, Any]:
+    """What a Responses request says of how to render it (effort, template kwargs), as a chat body
+    without messages: for a request whose items cannot be read, so that the lane's render inputs are
+    still stated (and told back with `tell_back`)."""
+    stub: dict[str, Any] = {name: body[name] for name in ("chat_template_kwargs",) if name in body}
+    reasoning = body.get("reasoning")
+    if isinstance(reasoning, dict) and reasoning.get("effort") is not None:
+        stub["reasoning_effort"] = reasoning["effort"]
+    return stub
+
+
 def tell_back(body: dict[str, Any], chat: dict[str, Any]) -> None:
     """What the conversation policy told the chat view (effort pin, thinking), into the Responses body:
     the template kwargs as they are, and `reasoning.effort` only while the view still has a top-level
