@@ -40,7 +40,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as in the analysis w
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gateway.conversations.analyzer import analyse_job  # noqa: E402
+from gateway.conversations.analysis import analyse_job  # noqa: E402
 from gateway.conversations.job import Job  # noqa: E402
 from gateway.conversations.memo import memos  # noqa: E402
 from gateway.conversations.state import ConversationState  # noqa: E402

@@ -9,7 +9,7 @@ import httpx
 import orjson
 import pytest
 
-from gateway.conversations.analyzer import analyse_job
+from gateway.conversations.analysis import analyse_job
 from gateway.conversations.job import Job
 from gateway.conversations.state import ConversationState
 from gateway.conversations.worker import AnalysisProcess

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.conversations import rawbody
-from gateway.conversations.analyzer import analyse_job
+from gateway.conversations.analysis import analyse_job
 from gateway.conversations.job import Job
 from gateway.conversations.memo import memos
 from gateway.conversations.state import ConversationState

@@ -195,6 +195,7 @@ def test_quick_turns_of_a_conversation_each_get_their_verdict() -> None:
     env = {"GATEWAY_AFTERMATH_WORKERS": "1"}
     ids, by_id, shed = _three_quick_turns_behind_a_big_one(env)
     assert [by_id[i]["analysis"] for i in ids] == [None, None, None], [by_id[i] for i in ids]
-    assert by_id[ids[0]]["verdict"] == "cold" and all(by_id[i]["verdict"] != "unknown" for i in ids[1:]), \
-        [by_id[i]["verdict"] for i in ids]
+    # The first turn: cold, or judged against the head the big conversation left on the replica.
+    assert by_id[ids[0]]["verdict"] in ("cold", "hit", "eviction") and \
+        all(by_id[i]["verdict"] != "unknown" for i in ids[1:]), [by_id[i]["verdict"] for i in ids]
     assert shed.get((("reason", "superseded"),), 0) == 0

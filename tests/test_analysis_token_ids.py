@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from gateway.conversations.analyzer import analyse
+from gateway.conversations.analysis import analyse
 from gateway.conversations.job import Job
 from gateway.conversations.state import ConversationState
 from gateway.render.renderer import Renderer, RenderOptions

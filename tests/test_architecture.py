@@ -86,13 +86,8 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-# The loop-side analyzer and the worker process both need the pure analysis, which still lives in
-# analyzer.py: splitting it out (conversations/analysis.py) removes this one.
-PENDING = [["gateway.conversations.analyzer", "gateway.conversations.inline", "gateway.conversations.worker"]]
-
-
 def test_no_import_cycles() -> None:
-    found = [c for c in cycles(graph()) if c not in PENDING]
+    found = cycles(graph())
     assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 

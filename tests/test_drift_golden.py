@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.conversations.analyzer import _tokens_of, char_offset, new_turn, turn_print
+from gateway.conversations.analysis import _tokens_of, char_offset, new_turn, turn_print
 from gateway.conversations.drift import classify, compare
 from gateway.render.renderer import Renderer, RenderOptions, effective_effort
 

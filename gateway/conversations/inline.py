@@ -26,7 +26,7 @@ Only when it cannot cost anyone anything:
   coarsely: on the real engine, a drift's cause read `unknown` instead of
   `reasoning_dropped_by_template`.
 
-The analysis reads the same bytes, with the same code (analyzer.analyse_job), as in the worker.
+The analysis reads the same bytes, with the same code (analysis.analyse_job), as in the worker.
 """
 
 from __future__ import annotations

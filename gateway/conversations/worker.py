@@ -126,7 +126,7 @@ def preload(renders: list[RenderOptions]) -> int:
 
 
 def run(job: Job) -> Outcome:
-    from .analyzer import analyse_job
+    from .analysis import analyse_job
 
     if isinstance(job.body, handoff.InRing):  # a large body, in shared memory (handoff.py)
         job.body = handoff.take(job.body)

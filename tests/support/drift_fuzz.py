@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from hypothesis import strategies as st
 
-from gateway.conversations.analyzer import _tokens_of, char_offset, new_turn, turn_print
+from gateway.conversations.analysis import _tokens_of, char_offset, new_turn, turn_print
 from gateway.conversations.drift import classify, common_prefix, compare
 from gateway.render.renderer import Renderer, RenderOptions, effective_effort
 
