@@ -25,6 +25,8 @@ from .observe.access_log import AccessLog, build_access_log
 from .observe.aftermath import Aftermath, FirstBytes
 from .admin.feature import AdminAPI
 from .admission.policy import AdmissionPolicy
+from .ratelimits import RateLimits
+from .ratelimits.counters import RedisCounters
 from .core.config import ConfigError, load_routes
 from .conversations.feature import TTL_S, Conversations
 from .heal.book import RelayedBook
@@ -114,6 +116,7 @@ class Gateway:
     metrics_export: MetricsExport
     kv_events: KVEventsService  # issue 20: the engines' KV-cache events
     kv_admin: KVEventsAdmin
+    rate_limits: RateLimits
     access_log: AccessLog | None = None  # also writes the lines of requests outside the proxy path
     services: tuple[Service, ...] = ()
     _started: list[Service] = field(default_factory=list)
@@ -167,6 +170,7 @@ class Gateway:
             Endpoint("/admin/api/triage/{rule_id}", admin.triage_delete, ("DELETE",)),
             Endpoint("/admin/api/conversations/{key:path}", admin.conversation),
             Endpoint("/admin/api/kv", self.kv_admin.route),
+            Endpoint("/admin/api/ratelimits", self.rate_limits.route),
         ]
 
     async def start(self) -> None:
@@ -208,6 +212,8 @@ def build(settings: Settings) -> Gateway:
     metrics, registry = _part("metrics", build_metrics)
     records, records_service = _part("records", lambda: build_records(settings, redis_client, config.gateway.records))
     admission = AdmissionPolicy(kv_events)  # new conversations wait while the pool is full (per lane, opt-in)
+    # Per-tenant rate limits, shared through Redis when the gateway has it (per process otherwise).
+    rate_limits = RateLimits(runtime, RedisCounters(redis_client) if redis_client is not None else None)
     book = RelayedBook(store, TTL_S)
     heal = HealPolicy(book)
     access_log = _part("access log", build_access_log)  # None when off (GATEWAY_ACCESS_LOG=0)
@@ -220,11 +226,12 @@ def build(settings: Settings) -> Gateway:
     runtime.wire(
         lane_hooks=[attach_renderer, limits.attach, routing.bind, qualification.hook, kv_events.lane_changed],
         # The head first: the next turn may come at once (and may need the relayed message to be healed).
-        finishers=[conversations.turn_end, HealTurnEnd(book, store, TTL_S), admission, aftermath],
+        finishers=[conversations.turn_end, HealTurnEnd(book, store, TTL_S), admission, rate_limits, aftermath],
     )
     qualification.ensure_token_file()
     pipeline = Pipeline(runtime, gates=[qualification.gate],
-                        policies=[limits, conversations.policy, admission, heal, routing.step], memo=HistoryMemo(),
+                        policies=[rate_limits, limits, conversations.policy, admission, heal, routing.step],
+                        memo=HistoryMemo(),
                         first_bytes=first_bytes, tracing=tracing)
     status = Status(runtime, settings, security)
     health = HealthService(HealthProber(runtime))
@@ -241,7 +248,7 @@ def build(settings: Settings) -> Gateway:
                    conversations=conversations, routing=routing, limits=limits, qualification=qualification,
                    metrics=metrics, records=records, aftermath=aftermath, pipeline=pipeline, health=health,
                    admin=admin, openapi=OpenAPI(runtime, security), metrics_export=export, kv_events=kv_events,
-                   kv_admin=kv_admin, access_log=access_log, services=services)
+                   kv_admin=kv_admin, rate_limits=rate_limits, access_log=access_log, services=services)
 
 
 __all__ = ["Gateway", "Service", "StartupError", "build"]

@@ -429,6 +429,30 @@ class RecordsConfig(_Strict):
         return self.postgres
 
 
+TokenCount = Literal["uncached_prompt+completion", "prompt+completion", "uncached_prompt", "completion"]
+
+
+class RateLimit(_Strict):
+    """Per-tenant limits (gateway/ratelimits/): every rule that matches a request applies."""
+
+    tenant: str = Field("*", min_length=1, description="a tenant label, or * for every tenant (each its own budget)")
+    model: str | None = Field(None, description="a public model name: the budget is per model; null: one budget "
+                                                "across models")
+    requests_per_minute: int | None = Field(None, gt=0)
+    tokens_per_minute: int | None = Field(None, gt=0)
+    tokens: TokenCount = Field("uncached_prompt+completion", description="what tokens_per_minute counts, from the "
+                               "engine's usage after each answer: by default the tokens the engine computes (a "
+                               "prompt's cached tokens cost it almost nothing)")
+    concurrent: int | None = Field(None, gt=0, description="requests in flight at once")
+    wait_s: float = Field(0.0, ge=0, le=120, description="wait up to this long for room instead of answering 429")
+
+    @model_validator(mode="after")
+    def _limits_something(self) -> "RateLimit":
+        if self.requests_per_minute is None and self.tokens_per_minute is None and self.concurrent is None:
+            raise ValueError("a rate limit sets requests_per_minute, tokens_per_minute or concurrent")
+        return self
+
+
 class GatewaySection(_Strict):
     max_request_bytes: int = Field(32 * 1024 * 1024, gt=0)
     conversation_header: str = "X-Conversation-Id"
@@ -437,6 +461,7 @@ class GatewaySection(_Strict):
     http: HttpServer = Field(default_factory=HttpServer)
     cors: Cors | None = None
     records: RecordsConfig = Field(default_factory=RecordsConfig)
+    rate_limits: list[RateLimit] = Field(default_factory=list, description="per-tenant rate limits")
 
 
 class ModelRoute(_Strict):

@@ -93,6 +93,16 @@ class LimitNotes:
 
 
 @dataclass
+class RateLimitNote:
+    """What the per-tenant rate limits did to a request: the slots it holds, what its answer is charged to."""
+
+    held: list[str] = field(default_factory=list)  # concurrency gauges to release at the end
+    charged: list[tuple[str, str]] = field(default_factory=list)  # (token window, what it counts)
+    refused: str | None = None  # the limit that refused it (e.g. "team-a requests_per_minute")
+    waited_s: float = 0.0
+
+
+@dataclass
 class AdmissionNote:
     """What cache-protecting admission decided for a new conversation, and from which figures."""
 
@@ -166,7 +176,8 @@ class Exchange:
     analysis_ms: float | None = None
     analysis_skipped: str | None = None  # why this turn got no analysis (e.g. "queue_full")
     state_bytes: int | None = None
-    admission: AdmissionNote | None = None  # cache-protecting admission's decision (new conversations only)
+    admission: AdmissionNote | None = None
+    rate_limits: RateLimitNote | None = None  # per-tenant rate limits (gateway/ratelimits/)  # cache-protecting admission's decision (new conversations only)
     qualification: str | None = None  # "overridden" when an unqualified lane served under override
     qualification_run: bool = False  # sent by `gateway qualify` through the qualify route
 

@@ -187,6 +187,8 @@ class Metrics:
                                   "refused_after_hold)", ["lane", "decision"], registry=r)
         self.admission_wait = Counter("gateway_admission_wait_seconds", "Seconds new conversations were held",
                                       ["lane"], registry=r)
+        self.rate_limited = Counter("gateway_rate_limited", "Requests refused by a per-tenant rate limit",
+                                    ["tenant", "limit"], registry=r)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         # What the requests since the last flush added, per labelled child: a dict update each (~0.2 us)
         # where the child's own inc() or observe() takes its lock (~0.5 and ~1.1 us, some 15 a
@@ -281,6 +283,8 @@ class Metrics:
             self._inc(self._c(self.admissions, lane, ex.admission.decision))
             if ex.admission.waited_s:
                 self._inc(self._c(self.admission_wait, lane), ex.admission.waited_s)
+        if ex.rate_limits is not None and ex.rate_limits.refused is not None:
+            self._inc(self._c(self.rate_limited, ex.tenant, ex.rate_limits.refused.split(" ")[0]))
         usage = ex.usage if isinstance(ex.usage, dict) else {}
         prompt = usage.get("prompt_tokens")
         if isinstance(prompt, int):

@@ -87,6 +87,7 @@ FIELDS: dict[str, str] = {
     "capture": "TEXT",  # opt-in debugging capture (JSON, size-capped); NULL by default
     "kv": "TEXT",  # issue 20: the KV-event verdict (JSON: cause, held tokens, displacing conversations...)
     "admission": "TEXT",  # cache-protecting admission's decision for a new conversation (JSON)
+    "rate_limited": "TEXT",  # the per-tenant rate limit that refused the request
 }
 
 VERDICTS = ("hit", "drift", "eviction", "cold", "unknown")
@@ -172,6 +173,7 @@ def build_record(ex: Exchange, capture_max_bytes: int = 0) -> dict[str, Any]:
         "capture": _capture(ex, capture_max_bytes) if capture_max_bytes > 0 else None,
         "kv": orjson.dumps(cache["kv"]).decode() if isinstance(cache.get("kv"), dict) else None,
         "admission": orjson.dumps(dataclasses.asdict(ex.admission)).decode() if ex.admission is not None else None,
+        "rate_limited": ex.rate_limits.refused if ex.rate_limits is not None else None,
     }
     return rec
 
