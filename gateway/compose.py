@@ -133,6 +133,8 @@ class Gateway:
             Endpoint("/v1/completions", self.pipeline.completions, ("POST",), client),  # type: ignore[arg-type]
             # Passed through to the lane (passthrough.py): model mapping, gates, fallbacks, records
             Endpoint("/v1/responses", self.pipeline.responses, ("POST",), client),  # type: ignore[arg-type]
+            Endpoint("/v1/messages", self.pipeline.messages, ("POST",), client),  # type: ignore[arg-type]
+            Endpoint("/v1/messages/count_tokens", self.pipeline.count_tokens, ("POST",), client),  # type: ignore[arg-type]
             Endpoint("/v1/embeddings", self.pipeline.embeddings, ("POST",), client),  # type: ignore[arg-type]
             Endpoint("/tokenize", self.pipeline.tokenize, ("POST",), client),  # type: ignore[arg-type]
             Endpoint("/detokenize", self.pipeline.detokenize, ("POST",), client),  # type: ignore[arg-type]

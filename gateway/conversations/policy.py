@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..pipeline import responses_chat
+from ..pipeline import messages_chat, responses_chat
 from ..core.exchange import Exchange
 from ..server.headers import token
 from ..core.runtime import LaneRuntime
@@ -37,6 +37,11 @@ class ConversationPolicy:
             if view.unmapped is not None:
                 ex.analysis_skipped = "responses: " + view.unmapped  # recorded, not analysed
                 self._state_render_inputs(ex, lane, body)
+        elif ex.path == messages_chat.PATH:
+            view = messages_chat.chat_view(body)  # as vLLM translates it
+            ex.mapped_chat = view.body
+            if view.unmapped is not None:
+                ex.analysis_skipped = "messages: " + view.unmapped
         chat = ex.chat
         messages = chat.get("messages") if chat is not None else None
         if not isinstance(messages, list):  # /v1/completions: nothing to pin or compare
@@ -50,7 +55,7 @@ class ConversationPolicy:
         ex.conversation_source = source
         ex.turn = state.turn + 1
         self._pin(ex, lane, chat, found)
-        if chat is not body:
+        if chat is not body and ex.path == responses_chat.PATH:
             responses_chat.tell_back(body, chat)  # the pin, in the Responses body the engine gets
 
     @staticmethod

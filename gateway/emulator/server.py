@@ -12,7 +12,9 @@ import orjson
 import xxhash
 from aiohttp import web
 
+from . import messages as em
 from . import passthrough as ep
+from ..pipeline.messages_chat import chat_body as messages_chat_body
 from . import shapes
 from .cache import PrefixCache, salt_seed, token_bytes
 from .config import EmulatorConfig
@@ -73,6 +75,8 @@ class Emulator:
         r.add_post("/v1/tokenize", self.tokenize)
         r.add_post("/detokenize", self.detokenize)
         r.add_post("/v1/responses", self.responses)
+        r.add_post("/v1/messages", self.messages)
+        r.add_post("/v1/messages/count_tokens", self.count_tokens)
         r.add_post("/v1/embeddings", self.embeddings)
         r.add_get("/emulator/stats", self.get_stats)
         r.add_post("/emulator/reset", self.reset)
@@ -268,6 +272,89 @@ class Emulator:
                 await resp.write(b"".join(b.message_close(index)))
             self._remember_response(chat, plan, data, hashes, seed)
             await resp.write(b"".join(b.tail_events(usage)))
+            await resp.write_eof()
+            rec.done, rec.stage = True, "done"
+            return resp
+        except asyncio.CancelledError:
+            self.stats.cancel(rec)
+            raise
+        finally:
+            self.stats.end(rec)
+
+    async def _messages_body(self, request: web.Request) -> tuple[dict[str, Any], bytes] | web.Response:
+        raw = await request.read()
+        try:
+            body = orjson.loads(raw)
+            if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+                raise ValueError("Request body must be a JSON object with messages")
+        except ValueError as exc:
+            return _anthropic_error(400, str(exc))
+        return body, raw
+
+    async def count_tokens(self, request: web.Request) -> web.Response:
+        got = await self._messages_body(request)
+        if isinstance(got, web.Response):
+            return got
+        try:
+            prompt = self.tokenize_prompt(messages_chat_body(got[0]))
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            return _anthropic_error(400, str(exc))
+        return _json({"input_tokens": len(prompt)})
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        """/v1/messages as vLLM serves it: translated to chat (gateway/pipeline/messages_chat.py), answered
+        from the chat plan, cached like a chat turn."""
+        cfg = self.config
+        got = await self._messages_body(request)
+        if isinstance(got, web.Response):
+            return got
+        body, raw = got
+        rec = RequestRecord(request.headers.get("X-Request-Id") or uuid.uuid4().hex, request.path,
+                            {k.lower(): v for k, v in request.headers.items()}, body, len(raw))
+        self.stats.begin(rec)
+        try:
+            try:
+                chat = messages_chat_body(body)
+                prompt = self.tokenize_prompt(chat)
+            except (ValueError, TypeError, AttributeError, KeyError) as exc:
+                self.stats.error(rec, "rejected", 400)
+                return _anthropic_error(400, str(exc))
+            data = token_bytes(prompt)
+            seed = salt_seed(None)
+            hashes = self.cache.hashes(data, seed)
+            cached = self.cache.cached_tokens(self.cache.match(data, hashes, seed), len(prompt))
+            self.cache.insert(data, hashes, seed)
+            rec.prompt_tokens, rec.cached_tokens = len(prompt), cached
+            self.stats.prompt_tokens += len(prompt)
+            self.stats.cached_tokens += cached
+            plan = plan_chat(chat, xxhash.xxh3_64_intdigest(data), cfg)
+            rec.completion_tokens = plan.completion_tokens
+            model = str(body.get("model") or cfg.model)
+            use = em.usage(len(prompt), cached, plan.completion_tokens)
+            await asyncio.sleep(cfg.ttft_ms / 1000.0 + self._prefill_s(len(prompt) - cached, cfg))
+
+            def remember() -> None:
+                gen = _computed(self.tokenize_generated(chat, em.sent_back(plan)))
+                if gen:
+                    full = data + token_bytes(gen)
+                    self.cache.insert(full, self.cache.hashes(full, seed, known=hashes), seed)
+
+            if not body.get("stream"):
+                remember()
+                rec.done, rec.stage = True, "done"
+                return _json(em.message(model, plan, use))
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+            await resp.prepare(request)
+            gap = 1.0 / cfg.decode_tps if cfg.decode_tps > 0 else 0.0
+            await resp.write(em.head(model, use))
+            for events in em.block_events(plan):
+                for event in events:
+                    await resp.write(event)
+                    rec.chunks_sent += 1
+                    if gap:
+                        await asyncio.sleep(gap)
+            remember()
+            await resp.write(em.tail(plan, use))
             await resp.write_eof()
             rec.done, rec.stage = True, "done"
             return resp
@@ -715,3 +802,7 @@ def create_app(
     tokenize_generated: TokenizeGenerated | None = None,
 ) -> web.Application:
     return Emulator(config, tokenize_prompt=tokenize_prompt, tokenize_generated=tokenize_generated).app()
+
+
+def _anthropic_error(status: int, message: str) -> web.Response:
+    return _json({"type": "error", "error": {"type": "invalid_request_error", "message": message}}, status)

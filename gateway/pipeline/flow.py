@@ -14,7 +14,7 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from . import passthrough, token_ids
+from . import messages_chat, passthrough, token_ids
 from ..server.client_link import AsgiLink, ClientGone
 from ..core.errors import GatewayError, invalid_request
 from ..core.exchange import Exchange
@@ -70,6 +70,13 @@ class Pipeline:
     # The pass-through endpoints (gateway/pipeline/passthrough.py): the same path, their own shape checks.
     async def responses(self, request: Request, caller: Caller) -> Response:
         return await self._handle(request, caller, passthrough.RESPONSES, passthrough.check_responses)
+
+    async def messages(self, request: Request, caller: Caller) -> Response:
+        return await self._handle(request, caller, passthrough.MESSAGES, messages_chat.check_messages)
+
+    async def count_tokens(self, request: Request, caller: Caller) -> Response:
+        return await self._handle(request, caller, passthrough.COUNT_TOKENS,
+                                  lambda body: messages_chat.check_messages(body, count_only=True))
 
     async def embeddings(self, request: Request, caller: Caller) -> Response:
         return await self._handle(request, caller, passthrough.EMBEDDINGS, passthrough.check_embeddings)
@@ -137,15 +144,23 @@ class Pipeline:
             ex.lane = lane.name
             if path == passthrough.RESPONSES:
                 passthrough.map_responses_effort(data, lane.config)
+            if path in messages_chat.PATHS and lane.config.engine != "vllm":
+                raise GatewayError(400, f"The model '{model[:200]}' is served by a {lane.config.engine} lane, which "
+                                   "does not serve the Anthropic Messages API; use /v1/chat/completions",
+                                   param="model", code="unsupported_api")
             for policy in self.policies if path in passthrough.POLICED else ():
                 await policy.apply(ex, lane, data)
             upstream_body = ex.forwarded = self._upstream_body(ex, lane, data, parsed)
             link = request.link if isinstance(request, WireRequest) else AsgiLink(request.receive)
             hold.release()  # waiting for the engine needs no CPU
             response = await forward(ex, lane, path, upstream_body, link, end)
+            if path in messages_chat.PATHS and response.status_code >= 400:
+                response = _anthropic_error(response)
         except GatewayError as exc:
             ex.fail(exc.status, exc.code, exc.message)
-            response = Response(exc.json_bytes(), status_code=exc.status, media_type="application/json",
+            body_bytes = orjson.dumps(messages_chat.error_body(exc.status, exc.message)) \
+                if path in messages_chat.PATHS else exc.json_bytes()
+            response = Response(body_bytes, status_code=exc.status, media_type="application/json",
                                 headers=exc.headers)
             ex.response_bytes = len(response.body)
             end()
@@ -273,3 +288,14 @@ def _request_id(request: Request) -> str:
     if rid and len(rid) <= 128 and rid.isascii() and rid.isprintable():
         return rid
     return "gw-" + os.urandom(16).hex()  # 128 random bits, as uuid4 (~0.8 against ~3.8 us)
+
+
+def _anthropic_error(response: Response) -> Response:
+    """An error the relay shaped as OpenAI's, in Anthropic's shape for a Messages client."""
+    try:
+        message = str(orjson.loads(response.body)["error"]["message"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return response
+    headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
+    return Response(orjson.dumps(messages_chat.error_body(response.status_code, message)),
+                    status_code=response.status_code, media_type="application/json", headers=headers)

@@ -22,13 +22,16 @@ from ..core.errors import invalid_request
 from ..core.exchange import Exchange
 from ..relay.scrub import Scrubber
 from ..relay.sse import BadStream, data_of
+from . import messages_chat
 from .responses_chat import take_output
 
 RESPONSES = "/v1/responses"
 EMBEDDINGS = "/v1/embeddings"
 TOKENIZE = "/tokenize"
 DETOKENIZE = "/detokenize"
-POLICED = frozenset({"/v1/chat/completions", "/v1/completions", RESPONSES})
+MESSAGES = "/v1/messages"  # Anthropic's Messages API (messages_chat.py)
+COUNT_TOKENS = "/v1/messages/count_tokens"
+POLICED = frozenset({"/v1/chat/completions", "/v1/completions", RESPONSES, MESSAGES})
 STREAM_OPTIONS = frozenset({"/v1/chat/completions", "/v1/completions"})  # where the gateway asks for usage
 
 
@@ -244,12 +247,19 @@ class ResponsesObserver:
 
 
 def observe_response_body(ex: Exchange, body: bytes | dict[str, Any]) -> None:
-    """A whole (non-streamed) Response object, or an embeddings / tokenize answer (bytes or parsed)."""
+    """A whole (non-streamed) Response object, an Anthropic Message, or an embeddings / tokenize answer
+    (bytes or parsed)."""
     try:
         data = orjson.loads(body) if isinstance(body, (bytes, str)) else body
     except orjson.JSONDecodeError:
         return
     if not isinstance(data, dict):
+        return
+    if ex.path == MESSAGES:
+        usage = messages_chat.chat_usage(data.get("usage"))
+        if usage:
+            ex.usage = usage
+        messages_chat.take_message(ex.generated, data)
         return
     usage = chat_usage(data.get("usage"))
     if usage:

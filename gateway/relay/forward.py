@@ -20,6 +20,7 @@ from ..upstream.encoding import DecodeError, decoder_for
 from ..core.errors import GatewayError, error_body
 from ..core.exchange import Exchange
 from ..core.runtime import LaneRuntime
+from ..pipeline.messages_relay import MessagesObserver
 from .sse import DONE, MAX_EVENT_BYTES, BadStream, EventSplitter, EventObserver, StreamObserver, observe_completion
 from ..upstream.replicas import UpstreamFailure
 from ..upstream.client import Response as UpstreamResponse  # aiohttp's (the A/B fallback) reads alike
@@ -224,9 +225,14 @@ def _looks_like_sse(resp: UpstreamResponse, first: bytes) -> bool:
 
 async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end, body_bytes: int) -> Response:
     # token ids: the gateway asked for them, the client did not: the observer takes them out
-    observer: EventObserver = StreamObserver(ex, drop_usage_chunk=not ex.client_wants_usage, scrubber=lane.upstream.scrubber,
-                              strip_ids=ex.token_ids_strip) \
-        if ex.path != passthrough.RESPONSES else passthrough.ResponsesObserver(ex, lane.upstream.scrubber)
+    observer: EventObserver
+    if ex.path == passthrough.RESPONSES:
+        observer = passthrough.ResponsesObserver(ex, lane.upstream.scrubber)
+    elif ex.path == passthrough.MESSAGES:
+        observer = MessagesObserver(ex, lane.upstream.scrubber)
+    else:
+        observer = StreamObserver(ex, drop_usage_chunk=not ex.client_wants_usage, scrubber=lane.upstream.scrubber,
+                                  strip_ids=ex.token_ids_strip)
     shape = reshape.for_lane(ex, lane).event
     runs = chunk_run.Runs(observer, shape) if chunk_run.ENABLED and type(observer) is StreamObserver else None
     timeouts = lane.upstream.timeouts

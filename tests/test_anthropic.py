@@ -1,0 +1,115 @@
+"""The Anthropic Messages API through the gateway: a Claude-Code-like tool session on a vLLM lane (the
+emulator serves /v1/messages as vLLM does) is one conversation whose turns are predicted exactly;
+streams and whole answers; count_tokens; errors in Anthropic's shape."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.support.conversations import AGENT_EMULATOR, lane, wait_analysed
+from tests.support.emulator_proc import run_emulator
+from tests.support.gateway_proc import run_gateway
+
+BASH = {"name": "Bash", "description": "Run a shell command.",
+        "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}
+SYSTEM = [{"type": "text", "text": "You are Claude Code, an agent. " + "Work carefully. " * 40}]
+
+
+@pytest.fixture(scope="module")
+def gw():
+    with run_emulator(**AGENT_EMULATOR, agent_tool_turns=1, answer_tokens=20) as emu, \
+            run_emulator(flavour="sglang", tokenizer="dsv41") as other:
+        routes = {"lanes": {"ds": lane(emu.url), "sg": {**lane(other.url), "engine": "sglang"}},
+                  "models": {"claude-ds": "ds", "claude-sg": "sg"}}
+        with run_gateway(routes) as g:
+            yield g
+
+
+def _stream(gw, body: dict) -> tuple[dict, list[dict], httpx.Headers]:
+    """The message a stream builds, and its events."""
+    events, blocks, message = [], {}, {}
+    with httpx.stream("POST", gw.url + "/v1/messages", json={**body, "stream": True}, timeout=30) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            e = json.loads(line[5:])
+            events.append(e)
+            if e["type"] == "message_start":
+                message = e["message"]
+            elif e["type"] == "content_block_start":
+                blocks[e["index"]] = dict(e["content_block"], partial="")
+            elif e["type"] == "content_block_delta":
+                d, b = e["delta"], blocks[e["index"]]
+                field = {"text_delta": "text", "thinking_delta": "thinking"}.get(d["type"], "partial")
+                b[field] = b.get(field, "") + d.get("text", d.get("thinking", d.get("partial_json", "")))
+            elif e["type"] == "message_delta":
+                message["stop_reason"] = e["delta"]["stop_reason"]
+                message["usage"]["output_tokens"] = e["usage"]["output_tokens"]
+        headers = r.headers
+    content = []
+    for _, b in sorted(blocks.items()):
+        partial = b.pop("partial")
+        if b["type"] == "tool_use":
+            b["input"] = json.loads(partial or "{}")
+        content.append(b)
+    message["content"] = content
+    return message, events, headers
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tool_session_is_one_conversation_predicted_exactly(gw, stream):
+    messages = [{"role": "user", "content": [{"type": "text", "text": f"List the files ({stream})."}]}]
+    cids, caches = set(), []
+    for turn in range(1, 4):
+        body = {"model": "claude-ds", "max_tokens": 200, "system": SYSTEM, "tools": [BASH], "messages": messages}
+        if stream:
+            message, events, headers = _stream(gw, body)
+            assert events[-1]["type"] == "message_stop"
+        else:
+            r = httpx.post(gw.url + "/v1/messages", json=body, timeout=30)
+            assert r.status_code == 200, r.text
+            message, headers = r.json(), r.headers
+        assert message["model"] == "claude-ds"
+        cid = headers["x-gateway-conversation"].split(";")[0]
+        cids.add(cid)
+        caches.append(wait_analysed(gw, cid, turn)["last_cache"])
+        # Claude Code sends the answer back as its content blocks, then the tool's result.
+        messages.append({"role": "assistant", "content": message["content"]})
+        uses = [b for b in message["content"] if b["type"] == "tool_use"]
+        if uses:
+            assert message["stop_reason"] == "tool_use" and uses[0]["input"] == {"command": "echo ok"}
+            messages.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0]["id"],
+                                                          "content": "ok"}]})
+        else:
+            assert message["stop_reason"] == "end_turn"
+            messages.append({"role": "user", "content": "Next step."})
+        usage = message["usage"]
+        assert usage["cache_read_input_tokens"] == caches[-1]["reported_cached_tokens"]
+    assert len(cids) == 1
+    for cache in caches[1:]:
+        assert cache["verdict"] == "hit" and cache["predicted_cached_tokens"] == cache["reported_cached_tokens"] > 0, \
+            cache
+
+
+def test_count_tokens(gw):
+    body = {"model": "claude-ds", "system": SYSTEM, "messages": [{"role": "user", "content": "hi"}]}
+    r = httpx.post(gw.url + "/v1/messages/count_tokens", json=body, timeout=30)
+    assert r.status_code == 200 and r.json()["input_tokens"] > 40
+
+
+@pytest.mark.parametrize("body, status, kind", [
+    ({"model": "claude-ds", "messages": [{"role": "user", "content": "hi"}]}, 400, "invalid_request_error"),
+    ({"model": "claude-ds", "max_tokens": 5, "messages": [{"role": "robot", "content": "hi"}]}, 400,
+     "invalid_request_error"),
+    ({"model": "nope", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}, 404, "not_found_error"),
+    ({"model": "claude-sg", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}, 400,
+     "invalid_request_error"),
+])
+def test_errors_have_anthropics_shape(gw, body, status, kind):
+    r = httpx.post(gw.url + "/v1/messages", json=body, timeout=30)
+    assert r.status_code == status, r.text
+    assert r.json()["type"] == "error" and r.json()["error"]["type"] == kind and r.json()["error"]["message"]
