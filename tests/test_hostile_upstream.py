@@ -379,8 +379,82 @@ def test_any_responses_stream_is_relayed_scrubbed_and_well_formed(upstream, clie
     check_responses_stream(resp, expect)
 
 
+def message_events(parts: list[str]) -> list[dict]:
+    start = {"id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": [],
+             "stop_reason": None, "usage": {"input_tokens": 3, "output_tokens": 0}}
+    out = [{"type": "message_start", "message": start},
+           {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}]
+    out += [{"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}} for p in parts]
+    out += [{"type": "content_block_stop", "index": 0},
+            {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}},
+            {"type": "message_stop"}]
+    return out
+
+
+@st.composite
+def messages_behaviours(draw):
+    """An Anthropic Messages stream: valid, with a wrong event spliced in, with an error event, or cut."""
+    parts = draw(st.lists(TEXT, max_size=4))
+    events: list[dict | bytes] = list(message_events(parts))
+    kind = draw(st.sampled_from(["valid", "valid", "wrong", "error", "garbage"]))
+    expect: str | None = "".join(parts) if kind == "valid" else None
+    at = draw(st.integers(1, len(events) - 1))
+    if kind == "wrong":
+        events.insert(at, json.dumps(draw(WRONG_SHAPES | st.just({"no": "type"}))).encode())
+    elif kind == "error":
+        events.insert(at, {"type": "error", "error": {"type": "api_error", "message": draw(SECRET_TEXTS)}})
+    elif kind == "garbage":
+        events.insert(at, draw(st.binary(min_size=1, max_size=40).filter(lambda b: b"\n" not in b and b"\r" not in b)))
+    body = named_sse(events, draw(st.sampled_from([b"\n", b"\r\n"])))
+    if draw(st.integers(0, 4)) == 0:
+        body = body[:draw(st.integers(0, len(body) - 1))]
+        expect = None
+    raw = http_response(200, body, [("Content-Type", "text/event-stream")], draw(st.sampled_from(["length", "close", "chunked"])))
+    cuts = sorted(draw(st.lists(st.integers(0, len(raw) - 1), max_size=3)))
+    pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)]) if raw[a:b]]
+    return Script(pieces), expect
+
+
+@settings(max_examples=max(200, EXAMPLES // 4), deadline=None, database=None,
+          derandomize="HOSTILE_EXAMPLES" not in os.environ,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(messages_behaviours())
+def test_any_messages_stream_is_relayed_scrubbed_and_well_formed(upstream, client, case):
+    script, expect = case
+    note(f"expect={expect!r} script={script.pieces!r}")
+    upstream.script = script
+    try:
+        resp = client.post("/v1/messages", json={"model": "m", "max_tokens": 8, "stream": True,
+                                                 "messages": [{"role": "user", "content": "hi"}]})
+    except httpx.TransportError as exc:
+        pytest.fail(f"the gateway dropped the connection ({exc!r}) for {script.pieces!r}")
+    text = resp.text
+    assert SECRET not in text and SECRET[:12] not in text, text[:300]
+    assert resp.status_code != 500, text[:300]
+    if resp.status_code != 200:
+        assert expect is None and resp.json()["type"] == "error" and resp.json()["error"]["message"]
+        return
+    events = [e for e in text.replace("\r\n", "\n").split("\n\n") if e.strip()]
+    got, errors = [], 0
+    for i, event in enumerate(events):
+        data = [line[5:].strip() for line in event.split("\n") if line.startswith("data:")]
+        if not data:
+            continue
+        obj = json.loads(data[0])  # every event the client gets is JSON with a type
+        assert isinstance(obj, dict) and isinstance(obj.get("type"), str), obj
+        if obj["type"] == "error":
+            errors += 1
+            assert not events[i + 1:], f"an error event must end the stream: {events[i + 1:][:2]}"
+            assert obj["error"]["message"]
+        elif obj["type"] == "content_block_delta":
+            got.append(obj["delta"]["text"])
+    if expect is not None:
+        assert errors == 0 and "".join(got) == expect
+
+
 @pytest.mark.parametrize("path, body", [
     ("/v1/responses", {"model": "m", "input": "hi"}),
+    ("/v1/messages", {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}),
     ("/v1/embeddings", {"model": "m", "input": "hi"}),
     ("/tokenize", {"model": "m", "prompt": "hi"}),
 ])
