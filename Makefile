@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN = $(VENV)/bin
 
-.PHONY: install run test test-engine test-packaging fuzz-drift bench docs clean
+.PHONY: install run test test-engine test-packaging test-agents fuzz-drift bench docs clean
 
 $(BIN)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,12 @@ test-packaging: install
 fuzz-drift: install
 	FUZZ_DRIFT_EXAMPLES=$${FUZZ_DRIFT_EXAMPLES:-50000} $(BIN)/pytest -q tests/test_drift_fuzz.py
 
+# Real agent CLIs (Codex, Claude Code, Qwen Code, OpenCode), pinned in tests/agents/package.json and
+# installed there with npm, each running a session against the gateway on the demo's emulated lane.
+test-agents: install
+	npm install --prefix tests/agents --no-audit --no-fund --loglevel=error
+	$(BIN)/pytest -q -m agents tests/agents
+
 # The docs site into site/ (strict: a broken link or a stale generated page fails).
 docs: install
 	$(BIN)/pip install -q -e '.[docs]'
@@ -40,4 +46,4 @@ bench: install
 	$(BIN)/python bench/overhead.py
 
 clean:
-	rm -rf $(VENV) var .pytest_cache site
+	rm -rf $(VENV) var .pytest_cache site tests/agents/node_modules

@@ -288,9 +288,8 @@ def plan_chat(body: dict[str, Any], prompt_digest: int, cfg: EmulatorConfig, cho
     reasoning = _pieces(rng, n_reason, lead_space=False)
     if cfg.agent_tool_turns:
         call = _agent_call(body, cfg, rng)
-        if call is not None:
-            content = _pieces(rng, min(n_content, 12), lead_space=False)
-            return Plan(reasoning, content, call, "tool_calls", len((call.name + " " + call.arguments).split()))
+        if call is not None:  # an agent's model calls its tool without a word around it
+            return Plan(reasoning, [], call, "tool_calls", len((call.name + " " + call.arguments).split()))
         tool = None
     else:
         tool = _chosen_tool(body)

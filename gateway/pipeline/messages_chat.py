@@ -22,7 +22,7 @@ from .responses_chat import ChatView
 PATH = "/v1/messages"
 COUNT_PATH = "/v1/messages/count_tokens"
 PATHS = frozenset({PATH, COUNT_PATH})
-_ROLES = ("user", "assistant")
+_ROLES = ("user", "assistant", "system")  # Claude Code sends reminders as system messages among the turns
 
 
 def check_messages(body: dict[str, Any], count_only: bool = False) -> None:
@@ -37,7 +37,7 @@ def check_messages(body: dict[str, Any], count_only: bool = False) -> None:
         raise invalid_request("'messages' must be a non-empty array", param="messages", code="invalid_type")
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in _ROLES:
-            raise invalid_request(f"messages[{i}] must be an object with role 'user' or 'assistant'",
+            raise invalid_request(f"messages[{i}] must be an object with role 'user', 'assistant' or 'system'",
                                   param=f"messages[{i}]", code="invalid_value")
         content = m.get("content")
         if not isinstance(content, str) and not (isinstance(content, list)
