@@ -21,7 +21,7 @@ import pytest
 
 from tests.support.engine_proc import EngineProc, engine_fixture, engine_lane
 from tests.support.gateway_proc import run_gateway
-from tests.test_engine_cache import Agent, report, wait_record
+from tests.test_engine_cache import Agent, assert_first_turn, report, wait_record
 
 pytestmark = pytest.mark.engine
 
@@ -68,7 +68,7 @@ class ReserialisingAgent(Agent):
 def test_sorted_arguments_and_stripped_reasoning_hit_with_healing_and_drift_without(gw):
     healed = ReserialisingAgent(gw, "heal-on", model="ds-heal")
     first = healed.turn()
-    assert first["verdict"] == "cold", first
+    assert_first_turn(first)
     for _ in range(4):
         healed.turn()
     plain = ReserialisingAgent(gw, "heal-off", model="ds")
