@@ -528,14 +528,15 @@
     }
     const recordNames = ["lane", "tenant", "client", "user_agent", "cause"];
     try {
-      const [ov, ch, rec, drift, kv] = await Promise.all([
+      const [ov, ch, rec, drift, kv, rl] = await Promise.all([
         api("/admin/api/overview"),
         api(`/admin/api/charts?${query({ window_s: w, buckets }, ["lane", "tenant", "client", "user_agent"])}`),
         api(`/admin/api/records?${query({ limit: 50 }, recordNames)}`),
         api(`/admin/api/alerts?${query({ window_s: w, since: -w, limit: 60 })}`).catch((err) => ({ error: err.message })),
         api("/admin/api/kv").catch(() => null),
+        api("/admin/api/ratelimits").catch(() => null),
       ]);
-      last = { ov, ch, rec, drift, kv };
+      last = { ov, ch, rec, drift, kv, rl };
       draw();
       banner.hidden = !ch.rows_capped;
       if (ch.rows_capped) banner.textContent = "This window holds more records than one summary reads: the figures cover the newest 200,000. Narrow the window or filter.";
@@ -549,7 +550,7 @@
 
   function draw() {
     if (!last) return;
-    const { ov, ch, rec, drift, kv } = last;
+    const { ov, ch, rec, drift, kv, rl } = last;
     [...ov.lanes.map((l) => l.name)].sort().forEach(colorOf);
     renderHeader(ov);
     fillChoices(ov, drift);
@@ -559,6 +560,7 @@
     renderDrift(drift);
     renderCosts(ch.costs);
     renderKv(kv);
+    renderRateLimits(rl);
     renderRecords(rec.records);
   }
 
@@ -584,6 +586,20 @@
     document.getElementById("kv").innerHTML = `<table><thead><tr><th>lane</th><th>replica</th><th>stream</th>
       <th class="num">pool</th><th class="num">occupancy</th><th class="num">working set</th><th class="num">live</th>
       <th class="num">new tok/s</th><th>evicted before next turn</th></tr></thead><tbody>${rows}</tbody></table>`;
+  }
+
+  // Per-tenant rate limits: each rule's use over the last minute against its limit.
+  function renderRateLimits(rl) {
+    const panel = document.getElementById("rl-panel");
+    if (!rl || !rl.rules || !rl.rules.length) { panel.hidden = true; return; }
+    panel.hidden = false;
+    const use = (x) => x ? `${fmtN(Math.round(x.used))} / ${fmtN(x.limit)}` : "–";
+    const rows = rl.rules.map((r) => `<tr><td>${esc(r.tenant)}</td><td>${esc(r.model || "all")}</td>
+      <td class="num">${use(r.requests_per_minute)}</td><td class="num">${use(r.tokens_per_minute)}</td>
+      <td class="num">${use(r.concurrent)}</td><td class="num">${fmtN(r.refused)}</td></tr>`).join("");
+    document.getElementById("rl").innerHTML = `<table><thead><tr><th>tenant</th><th>model</th>
+      <th class="num">requests / min</th><th class="num">tokens / min</th><th class="num">concurrent</th>
+      <th class="num">refused</th></tr></thead><tbody>${rows}</tbody></table>`;
   }
 
   function schedule() {
