@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import httpx
+
 import hashlib
 import json
 import subprocess
@@ -78,6 +80,10 @@ def test_two_gateways_share_one_postgres_and_both_show_the_fleet() -> None:
             assert stats["source"]["scope"] == "fleet" and stats["source"]["backend"] == "postgres"
             recs = get_json(a.url + "/admin/api/records?limit=100")["records"]
             assert len({r["gateway"] for r in recs}) == 2  # both gateways' records, told apart
+            # As the docs name it: gateway_records_total{store="postgres", outcome="written"}.
+            metrics = httpx.get(a.url + "/metrics").text
+            assert 'gateway_records_total{outcome="written",store="postgres"}' in metrics, \
+                [line for line in metrics.splitlines() if line.startswith("gateway_records_total")]
             assert {r["client"] for r in recs} == {"opencode", "OpenAI/Python", "claude-cli"}
             only = get_json(a.url + "/admin/api/records?limit=100&client=opencode")["records"]
             assert len(only) == 3

@@ -413,7 +413,7 @@ class LiveCollector(Collector):
                                   labels=["store", "outcome"])
         for key, value in records.counters().items():
             store, _, outcome = key.partition("_")
-            if store not in ("sqlite", "redis") or not outcome:  # built, build_failed: the record builder
+            if store not in ("sqlite", "redis", "postgres") or not outcome:  # built, build_failed: the builder
                 store, outcome = "builder", key
             fam.add_metric([store, outcome], value)
         yield fam
