@@ -226,16 +226,7 @@ class Emulator:
             except _Rejected as rej:
                 self.stats.error(rec, "rejected", rej.response.status)
                 return rej.response
-            data = token_bytes(prompt)
-            seed = salt_seed(None)
-            hashes = self.cache.hashes(data, seed)
-            cached = self.cache.cached_tokens(self.cache.match(data, hashes, seed), len(prompt))
-            self.cache.insert(data, hashes, seed)
-            rec.prompt_tokens, rec.cached_tokens = len(prompt), cached
-            self.stats.prompt_tokens += len(prompt)
-            self.stats.cached_tokens += cached
-            plan = plan_chat(chat, xxhash.xxh3_64_intdigest(data), cfg)
-            rec.completion_tokens = plan.completion_tokens
+            data, seed, hashes, cached, plan = self._prefill_chat(chat, prompt, rec)
             model = str(body.get("model") or cfg.model)
             b = ep.ResponseBuilder(body, model, plan.reasoning, plan.content, plan.tool_call, plan.finish_reason)
             usage = ep.response_usage(len(prompt), cached, len(plan.reasoning), plan.completion_tokens)
@@ -281,6 +272,22 @@ class Emulator:
         finally:
             self.stats.end(rec)
 
+    def _prefill_chat(self, chat: dict[str, Any], prompt: list[int], rec: RequestRecord,
+                      ) -> tuple[bytes, int, list[int], int, Plan]:
+        """A chat-shaped request's prefill on the prefix cache, counted, and its answer's plan (the
+        Responses and Messages APIs: both are served through chat)."""
+        data = token_bytes(prompt)
+        seed = salt_seed(None)
+        hashes = self.cache.hashes(data, seed)
+        cached = self.cache.cached_tokens(self.cache.match(data, hashes, seed), len(prompt))
+        self.cache.insert(data, hashes, seed)
+        rec.prompt_tokens, rec.cached_tokens = len(prompt), cached
+        self.stats.prompt_tokens += len(prompt)
+        self.stats.cached_tokens += cached
+        plan = plan_chat(chat, xxhash.xxh3_64_intdigest(data), self.config)
+        rec.completion_tokens = plan.completion_tokens
+        return data, seed, hashes, cached, plan
+
     async def _messages_body(self, request: web.Request) -> tuple[dict[str, Any], bytes] | web.Response:
         raw = await request.read()
         try:
@@ -319,16 +326,7 @@ class Emulator:
             except (ValueError, TypeError, AttributeError, KeyError) as exc:
                 self.stats.error(rec, "rejected", 400)
                 return _anthropic_error(400, str(exc))
-            data = token_bytes(prompt)
-            seed = salt_seed(None)
-            hashes = self.cache.hashes(data, seed)
-            cached = self.cache.cached_tokens(self.cache.match(data, hashes, seed), len(prompt))
-            self.cache.insert(data, hashes, seed)
-            rec.prompt_tokens, rec.cached_tokens = len(prompt), cached
-            self.stats.prompt_tokens += len(prompt)
-            self.stats.cached_tokens += cached
-            plan = plan_chat(chat, xxhash.xxh3_64_intdigest(data), cfg)
-            rec.completion_tokens = plan.completion_tokens
+            data, seed, hashes, cached, plan = self._prefill_chat(chat, prompt, rec)
             model = str(body.get("model") or cfg.model)
             use = em.usage(len(prompt), cached, plan.completion_tokens)
             await asyncio.sleep(cfg.ttft_ms / 1000.0 + self._prefill_s(len(prompt) - cached, cfg))

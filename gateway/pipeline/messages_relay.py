@@ -16,7 +16,7 @@ import orjson
 
 from ..core.exchange import Exchange
 from ..relay.scrub import Scrubber
-from ..relay.sse import BadStream, data_of
+from ..relay.sse import data_of, typed_event
 from .messages_chat import chat_usage, error_body, take_message
 
 
@@ -40,12 +40,7 @@ class MessagesObserver:
             return b":\n\n" if event.strip() else None
         if not payload:
             return None
-        try:
-            obj = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            raise BadStream("upstream_bad_response", "the upstream sent a stream event that is not JSON") from None
-        if type(obj) is not dict or not isinstance(obj.get("type"), str):
-            raise BadStream("upstream_bad_response", "the upstream sent a stream event without a type")
+        obj = typed_event(payload)
         if obj["type"] == "error":
             self.done = True
             err = obj.get("error") if isinstance(obj.get("error"), dict) else {}

@@ -21,7 +21,7 @@ import orjson
 from ..core.errors import invalid_request
 from ..core.exchange import Exchange
 from ..relay.scrub import Scrubber
-from ..relay.sse import BadStream, data_of
+from ..relay.sse import data_of, typed_event
 from . import messages_chat
 from .responses_chat import take_output
 
@@ -190,12 +190,7 @@ class ResponsesObserver:
             return event
         if not payload:
             return None
-        try:
-            obj = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            raise BadStream("upstream_bad_response", "the upstream sent a stream event that is not JSON") from None
-        if type(obj) is not dict or not isinstance(obj.get("type"), str):
-            raise BadStream("upstream_bad_response", "the upstream sent a stream event without a type")
+        obj = typed_event(payload)
         seq = obj.get("sequence_number")
         if type(seq) is int:
             self.sequence = seq

@@ -311,3 +311,15 @@ def data_of(event: bytes) -> bytes | None:
         if name == b"data":
             data.append(value[1:] if value[:1] == b" " else value)
     return b"\n".join(data).strip() if data else None
+
+
+def typed_event(payload: bytes) -> dict[str, Any]:
+    """A typed stream event's data (Responses, Anthropic Messages): a JSON object with a string `type`,
+    else BadStream (it must not reach the client's parser)."""
+    try:
+        obj = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        raise BadStream("upstream_bad_response", "the upstream sent a stream event that is not JSON") from None
+    if type(obj) is not dict or not isinstance(obj.get("type"), str):
+        raise BadStream("upstream_bad_response", "the upstream sent a stream event without a type")
+    return obj
