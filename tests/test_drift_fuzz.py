@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from gateway.conversations.causes import CAUSES
 from gateway.render.renderer import Renderer
-from tests.support.drift_fuzz import LABELS, MUTATIONS, STABLE, run, scenarios
+from tests.support.drift_fuzz import COMBINABLE, LABELS, MUTATIONS, STABLE, composes, run, run_pair, scenarios
 
 EXAMPLES = int(os.environ.get("FUZZ_DRIFT_EXAMPLES", "2000"))
 RENDERER = Renderer()
@@ -42,4 +42,21 @@ def test_labelled_mutations(data: st.DataObject) -> None:
     MUTATIONS[name][1](s, data.draw)
     SEEN[name] += 1
     outcome = run(RENDERER, s, name)
+    assert outcome.mismatch() is None, (outcome.mismatch(), outcome)
+
+
+PAIRS: Counter[str] = Counter()
+
+
+# Two edits in one turn, in one message or in two: the cause is the first one in render order.
+@settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=EXAMPLES <= 2000,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_two_mutations_in_one_turn(data: st.DataObject) -> None:
+    s = data.draw(scenarios(), label="scenario")
+    names = [n for n in COMBINABLE if MUTATIONS[n][0](s)]
+    a = data.draw(st.sampled_from(names), label="first")
+    b = data.draw(st.sampled_from([n for n in names if composes(a, n)]), label="second")
+    PAIRS[f"{a}+{b}"] += 1
+    outcome = run_pair(RENDERER, s, a, b, data.draw)
     assert outcome.mismatch() is None, (outcome.mismatch(), outcome)

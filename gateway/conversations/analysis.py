@@ -335,8 +335,8 @@ def _tokens_of(renderer: Renderer | None, options: RenderOptions):
 
 def _char_offset(rendered: Rendered, cmp: Comparison, options: RenderOptions, old: TurnPrint | None = None,
                  tokens_of=None) -> int:
-    """The first differing *character* in the break segment: where the first differing token starts,
-    plus the characters the two differing tokens still share (a token can straddle the change, e.g.
+    """The first differing *character*, counted from the break segment's start: where the first differing
+    token starts, plus the characters the two differing tokens still share (a token can straddle the change, e.g.
     "\n" + "\n\n## Response" tokenizing as "\n\n\n": the change is after the tools block, not in it)."""
     seg = rendered.segments[cmp.segment] if cmp.segment is not None and cmp.segment < len(rendered.segments) else None
     if seg is None or not rendered.exact:
@@ -355,7 +355,7 @@ def _char_offset(rendered: Rendered, cmp: Comparison, options: RenderOptions, ol
         if x != y:
             break
         shared += 1
-    return min(base + shared, max(0, len(seg.text) - 1))
+    return base + shared  # may lie past the segment's end: the change starts in a later segment
 
 
 def _snippets(rendered: Rendered, cmp: Comparison, old: TurnPrint, tokens_of, options: RenderOptions,

@@ -198,10 +198,11 @@ def classify(old: TurnPrint, new: NewTurn, rendered: Rendered, cmp: Comparison, 
     the member the character renders."""
     if cmp.segment is None or cmp.segment >= len(rendered.segments):
         return Divergence("regenerated" if cmp.new_tokens < cmp.old_tokens else "unknown", None, None)
-    seg = rendered.segments[cmp.segment]
+    si, offset = _char_at(rendered.segments, cmp.segment, char_offset)
+    seg = rendered.segments[si]
     mi = max(seg.message_index, 0)
-    fld, member = rendered.source_at(cmp.segment, char_offset)
-    first = cmp.segment == 0 or seg.message_index <= 0
+    fld, member = rendered.source_at(si, offset)
+    first = si == 0 or seg.message_index <= 0
     if new.rewritten:
         return Divergence(new.rewritten.get("cause", "history_edited"), new.rewritten.get("message_index", mi), fld)
     # Request-level parts: the effort line and the header at the very start, the tools and
@@ -212,7 +213,8 @@ def classify(old: TurnPrint, new: NewTurn, rendered: Rendered, cmp: Comparison, 
     if fld == "effort":
         return Divergence("effort_changed", mi, "reasoning_effort") if new.effort != old.effort \
             else Divergence("unknown", mi, "reasoning_effort")
-    boundary = (cmp.first_segment is not None and cmp.first_segment < cmp.segment and cmp.token_offset == 0)
+    boundary = (cmp.first_segment is not None and cmp.first_segment < si
+                and (offset == 0 or (si == cmp.segment and cmp.token_offset == 0)))
     if boundary:
         # The old render of an earlier segment was longer: what it had at its end is what changed
         # (tools removed from the system message, a message deleted after it, ...).
@@ -226,7 +228,9 @@ def classify(old: TurnPrint, new: NewTurn, rendered: Rendered, cmp: Comparison, 
     # whatever renders first): a break there, outside any message's own text, is theirs when they changed.
     request_part = first and (member <= 0 or fld in (None, "bos", "header", "effort"))
     if fld in ("tools", "response_format") or (request_part and fld != "content" and (tools_moved or rf_moved)):
-        if tools_moved and (fld != "response_format" or not rf_moved):
+        # Both sides of the character: where the new render has the response format, the old one may
+        # have had the tools block that is gone now.
+        if tools_moved and (fld != "response_format" or not rf_moved or not new.tools_digest):
             return Divergence("tools_changed", mi, "tools")
         if rf_moved:
             return Divergence("response_format_changed", mi, "response_format")
@@ -265,6 +269,15 @@ def classify(old: TurnPrint, new: NewTurn, rendered: Rendered, cmp: Comparison, 
     return Divergence("unknown", mi, fld)
 
 
+def _char_at(segs: list[Segment], i: int, offset: int) -> tuple[int, int]:
+    """(segment, offset in it) of the character `offset` characters after segment i's start: a token
+    that straddles two segments puts the first differing character in the next one."""
+    while offset >= len(segs[i].text) and i + 1 < len(segs):
+        offset -= len(segs[i].text)
+        i += 1
+    return i, min(offset, max(0, len(segs[i].text) - 1))
+
+
 def _template_dropped(old: TurnPrint, rendered: Rendered, msgs: MessagePrints, k: int) -> bool:
     """Did the template drop message k's reasoning (or the developer message k) in the new render but
     not in the old one?"""
@@ -286,12 +299,15 @@ def _message_cause(old: MessagePrints, new: MessagePrints, i: int, fld: str | No
     if new.roles[i] == ROLE_TOOL:
         cause = _tool_group_cause(old, new, i)
         return Divergence(cause or "history_edited", i, fld or "content")
-    if new.roles[i] == ROLE_ASSISTANT and old.content[i] == new.content[i] and old.tool_calls[i] == new.tool_calls[i]:
-        if old.reasoning[i] != new.reasoning[i]:
+    if new.roles[i] == ROLE_ASSISTANT:
+        # Several parts of one message may differ: the cause is the part at the first differing
+        # character (the template renders reasoning, then content, then tool calls).
+        only_reasoning = old.content[i] == new.content[i] and old.tool_calls[i] == new.tool_calls[i]
+        if old.reasoning[i] != new.reasoning[i] and (only_reasoning or fld in ("reasoning_content", "think_end")):
             empty = new.reasoning[i] == 0
             return Divergence("client_stripped_reasoning" if empty else "history_edited", i, "reasoning_content")
-    if new.roles[i] == ROLE_ASSISTANT and old.tool_calls[i] != new.tool_calls[i]:
-        return Divergence("history_edited", i, "tool_calls")
+        if old.tool_calls[i] != new.tool_calls[i] and (old.content[i] == new.content[i] or fld == "tool_calls"):
+            return Divergence("history_edited", i, "tool_calls")
     return Divergence("history_edited", i, fld or "content")
 
 
