@@ -146,6 +146,26 @@ def test_cleared_restarted_and_never_stored():
     assert v.cause == "unknown"
 
 
+def test_a_reset_published_in_the_step_that_schedules_the_turn_comes_before_it():
+    # vLLM publishes AllBlocksCleared with the next step's events: when that step schedules the
+    # conversation's next turn, the clear arrives after the turn was sent, in one batch ahead of the
+    # turn's own stores. The engine's order decides: nothing was held, the reset is the cause.
+    a, _, ba, _ = _two_conversations()
+    index = ReplicaIndex()
+    apply(index, [stored_event(ba[:6])], 10.0)  # turn 1
+    index.attribute(chain.keys(a, BS), "conv-a")
+    apply(index, [cleared(), stored_event(ba)], 13.0)  # turn 2, sent at 12.5, re-stores every block
+    v = explain(index, Question("conv-a", chain.keys(a, BS), len(a) + 1, 6 * BS, 0, 12.5, 11.0))
+    assert v.cause == "cache_cleared" and v.held_tokens == 0 and v.agrees
+    assert v.removed == ((0, 5, "cleared", 13.0, 13.0),)
+    # The same batch without the clear: turn 2 found turn 1's blocks and stored the rest.
+    index = ReplicaIndex()
+    apply(index, [stored_event(ba[:6])], 10.0)
+    apply(index, [stored_event(ba[6:])], 13.0)
+    v = explain(index, Question("conv-a", chain.keys(a, BS), len(a) + 1, 6 * BS, 6 * BS, 12.5, 11.0))
+    assert v.cause == "held" and v.held_tokens == 6 * BS and v.agrees
+
+
 def test_index_memory_is_bounded_and_measured():
     index = ReplicaIndex(max_blocks=20_000)
     tokens = list(range(40_000 * 8))

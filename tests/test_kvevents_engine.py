@@ -99,3 +99,34 @@ def test_two_conversations_that_do_not_fit_the_pool(engine):
     assert replica["stream"]["gaps"] == 0 or replica["stream"]["unfilled"] == 0, replica["stream"]
     assert f'gateway_kv_stream_up{{lane="vllm-cpu-kv",replica="{engine.url}"}} 1.0' in metrics
     assert "gateway_kv_working_set_tokens" in metrics and "gateway_kv_forecast_evictions" in metrics
+
+
+def test_a_cache_reset_in_the_step_that_schedules_the_next_turn(engine):
+    """vLLM publishes AllBlocksCleared with the events of the next step; on an idle engine that is the
+    step scheduling the conversation's next turn, so the clear arrives after the turn was sent, in one
+    batch ahead of the turn's own stores. The record must say cache_cleared, and the index must agree
+    with the engine then and afterwards."""
+    with run_gateway(kv_routes(engine)) as gw:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if httpx.get(f"{gw.url}/admin/api/kv").json()["replicas"][0]["stream"]["state"] == "live":
+                break
+            time.sleep(0.1)
+        ag = Agent(gw, "kv-reset", user="kv-reset", opening="\n" + filler("kv-reset", 30))
+        ag.turn(next_user="Go on.\n" + filler("reset1", 5))
+        ag.turn(next_user="And then?\n" + filler("reset2", 5))
+        before = record(gw, ag.cid, ag.turns)
+        assert before["cached_tokens"] > 0 and before["kv"]["agrees"] is True, before
+        reset = httpx.post(f"{engine.url}/reset_prefix_cache")
+        if reset.status_code == 404:
+            pytest.skip("this engine does not serve /reset_prefix_cache (VLLM_SERVER_DEV_MODE unset)")
+        assert reset.status_code == 200, reset.text
+        ag.turn(next_user="Once more.\n" + filler("reset3", 5))
+        cleared = record(gw, ag.cid, ag.turns)
+        ag.turn(next_user="Last.\n" + filler("reset4", 5))
+        after = record(gw, ag.cid, ag.turns)
+    assert cleared["cached_tokens"] == 0 and cleared["predicted_cached_tokens"] > 0, cleared
+    assert cleared["verdict"] == "eviction" and cleared["cause"] == "cache_cleared", cleared
+    kv = cleared["kv"]
+    assert kv["cause"] == "cache_cleared" and kv["held_tokens"] == 0 and kv["agrees"] is True, kv
+    assert after["cached_tokens"] > 0 and after["kv"]["agrees"] is True and after["verdict"] == "hit", after

@@ -3,7 +3,8 @@ left and why, and who stored what (for "who pushed it out").
 
 Blocks are named by content keys (chain.py); the engine's own hashes are kept only to apply
 BlockRemoved and to chain a child to its parent. All times are this gateway's wall clock when the
-event arrived (the engine's `ts` may come from another host's clock).
+event arrived (the engine's `ts` may come from another host's clock); each event also has its place in
+the stream, the engine's own batch and event order, which decides what a turn found (`Moment`).
 
 Memory is bounded by `max_blocks` held blocks (+ as many removal records, 2x as many owner entries
 and a store log of `max_blocks` entries); past that the oldest entries are forgotten and counted.
@@ -24,12 +25,13 @@ from .events import Batch, Cleared, Hash, Removed, Stored
 
 
 class Block:
-    __slots__ = ("key", "tokens", "stored_t")
+    __slots__ = ("key", "tokens", "stored_t", "stored_n")
 
-    def __init__(self, key: int, tokens: int, stored_t: float) -> None:
+    def __init__(self, key: int, tokens: int, stored_t: float, stored_n: int) -> None:
         self.key = key
         self.tokens = tokens
         self.stored_t = stored_t
+        self.stored_n = stored_n  # the event's place in the replica's stream (the engine's own order)
 
 
 @dataclass(slots=True, frozen=True)
@@ -37,6 +39,23 @@ class Removal:
     t: float  # when the block left
     cause: str  # evicted | cleared | restarted
     stored_t: float  # when it had been stored
+    n: int = 0  # the removal's place in the stream
+    stored_n: int = 0  # the store's
+
+
+@dataclass(slots=True, frozen=True)
+class Moment:
+    """A point in a replica's event stream that a turn is judged at: just before the turn's own first
+    store, in the engine's batch and event order, when the index saw it (a reset of the cache published
+    in the very step that scheduled the turn comes before it, though it arrived after the turn was
+    sent); else the wall time the turn was sent."""
+
+    t: float
+    n: int | None = None
+
+    def after(self, t: float, n: int) -> bool:
+        """Did the event at (arrival time t, place n) happen before this moment?"""
+        return n < self.n if self.n is not None else t <= self.t
 
 
 class ReplicaIndex:
@@ -52,6 +71,7 @@ class ReplicaIndex:
         self.held_tokens = 0
         self.epoch = 0
         self.clears: deque[tuple[float, str]] = deque(maxlen=32)  # (t, cause) of each reset
+        self.n = 0  # events applied: each event's place in the stream
         self.stored_blocks = 0
         self.removed_blocks = 0
         self.reused_blocks = 0  # BlockStored for a block already held (vLLM's "full" reuse reports)
@@ -63,6 +83,7 @@ class ReplicaIndex:
 
     def apply(self, batch: Batch, t: float) -> None:
         for ev in batch.events:
+            self.n += 1
             if isinstance(ev, Stored):
                 self._stored(ev, t)
             elif isinstance(ev, Removed):
@@ -106,7 +127,7 @@ class ReplicaIndex:
                 self.reused_blocks += 1
                 continue
             n = len(chunk) // 4
-            blocks[h] = Block(key, n, t)
+            blocks[h] = Block(key, n, t, self.n)
             by_key[key] = h
             self.held_tokens += n
             self.stored_blocks += 1
@@ -127,7 +148,7 @@ class ReplicaIndex:
             self._remember(blk, h, t, cause)
 
     def _remember(self, blk: Block, h: Hash, t: float, cause: str) -> None:
-        self.removed[blk.key] = Removal(t, cause, blk.stored_t)
+        self.removed[blk.key] = Removal(t, cause, blk.stored_t, self.n, blk.stored_n)
         self.removed.move_to_end(blk.key)
         self.gone[h] = blk.key
         cap = self.max_blocks
@@ -148,6 +169,8 @@ class ReplicaIndex:
 
     def reset(self, cause: str, t: float) -> None:
         """AllBlocksCleared (cause cleared) or a new engine process (restarted): everything held left."""
+        if cause != "cleared":  # a restart is not an event of the stream: it takes its own place
+            self.n += 1
         for h, blk in self.blocks.items():
             self._remember(blk, h, t, cause)
         self.blocks.clear()
@@ -170,28 +193,46 @@ class ReplicaIndex:
 
     # -- questions ------------------------------------------------------------------------------
 
-    def held_at(self, key: int, t: float) -> bool:
+    def moment(self, keys: Sequence[int], asked_at: float) -> Moment:
+        """Where a turn sent at `asked_at` with these block keys was scheduled in the stream: before the
+        first of its blocks stored after it was sent (its own prefill), when one is held."""
+        by_key, blocks = self.by_key, self.blocks
+        for k in keys:
+            h = by_key.get(k)
+            if h is None:
+                break
+            blk = blocks[h]
+            if blk.stored_t > asked_at:
+                return Moment(asked_at, blk.stored_n)
+        return Moment(asked_at)
+
+    def held_at(self, key: int, at: Moment) -> bool:
         h = self.by_key.get(key)
-        if h is not None and self.blocks[h].stored_t <= t:
-            return True
+        if h is not None:
+            blk = self.blocks[h]
+            if at.after(blk.stored_t, blk.stored_n):
+                return True
         r = self.removed.get(key)
-        return r is not None and r.stored_t <= t < r.t
+        return r is not None and at.after(r.stored_t, r.stored_n) and not at.after(r.t, r.n)
 
     def held_now(self, key: int) -> bool:
         return key in self.by_key
 
-    def held_prefix(self, keys: Sequence[int], t: float | None = None) -> int:
-        """How many leading blocks of `keys` were held at `t` (now when None)."""
-        by_key, blocks, held_at = self.by_key, self.blocks, self.held_at
+    def held_prefix(self, keys: Sequence[int], at: Moment | None = None) -> int:
+        """How many leading blocks of `keys` were held at `at` (now when None)."""
         n = 0
-        for k in keys:
-            h = by_key.get(k)
-            if h is not None and (t is None or blocks[h].stored_t <= t):
-                n += 1  # the common case, inlined: held and stored before t
-            elif t is not None and held_at(k, t):
+        if at is None:
+            by_key = self.by_key
+            for k in keys:
+                if k not in by_key:
+                    break
                 n += 1
-            else:
+            return n
+        held_at = self.held_at
+        for k in keys:
+            if not held_at(k, at):
                 break
+            n += 1
         return n
 
     def stores_between(self, since: float, until: float) -> tuple[dict[str | None, int], int]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Sequence
 
-from .index import ReplicaIndex
+from .index import Moment, ReplicaIndex
 
 Cause = Literal["held", "pool_pressure", "cache_cleared", "engine_restarted", "never_stored", "unknown"]
 _BY_REMOVAL = {"evicted": "pool_pressure", "cleared": "cache_cleared", "restarted": "engine_restarted"}
@@ -81,7 +81,8 @@ def cap(tokens: int, prompt_tokens: int, block: int) -> int:
 def explain(index: ReplicaIndex, q: Question) -> Verdict:
     block = index.block_size or 1
     keys = q.keys
-    held_blocks = index.held_prefix(keys, q.asked_at)
+    at = index.moment(keys, q.asked_at)
+    held_blocks = index.held_prefix(keys, at)
     held = cap(held_blocks * block, q.prompt_tokens, block)
     agrees = None if q.reported_tokens is None else held == q.reported_tokens
     predicted_blocks = min(len(keys), q.predicted_tokens // block)
@@ -94,12 +95,12 @@ def explain(index: ReplicaIndex, q: Question) -> Verdict:
     first = removals[0]
     # A removal before the conversation's previous turn was undone by that turn (it stored the block
     # again), unless that store never happened: then the block was never stored for this prefix.
-    if first is not None and q.since is not None and first.t <= q.since and first.t <= q.asked_at:
+    if first is not None and q.since is not None and first.t <= q.since and at.after(first.t, first.n):
         recent = None
     else:
-        recent = first if first is not None and first.t <= q.asked_at else None
-    times = [r.t for r in removals if r is not None and r.t <= q.asked_at and (q.since is None or r.t > q.since)]
-    runs = _runs(held_blocks, removals, q.asked_at)
+        recent = first if first is not None and at.after(first.t, first.n) else None
+    times = [r.t for r in removals if r is not None and at.after(r.t, r.n) and (q.since is None or r.t > q.since)]
+    runs = _runs(held_blocks, removals, at)
     span = (min(times), max(times)) if times else None
     n_missing = len(missing)
 
@@ -141,12 +142,13 @@ def explain(index: ReplicaIndex, q: Question) -> Verdict:
                    recent.t, span, runs, displacers, displacing, note)
 
 
-def _runs(start: int, removals: list, asked_at: float) -> tuple[tuple[int, int, str, float, float], ...]:
+def _runs(start: int, removals: list, at: Moment) -> tuple[tuple[int, int, str, float, float], ...]:
     """Consecutive missing blocks grouped by how they left (at most 16 runs)."""
     out: list[list] = []
     for i, r in enumerate(removals):
-        how = r.cause if r is not None and r.t <= asked_at else "never_stored"
-        t = r.t if r is not None and r.t <= asked_at else 0.0
+        before = r is not None and at.after(r.t, r.n)
+        how = r.cause if before else "never_stored"
+        t = r.t if before else 0.0
         if out and out[-1][2] == how and len(out) <= 16:
             out[-1][1] = start + i
             out[-1][3] = min(out[-1][3], t) if t else out[-1][3]

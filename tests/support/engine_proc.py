@@ -67,7 +67,9 @@ def engine_args(kv_port: int | None = None, kv_replay_port: int | None = None) -
 def engine_env() -> dict[str, str]:
     env = dict(os.environ)
     env.update({"BLOCK_SIZE": str(BLOCK_SIZE), "MAX_MODEL_LEN": str(MAX_MODEL_LEN), "OMP_NUM_THREADS": "1",
-                "VLLM_CPU_KVCACHE_SPACE": env.get("VLLM_CPU_KVCACHE_SPACE", "1"), "PYTHONUNBUFFERED": "1"})
+                "VLLM_CPU_KVCACHE_SPACE": env.get("VLLM_CPU_KVCACHE_SPACE", "1"), "PYTHONUNBUFFERED": "1",
+                # vLLM's development endpoints (POST /reset_prefix_cache), on loopback: a test resets the cache.
+                "VLLM_SERVER_DEV_MODE": "1"})
     return env
 
 
