@@ -12,6 +12,7 @@ import yaml
 
 from gateway.core.config import ConfigError, load_routes
 from gateway.qualify.identity import lane_identity
+from gateway.render.renderer import Renderer, RenderOptions
 from gateway.render.template import TemplateNotFound, load_template, packaged_templates, resolve_template, template_path
 
 PACKAGED = template_path("deepseek_v4.1")
@@ -69,6 +70,20 @@ def test_an_edited_template_file_is_read_again(tmp_path: Path) -> None:
     path.unlink()
     with pytest.raises(TemplateNotFound):
         load_template(str(path))
+
+
+def test_an_edited_template_file_renders_its_new_text_not_cached_items(tmp_path: Path) -> None:
+    path = tmp_path / "t.jinja"
+    path.write_text(PACKAGED.read_text(encoding="utf-8"), encoding="utf-8")
+    renderer = Renderer()
+    options = RenderOptions(template=str(path))
+    body = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "ls", "description": "List files.",
+                                                         "parameters": {"type": "object", "properties": {}}}}]}
+    assert "## Tools" in renderer.render(body, options).prompt
+    path.write_text(PACKAGED.read_text(encoding="utf-8").replace("## Tools", "## Toolbox"), encoding="utf-8")
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 1_000_000))
+    assert "## Toolbox" in renderer.render(body, options).prompt
 
 
 def test_an_own_template_counts_in_the_identity_by_content_not_place(tmp_path: Path) -> None:

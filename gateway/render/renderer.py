@@ -806,7 +806,7 @@ class Renderer:
     def _item_key(self, prep: _Prepared, it: _Item) -> tuple:
         # The header is at _HEADER_AT (_reheader looks up the same key under another header).
         return (
-            prep.template.name,
+            prep.template.key,
             it.role,
             tuple(prep.digests[it.start:it.end + 1]),
             it.first,

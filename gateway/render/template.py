@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import xxhash
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -115,6 +116,9 @@ class ChatTemplate:
     def __init__(self, name: str, source: str) -> None:
         self.name = name
         self.source = source
+        # What rendered items are cached under: the text, not the name (an edited file reloads under
+        # the same name and must not reuse what the old text rendered).
+        self.key = f"{name}\0{xxhash.xxh3_64_hexdigest(source.encode('utf-8', 'surrogatepass'))}"
         self.env = make_environment()
         self.template = self.env.from_string(source)
         # Executes the top level with no `messages`: nothing renders, the macros are exported.
