@@ -321,9 +321,31 @@ async def test_append_only_turn_covers_previous_prompt_and_output(emu: EmulatorP
 
     u = await _usage_of(emu, nxt)
     bs = _bs(emu)
-    held = covered - 1  # the last token sampled is never fed back: no KV for it
+    # The last token sampled is never fed back: no KV for it. Cut at max_tokens, that is the token before
+    # the end token the next turn closes the message with.
+    cut = next(ch["finish_reason"] for e in events[:-1] for ch in e["choices"] if ch.get("finish_reason")) == "length"
+    held = covered - (2 if cut else 1)
     assert _cached(u) == min(held, u["prompt_tokens"] - 1) // bs * bs
     assert _cached(u) > prev_prompt
+
+
+async def test_an_answer_cut_at_max_tokens_holds_prompt_plus_completion_minus_one(emu: EmulatorProc) -> None:
+    """Cut at max_tokens, the answer has no end token: the engine computed every generated token but the
+    last sampled one, however the next turn closes the message. Cut where prompt + output fills whole
+    blocks, the next turn finds one block less than its common prefix with them."""
+    bs = _bs(emu)
+    body = chat_body(" ".join(f"c{i}" for i in range(70)), chat_template_kwargs={"thinking": False})
+    prompt = len(await _tokens(emu, body))
+    body["max_tokens"] = bs - prompt % bs + 2 * bs if bs > 1 else 12
+    events = await sse(emu.url, dict(body, stream=True, stream_options={"include_usage": True}))
+    content = "".join(ch["delta"].get("content") or "" for e in events[:-2] for ch in e["choices"])
+    assert events[-3]["choices"][0]["finish_reason"] == "length"
+    usage = events[-2]["usage"]
+    assert usage["prompt_tokens"] == prompt and (prompt + usage["completion_tokens"]) % bs == 0
+    nxt = dict(body, messages=[*body["messages"], {"role": "assistant", "content": content},
+                               {"role": "user", "content": "Go on."}])
+    u = await _usage_of(emu, nxt)
+    assert _cached(u) == (prompt + usage["completion_tokens"] - 1) // bs * bs
 
 
 async def test_edit_in_history_moves_the_prefix(emu: EmulatorProc) -> None:

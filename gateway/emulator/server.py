@@ -332,7 +332,7 @@ class Emulator:
             await asyncio.sleep(cfg.ttft_ms / 1000.0 + self._prefill_s(len(prompt) - cached, cfg))
 
             def remember() -> None:
-                gen = _computed(self.tokenize_generated(chat, em.sent_back(plan)))
+                gen = _computed(self.tokenize_generated(chat, em.sent_back(plan)), plan.finish_reason == "length")
                 if gen:
                     full = data + token_bytes(gen)
                     self.cache.insert(full, self.cache.hashes(full, seed, known=hashes), seed)
@@ -534,14 +534,15 @@ class Emulator:
         msg = plan.assistant_message()
         if plan.tool_call is not None:
             msg["content"] = ""
-        gen = _computed(self.tokenize_generated(chat, msg))
+        gen = _computed(self.tokenize_generated(chat, msg), plan.finish_reason == "length")
         if gen:
             full = data + token_bytes(gen)
             self.cache.insert(full, self.cache.hashes(full, seed, known=hashes), seed)
 
     def remember_output(self, job: _Job) -> None:
         """Cache prompt + generated tokens as the next turn of an append-only client will render them."""
-        gen = _computed(self.tokenize_generated(job.body, job.plan.assistant_message()))
+        gen = _computed(self.tokenize_generated(job.body, job.plan.assistant_message()),
+                        job.kind == "chat" and job.plan.finish_reason == "length")
         if not gen:
             return
         full = token_bytes(gen)
@@ -549,11 +550,12 @@ class Emulator:
         self.cache.insert(data, self.cache.hashes(data, job.seed, known=job.hashes), job.seed)
 
 
-def _computed(gen: list[int]) -> list[int]:
+def _computed(gen: list[int], unsampled_end: bool) -> list[int]:
     """The generated tokens whose KV the engine computed: all but the last one, which is sampled and
-    never fed back (vLLM and SGLang hold prompt + completion - 1 tokens). Caching the last one too made
-    the emulator report one block more than a real engine whenever prompt + output ended a block."""
-    return gen[:-1]
+    never fed back (vLLM and SGLang hold prompt + completion - 1 tokens). `gen` is the output as the
+    next turn renders it: a chat message is closed by the end token, which a chat answer cut at
+    max_tokens never sampled (`unsampled_end`): its last sampled token is the one before it."""
+    return gen[:-2] if unsampled_end else gen[:-1]
 
 
 class _Job:
