@@ -70,6 +70,9 @@ def _limit_malloc_arenas(arenas: int = 2) -> None:
         pass
 
 
+_PROTOCOL = "gateway.server.serving"
+
+
 def create_app(settings: Settings | None = None) -> "FastPath":
     settings = settings or Settings()
     # Other threads of this process (records, limits' counting near the window, analysis with
@@ -95,6 +98,10 @@ def create_app(settings: Settings | None = None) -> "FastPath":
             await gw.stop()
             raise
         gc_tuning.settle()
+        if _PROTOCOL not in sys.modules:  # uvicorn imports the configured protocol before the lifespan runs
+            log.warning("serving without the gateway's HTTP protocol: no read deadlines (a slow client holds its "
+                        "connection) and every request goes through ASGI; run `gateway serve`, or uvicorn with "
+                        "--http %s:DeadlineHttpToolsProtocol", _PROTOCOL)
         try:
             yield
         finally:

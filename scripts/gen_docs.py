@@ -163,7 +163,9 @@ WHAT = {
     "/admin/": "the review page",
     "/admin/static/{name}": "the review page's scripts and styles",
     "/metrics": "Prometheus metrics",
-    "/admin/drift": "drift alerts, newest first",
+    "/admin/drift": ("this gateway's own alert book, newest first, from its state store: live as turns are analysed, "
+                     "answering while the records database is away; reviewers use /admin/api/alerts, "
+                     "graded and fleet-wide from the records"),
     "/admin/conversations/{cid:path}": "one conversation's turns and verdicts",
     "/admin/routing": "each lane's replicas, in-flight counts, homes and routing decisions",
     "/admin/api/health": "replica health as the probes see it",
