@@ -90,3 +90,22 @@ def test_sorted_arguments_and_stripped_reasoning_hit_with_healing_and_drift_with
     # newest stripped message shifts, often less than a block.
     assert plain.rows[1]["tokens_lost"] > 0, plain.rows[1]
     assert healed.rows[1]["predicted"] > plain.rows[1]["predicted"]
+
+
+def test_two_edits_in_one_message_are_named_by_the_first_differing_part(gw):
+    """An earlier assistant message sent back with its reasoning stripped and its call's argument keys
+    re-sorted: the render differs first at the reasoning, so the cause is client_stripped_reasoning
+    (not the tool calls), and the engine reports the prefix the gateway predicted."""
+    agent = Agent(gw, "combined-edit", model="ds")
+    call = agent.messages[2]["tool_calls"][0]["function"]
+    call["arguments"] = json.dumps({"path": "src/split.py", "mode": "read"})
+    agent.turn()
+    edited = copy.deepcopy(agent.messages[2])
+    edited.pop("reasoning_content")
+    edited["tool_calls"][0]["function"]["arguments"] = json.dumps({"mode": "read", "path": "src/split.py"})
+    agent.messages[2] = edited
+    row = agent.turn()
+    report("combined_edit", agent.rows)
+    assert row["verdict"] == "drift" and row["cause"] == "client_stripped_reasoning", row
+    assert row["divergence_message_index"] == 2, row
+    assert row["predicted"] == row["reported"], row
