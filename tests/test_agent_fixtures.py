@@ -1,7 +1,7 @@
 """The recorded sessions of real agent CLIs (tests/fixtures/agents, kept by RECORD_AGENT_FIXTURES=1
 make test-agents), replayed through the gateway on the demo's lane without the CLIs: every request
 answered 2xx, each session one conversation, every turn predicted as the engine reports it (within a
-block). Codex (Responses) is held to one conversation only: its later turns' prediction is open."""
+block)."""
 
 from __future__ import annotations
 
@@ -41,9 +41,8 @@ def test_a_recorded_session_replays_as_one_conversation(client: str) -> None:
             by_conversation.setdefault(x["conversation"], []).append(x)
         session = sorted(max(by_conversation.values(), key=len), key=lambda x: x["turn"])
         assert len(session) >= 2 and [x["turn"] for x in session] == list(range(1, len(session) + 1))
-        if client != "codex":
-            for x in session:
-                assert abs(x["predicted_cached_tokens"] - x["cached_tokens"]) <= BLOCK, x
+        for x in session:
+            assert abs(x["predicted_cached_tokens"] - x["cached_tokens"]) <= BLOCK, x
     finally:
         for cm in managers:
             cm.__exit__(None, None, None)

@@ -243,7 +243,7 @@ def test_engine_responses_turns_are_predicted_exactly(stream):
 
 @pytest.mark.parametrize("unreadable", [
     {"previous_response_id": "resp_earlier"},
-    {"input": [{"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "*** Begin Patch"},
+    {"input": [{"type": "reasoning", "encrypted_content": "gAAA", "summary": []},
                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go on"}]}]},
 ])
 def test_a_request_the_view_cannot_read_still_states_the_lanes_render_inputs(gw, emu_proc, unreadable):
@@ -260,3 +260,26 @@ def test_a_request_the_view_cannot_read_still_states_the_lanes_render_inputs(gw,
 
     wait_until(recorded, what="the request's record")
     assert (recorded()[0]["analysis"] or "").startswith("responses: "), recorded()[0]
+
+
+def test_namespace_and_custom_tools_read_as_vllm_shows_them():
+    """vLLM 0.32's get_function_tools: a namespace's functions flattened to `<namespace>__<name>`, a custom
+    tool as a one-string function, other types dropped; calls sent back named and encoded the same way
+    (tests/test_engine_responses.py holds this to the engine's own prompt)."""
+    tools = [{"type": "namespace", "name": "agents", "tools": [
+                 {"type": "function", "name": "spawn", "description": "d", "parameters": {"type": "object"}}]},
+             {"type": "custom", "name": "apply_patch", "description": "Patch files."},
+             {"type": "web_search"}]
+    body = {"model": "m", "tools": tools, "input": [
+        {"type": "message", "role": "user", "content": "go"},
+        {"type": "function_call", "call_id": "c1", "namespace": "agents", "name": "spawn", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+        {"type": "custom_tool_call", "call_id": "c2", "name": "apply_patch", "input": "*** Begin Patch"},
+        {"type": "custom_tool_call_output", "call_id": "c2", "output": "Done!"}]}
+    view = chat_view(body)
+    assert [t["function"]["name"] for t in view.body["tools"]] == ["agents__spawn", "apply_patch"]
+    assert view.body["tools"][1]["function"]["parameters"]["required"] == ["input"]
+    msgs = view.body["messages"]
+    assert msgs[1]["tool_calls"][0]["function"]["name"] == "agents__spawn"
+    assert msgs[3]["tool_calls"][0]["function"] == {"name": "apply_patch", "arguments": '{"input": "*** Begin Patch"}'}
+    assert msgs[4] == {"role": "tool", "content": "Done!", "tool_call_id": "c2"}

@@ -19,9 +19,20 @@ from typing import Any
 import orjson
 import xxhash
 
+from ..pipeline.responses_chat import chat_tools, chat_view
+
 
 def chat_body_of(body: dict[str, Any]) -> dict[str, Any]:
-    """The chat request a Responses request maps onto."""
+    """The chat request a Responses request maps onto: vLLM's reading (the gateway's, which the engine
+    tests hold token for token to vLLM's own prompt); a request that reading leaves out (engine-side
+    state, encrypted reasoning) is read leniently below, its state ignored."""
+    view = chat_view(body)
+    if view.body is not None:
+        out = view.body
+        for key in ("temperature", "top_p", "seed"):
+            if key in body:
+                out[key] = body[key]
+        return out
     messages: list[dict[str, Any]] = []
     if isinstance(body.get("instructions"), str) and body["instructions"]:
         messages.append({"role": "system", "content": body["instructions"]})
@@ -80,8 +91,7 @@ def chat_body_of(body: dict[str, Any]) -> dict[str, Any]:
     for key in ("temperature", "top_p", "seed", "chat_template_kwargs"):
         if key in body:
             out[key] = body[key]
-    tools = [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if k in t}}
-             for t in body.get("tools") or () if isinstance(t, dict) and t.get("type") == "function" and "name" in t]
+    tools = chat_tools(body["tools"]) if isinstance(body.get("tools"), list) else []
     if tools:
         out["tools"] = tools
     return out

@@ -9,11 +9,15 @@ reads a request the same way:
 - `input` as a string -> one user message;
 - message items: user / system / developer go as they are (input_text / output_text parts are text
   parts, input_image an image_url part); an assistant message keeps its first part's text only;
-- `function_call` -> an assistant `tool_calls` entry (id = call_id), `function_call_output` -> a tool
-  message, `reasoning` -> the assistant's `reasoning` (its first content text, else its first summary);
-  a reasoning, message or function call that follows an assistant message still missing that field is
-  merged into it, so turn 1's output items sent back make one assistant message;
-- function tools (flat: name, description, parameters) -> chat tools; others are not rendered;
+- `function_call` -> an assistant `tool_calls` entry (id = call_id; a call in a `namespace` is named
+  `<namespace>__<name>`), `custom_tool_call` -> one whose arguments are `{"input": <its input>}`,
+  `function_call_output` / `custom_tool_call_output` -> a tool message, `reasoning` -> the assistant's
+  `reasoning` (its first content text, else its first summary); a reasoning, message or call that
+  follows an assistant message still missing that field is merged into it, so turn 1's output items
+  sent back make one assistant message;
+- tools, in request order (vLLM's `get_function_tools`): a function tool as a chat tool; a `namespace`
+  tool's function tools as `<namespace>__<name>`; a `custom` (freeform) tool as a function taking one
+  string, `input`; other types (web_search, mcp, ...) are never shown to the model;
 - `reasoning.effort` -> the template's `reasoning_effort`.
 
 A request that does not map onto messages alone gets no chat view, with the reason (it is recorded,
@@ -25,6 +29,7 @@ whose mapping a chat request could not carry (e.g. a user message whose content 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,7 +81,7 @@ def _chat_view(body: dict[str, Any]) -> ChatView:
     if not messages:
         return ChatView(None, "input: no messages")
     chat: dict[str, Any] = {"model": body.get("model"), "messages": messages}
-    tools = [_tool(t) for t in body.get("tools") or () if isinstance(t, dict) and t.get("type") == "function"]
+    tools = chat_tools(body.get("tools"))
     if tools:
         chat["tools"] = tools
     reasoning = body.get("reasoning")
@@ -145,10 +150,11 @@ def take_output(gen: GeneratedOutput, output: Any) -> bool:
             text = _reasoning_text(item)
             if text:
                 reasoning.append(text)
-        elif kind == "function_call":
-            calls[len(calls)] = {"id": item.get("call_id"), "type": "function",
-                                 "function": {"name": str(item.get("name") or ""),
-                                              "arguments": str(item.get("arguments") or "")}}
+        elif kind in ("function_call", "custom_tool_call"):
+            call = _call(item)
+            calls[len(calls)] = {"id": call["id"], "type": "function",
+                                 "function": {"name": str(call["function"]["name"] or ""),
+                                              "arguments": str(call["function"]["arguments"] or "")}}
     gen.content, gen.reasoning, gen.tool_calls = content, reasoning, calls
     return True
 
@@ -182,11 +188,8 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 def _item(item: dict[str, Any], i: int, prev: dict[str, Any] | None) -> dict[str, Any] | None:
     """One input item as a new message, or None when it was merged into `prev` (an assistant message)."""
     kind = item.get("type")
-    if kind == "function_call":
-        call = {"id": item.get("call_id"), "type": "function",
-                "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
-        if item.get("namespace"):
-            raise _Unmapped(f"input[{i}]: a namespaced function call")
+    if kind in ("function_call", "custom_tool_call"):
+        call = _call(item)
         if prev is not None:
             calls = prev.get("tool_calls")
             if calls is None:
@@ -196,7 +199,7 @@ def _item(item: dict[str, Any], i: int, prev: dict[str, Any] | None) -> dict[str
                 calls.append(call)
                 return None
         return {"role": "assistant", "tool_calls": [call]}
-    if kind == "function_call_output":
+    if kind in ("function_call_output", "custom_tool_call_output"):
         out = item.get("output")
         return {"role": "tool", "content": _parts(out, i) if isinstance(out, list) else out,
                 "tool_call_id": item.get("call_id")}
@@ -236,6 +239,49 @@ def _parts(parts: list[Any], i: int) -> list[dict[str, Any]]:
         else:
             raise _Unmapped(f"input[{i}]: content part {str(kind)[:40]!r} the gateway does not render")
     return out
+
+
+def chat_tools(tools: Any) -> list[dict[str, Any]]:
+    """The Responses tools as the chat tools the template shows the model (see the module docstring)."""
+    if tools is not None and not isinstance(tools, list):
+        raise TypeError("tools: not a list")
+    out: list[dict[str, Any]] = []
+    for tool in tools or ():
+        if not isinstance(tool, dict):
+            continue
+        kind = tool.get("type")
+        if kind == "function":
+            out.append(_tool(tool))
+        elif kind == "namespace" and isinstance(tool.get("tools"), list):
+            out.extend(_tool({**inner, "name": _flat(tool.get("name"), inner.get("name"))})
+                       for inner in tool["tools"] if isinstance(inner, dict) and inner.get("type") == "function")
+        elif kind == "custom":
+            out.append(_tool({"name": tool.get("name"), "description": tool.get("description"),
+                              "parameters": CUSTOM_TOOL_PARAMETERS}))
+    return out
+
+
+# vLLM's shim for a custom (freeform) tool (tool_parsers/utils.py custom_tool_parameters).
+CUSTOM_TOOL_PARAMETERS = {
+    "type": "object",
+    "properties": {"input": {"type": "string", "description": "The freeform text payload for this tool."}},
+    "required": ["input"],
+    "additionalProperties": False,
+}
+
+
+def _flat(namespace: Any, name: Any) -> str:
+    return f"{namespace}__{name}"
+
+
+def _call(item: dict[str, Any]) -> dict[str, Any]:
+    """A function or custom tool call item as a chat tool call, named and encoded as vLLM does."""
+    if item.get("type") == "custom_tool_call":
+        args = json.dumps({"input": item.get("input") or ""}, ensure_ascii=False)
+        return {"id": item.get("call_id"), "type": "function", "function": {"name": item.get("name"), "arguments": args}}
+    name = _flat(item["namespace"], item.get("name")) if item.get("namespace") else item.get("name")
+    return {"id": item.get("call_id"), "type": "function",
+            "function": {"name": name, "arguments": item.get("arguments")}}
 
 
 def _tool(tool: dict[str, Any]) -> dict[str, Any]:
