@@ -27,6 +27,14 @@ def test_lru_order_and_budget():
     assert s.bytes == c.bytes <= s.budget_bytes
 
 
+def test_ids_still_in_use_are_found_after_their_entry_is_evicted():
+    c = SegmentCache(budget_bytes=2500)
+    held = array("I", range(100))  # a conversation's last render still holds these
+    c.put_tokens([(("t", "held"), held), (("t", "dropped"), array("I", range(100)))])
+    c.put_tokens([(("t", i), array("I", range(100))) for i in range(5)])  # both entries evicted
+    assert c.get_tokens([("t", "held"), ("t", "dropped")]) == [held, None]
+
+
 def test_oversized_value_is_not_cached():
     c = SegmentCache(budget_bytes=100)
     c.put_tokens([("big", array("I", range(1000)))])

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +75,10 @@ class SegmentCache:
         self.token_hits = 0
         self.token_misses = 0
         self.evictions = 0
+        # Token ids still in use (by a cached item, a conversation's last render) stay findable by
+        # their text after their own entry is evicted: an earlier turn's segment is what a drift
+        # comparison asks for, and a miss there would cost the comparison its token precision.
+        self._live_ids: weakref.WeakValueDictionary[Any, array] = weakref.WeakValueDictionary()
 
     # -- generic -------------------------------------------------------------------------------
     def _get(self, key: Any) -> Any:
@@ -164,6 +170,12 @@ class SegmentCache:
     def get_tokens(self, keys: list[Any]) -> list[Any]:
         with self._lock:
             out, hits = self._get_many("t", keys)
+            if hits < len(out):
+                live = self._live_ids.get
+                for i, k in enumerate(keys):
+                    if out[i] is None and (ids := live(k)) is not None:
+                        out[i] = ids
+                        hits += 1
             self.token_hits += hits
             self.token_misses += len(out) - hits
             return out
@@ -172,11 +184,14 @@ class SegmentCache:
         with self._lock:
             for k, ids in pairs:
                 self._put(("t", k), ids, 4 * len(ids) + 64 + 120)
+                if type(ids) is array:
+                    self._live_ids[k] = ids
 
     # -- housekeeping --------------------------------------------------------------------------
     def clear(self) -> None:
         with self._lock:
             self._data.clear()
+            self._live_ids.clear()
             self._bytes = 0
 
     @property
