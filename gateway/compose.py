@@ -4,7 +4,8 @@ Every part gets what it needs through its constructor; nothing registers itself 
 below is the order of dependence, and it is the order of the request path:
 
     gates       qualification (refuse an unqualified lane)
-    policies    limits -> conversation (identity, effort pin) -> heal (drift repairs) -> routing lookups
+    policies    limits -> restate (Responses items vLLM refuses) -> conversation (identity, effort pin)
+                -> heal (drift repairs) -> routing lookups
     forward     proxy.forward
     finishers   turn end (head and anchors at once) -> heal turn end (the message as relayed)
                 -> aftermath (analysis, then metrics and records)
@@ -31,6 +32,7 @@ from .core.config import ConfigError, load_routes
 from .conversations.feature import TTL_S, Conversations
 from .heal.book import RelayedBook
 from .heal.policy import HealPolicy
+from .heal.restate import RestatePolicy
 from .heal.turn_end import HealTurnEnd
 from .upstream.health import HealthProber, HealthService
 from .kvevents.feature import KVEventsAdmin
@@ -232,7 +234,7 @@ def build(settings: Settings) -> Gateway:
     )
     qualification.ensure_token_file()
     pipeline = Pipeline(runtime, gates=[qualification.gate],
-                        policies=[rate_limits, limits, conversations.policy, admission, heal, routing.step],
+                        policies=[rate_limits, limits, RestatePolicy(), conversations.policy, admission, heal, routing.step],
                         memo=HistoryMemo(),
                         first_bytes=first_bytes, tracing=tracing)
     status = Status(runtime, settings, security)

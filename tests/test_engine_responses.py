@@ -7,13 +7,17 @@ items Codex sends back: reasoning, namespaced and custom tool calls, their outpu
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
+import httpx
 import pytest
 
 from gateway.pipeline.responses_chat import chat_view
 from gateway.render.renderer import Renderer, RenderOptions
-from tests.support.engine_proc import MODEL, EngineProc, engine_fixture, http_json
+from tests.support.engine_proc import MODEL, EngineProc, engine_fixture, engine_lane, http_json
+from tests.support.gateway_proc import run_gateway
+from tests.support.poll import wait_until
 
 pytestmark = pytest.mark.engine
 
@@ -80,3 +84,25 @@ def test_codex_shaped_responses_request_renders_as_the_engine_prompts(engine, ef
         raise AssertionError(f"engine {prompt['message'][k - 80:k + 120]!r}\ngateway {ours.prompt[k - 80:k + 120]!r}")
     assert "multi_agent_v1__spawn_agent" in ours.prompt and "apply_patch" in ours.prompt
     assert "web_search" not in ours.prompt
+
+
+def test_an_untyped_assistant_item_vllm_refuses_is_restated_and_served(engine):
+    """The AI SDK's assistant history item (role + output_text parts, no `type`): vLLM 0.32 answers 400
+    to it directly; through the gateway it is restated with `type: message`, announced, and served."""
+    item = {"role": "assistant", "content": [{"type": "output_text", "text": "Hi there."}]}
+    body = {"model": MODEL, "max_output_tokens": 1, "store": False,
+            "input": [{"role": "user", "content": "hello"}, item, {"role": "user", "content": "more"}]}
+    status, out = http_json("POST", engine.url + "/v1/responses", body)
+    assert status == 400, out
+    with run_gateway({"lanes": {"e": engine_lane(engine.url)}, "models": {"ds": "e"}}) as gw:
+        r = httpx.post(gw.url + "/v1/responses", json={**body, "model": "ds"}, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-gateway-healed"] == "restated_item@1"
+        rid = r.headers["x-request-id"]
+
+        def record() -> dict[str, Any] | None:
+            rows = httpx.get(gw.url + "/admin/api/records", params={"limit": 20}).json()["records"]
+            return next((x for x in rows if x["request_id"] == rid), None)
+
+        wait_until(lambda: record() is not None, what="the request's record")
+        assert json.loads(record()["healed"]) == {"restated_item": 1} and not record()["healed_tokens"]

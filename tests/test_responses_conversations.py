@@ -6,6 +6,7 @@ a chat turn; a request that continues engine-side state (previous_response_id) i
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -283,3 +284,24 @@ def test_namespace_and_custom_tools_read_as_vllm_shows_them():
     assert msgs[1]["tool_calls"][0]["function"]["name"] == "agents__spawn"
     assert msgs[3]["tool_calls"][0]["function"] == {"name": "apply_patch", "arguments": '{"input": "*** Begin Patch"}'}
     assert msgs[4] == {"role": "tool", "content": "Done!", "tool_call_id": "c2"}
+
+
+def test_an_item_vllm_refuses_is_restated_announced_and_recorded(gw, emu_proc):
+    """The AI SDK's assistant history item (no `type`, output_text parts) goes to a vLLM lane as a typed
+    message (vLLM 0.32 refuses it as sent: tests/test_engine_responses.py); the rest as sent."""
+    item = {"role": "assistant", "content": [{"type": "output_text", "text": "Hi there."}]}
+    body = {"model": "ds", "input": [{"role": "user", "content": "hello"}, item, {"role": "user", "content": "more"}],
+            "max_output_tokens": 8}
+    r = httpx.post(gw.url + "/v1/responses", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-gateway-healed"] == "restated_item@1"
+    sent = emu_proc.stats()["recent"][-1]["body"]["input"]
+    assert sent[1] == {**item, "type": "message"} and sent[0] == body["input"][0] and "type" not in sent[2]
+    rid = r.headers["x-request-id"]
+
+    def record() -> dict | None:
+        rows = httpx.get(gw.url + "/admin/api/records", params={"limit": 20}).json()["records"]
+        return next((x for x in rows if x["request_id"] == rid), None)
+
+    wait_until(lambda: record() is not None, what="the request's record")
+    assert json.loads(record()["healed"]) == {"restated_item": 1}

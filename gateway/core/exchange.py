@@ -75,6 +75,7 @@ class Healed:
     kind: str
     indices: list[int]
     tokens_saved: int | None = None
+    repairs_prefix: bool = True  # False: a restatement the engine renders the same (it saves no tokens)
 
 
 @dataclass
