@@ -305,3 +305,22 @@ def test_an_item_vllm_refuses_is_restated_announced_and_recorded(gw, emu_proc):
 
     wait_until(lambda: record() is not None, what="the request's record")
     assert json.loads(record()["healed"]) == {"restated_item": 1}
+
+
+def test_reasoning_items_left_out_are_client_stripped_reasoning_with_the_responses_remedy(gw):
+    """A Responses client that stops sending its reasoning items back: the alert tells it to send them
+    back as reasoning items (not the chat advice about reasoning_content)."""
+    agent = ResponsesAgent(gw, stream=False)  # tools: the template keeps earlier reasoning
+    agent.turn()
+    agent.turn()
+    agent.items = [i for i in agent.items if i.get("type") != "reasoning"]
+    agent.turn()
+    cache = _cache(gw, agent)
+    assert cache["verdict"] == "drift" and cache["cause"] == "client_stripped_reasoning", cache
+
+    def alert() -> dict | None:
+        got = httpx.get(gw.url + "/admin/api/alerts", params={"window_s": 3600, "show": "all"}).json()["alerts"]
+        return next((a for a in got if a["conversation"] == agent.cid), None)
+
+    wait_until(alert, what="the drift alert")
+    assert "`reasoning` input item" in alert()["remedy"], alert()

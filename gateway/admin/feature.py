@@ -267,7 +267,7 @@ class AdminAPI:
     async def _timeline(self, cid: str, key: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
         turns = []
         for r in rows:
-            rem = remedy_for(r.get("cause"), r.get("effort_action") == "repinned") \
+            rem = remedy_for(r.get("cause"), r.get("effort_action") == "repinned", r.get("path")) \
                 if r.get("verdict") in ("drift", "eviction") or r.get("cause") else None
             if r.get("verdict") == "eviction":
                 rem = remedy_for("eviction")

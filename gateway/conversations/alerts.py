@@ -67,7 +67,7 @@ class AlertBook:
             "tokens_lost_total": (previous.get("tokens_lost_total", 0) if previous else 0) + tokens_lost,
             "seconds_lost": cache.get("seconds_lost", 0.0),
             "severity": severity(tokens_lost),
-            **_advice(div.cause, ex.effort_action == "repinned"),
+            **_advice(div.cause, ex.effort_action == "repinned", ex.path),
             "snippet_before": snippets[0] if snippets else None,
             "snippet_after": snippets[1] if snippets else None,
         }
@@ -101,7 +101,7 @@ ALERT_COLUMNS = (
     "ts", "request_id", "gateway", "lane", "model", "tenant", "client", "user_agent", "conversation",
     "conversation_source", "turn", "verdict", "cause", "divergence_message_index", "divergence_field",
     "diff_before", "diff_after", "tokens_lost", "seconds_lost", "prompt_tokens", "cached_tokens",
-    "predicted_cached_tokens", "effort_requested", "effort_applied", "effort_action", "replica",
+    "predicted_cached_tokens", "effort_requested", "effort_applied", "effort_action", "replica", "path",
 )
 SEVERITIES = ("critical", "major", "minor", "info")
 GROUPS = ("actionable", "unavoidable", "repin")
@@ -166,7 +166,7 @@ def review(rows: list[dict[str, Any]], rules: list[dict[str, Any]], now: float |
     for (cid, cause), a in by_key.items():
         r = a["last"]
         repinned = r.get("effort_action") == "repinned"
-        rem = remedy_for(cause, repinned)
+        rem = remedy_for(cause, repinned, r.get("path"))
         grp = group_of(rem)
         per_hour = a["count"] / max((r["ts"] - a["first_seen"]) / 3600, 1.0)
         sev, why = grade(a["tokens_lost_total"], a["seconds_lost_total"], a["count"], per_hour)
@@ -261,8 +261,8 @@ def _alert(cid: str, cause: str, a: dict[str, Any], rem: Any, grp: str, sev: str
     }
 
 
-def _advice(cause: str, repinned: bool) -> dict[str, Any]:
-    rem = remedy_for(cause, repinned)
+def _advice(cause: str, repinned: bool, path: str | None = None) -> dict[str, Any]:
+    rem = remedy_for(cause, repinned, path)
     return {"title": rem.title, "fixable_by": rem.fixable_by, "remedy": rem.remedy, "repinned": repinned,
             "group": group_of(rem)}
 

@@ -111,7 +111,18 @@ REPIN = Remedy(
     "expected price; nothing to fix.")
 
 
-def remedy_for(cause: str | None, repinned: bool = False) -> Remedy:
+# A Responses API client keeps reasoning in reasoning items; one that drops them, or sends the text back
+# inside a message, loses it from the prompt.
+RESPONSES_REASONING = Remedy(
+    "client", "client stripped reasoning",
+    "The client did not send the reasoning back as it came: return every `reasoning` output item as a "
+    "`reasoning` input item, its text unchanged (with store: false, send the items themselves, not their text "
+    "inside a message).")
+
+
+def remedy_for(cause: str | None, repinned: bool = False, path: str | None = None) -> Remedy:
     if repinned and cause in ("effort_changed", "thinking_toggled"):
         return REPIN
+    if cause == "client_stripped_reasoning" and path == "/v1/responses":
+        return RESPONSES_REASONING
     return REMEDIES.get(cause or "unknown", DEFAULT)
