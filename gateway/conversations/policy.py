@@ -57,6 +57,8 @@ class ConversationPolicy:
         self._pin(ex, lane, chat, found)
         if chat is not body and ex.path == responses_chat.PATH:
             responses_chat.tell_back(body, chat)  # the pin, in the Responses body the engine gets
+        elif chat is not body and ex.path == messages_chat.PATH:
+            messages_chat.tell_back(body, chat)  # ... and in the Messages body
 
     @staticmethod
     def _state_render_inputs(ex: Exchange, lane: LaneRuntime, body: dict[str, Any]) -> None:

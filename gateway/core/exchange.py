@@ -168,6 +168,9 @@ class Exchange:
     # the conversation policy; None when it does not map (the reason is in analysis_skipped). Read it
     # through `chat`, never directly.
     mapped_chat: dict[str, Any] | None = None
+    # The engine's API when the gateway translates the client's (Anthropic Messages on a lane whose
+    # engine does not serve it goes as chat completions: pipeline/messages_from_chat.py); None: the same.
+    upstream_path: str | None = None
     routing: dict[str, Any] | None = None  # the replica decision: policy, replica, reason, expected_cold
     routing_single: bool = False  # the lane has one replica: no routing lookups were made
     routing_hint: Any = None  # what the affinity router read from the store before choosing
@@ -177,8 +180,8 @@ class Exchange:
     analysis_ms: float | None = None
     analysis_skipped: str | None = None  # why this turn got no analysis (e.g. "queue_full")
     state_bytes: int | None = None
-    admission: AdmissionNote | None = None
-    rate_limits: RateLimitNote | None = None  # per-tenant rate limits (gateway/ratelimits/)  # cache-protecting admission's decision (new conversations only)
+    admission: AdmissionNote | None = None  # cache-protecting admission's decision (new conversations only)
+    rate_limits: RateLimitNote | None = None  # per-tenant rate limits (gateway/ratelimits/)
     qualification: str | None = None  # "overridden" when an unqualified lane served under override
     qualification_run: bool = False  # sent by `gateway qualify` through the qualify route
 

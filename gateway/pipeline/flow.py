@@ -14,7 +14,7 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from . import messages_chat, passthrough, token_ids
+from . import messages_chat, messages_from_chat, passthrough, token_ids
 from ..server.client_link import AsgiLink, ClientGone
 from ..core.errors import GatewayError, invalid_request
 from ..core.exchange import Exchange
@@ -144,16 +144,22 @@ class Pipeline:
             ex.lane = lane.name
             if path == passthrough.RESPONSES:
                 passthrough.map_responses_effort(data, lane.config)
-            if path in messages_chat.PATHS and lane.config.engine != "vllm":
-                raise GatewayError(400, f"The model '{model[:200]}' is served by a {lane.config.engine} lane, which "
-                                   "does not serve the Anthropic Messages API; use /v1/chat/completions",
-                                   param="model", code="unsupported_api")
+            if path == messages_chat.COUNT_PATH and lane.config.engine != "vllm":
+                raise GatewayError(400, f"The model '{model[:200]}' is served by a {lane.config.engine} lane, whose "
+                                   "engine does not count Messages tokens", param="model", code="unsupported_api")
             for policy in self.policies if path in passthrough.POLICED else ():
                 await policy.apply(ex, lane, data)
+            if path == messages_chat.PATH and lane.config.engine != "vllm":
+                # The engine has no Messages API: it gets the chat completion vLLM would make of it.
+                if ex.mapped_chat is None:
+                    raise invalid_request(ex.analysis_skipped or "the request could not be read as chat messages",
+                                          code="invalid_value")
+                ex.upstream_path = messages_from_chat.CHAT_PATH
+                data = ex.mapped_chat
             upstream_body = ex.forwarded = self._upstream_body(ex, lane, data, parsed)
             link = request.link if isinstance(request, WireRequest) else AsgiLink(request.receive)
             hold.release()  # waiting for the engine needs no CPU
-            response = await forward(ex, lane, path, upstream_body, link, end)
+            response = await forward(ex, lane, ex.upstream_path or path, upstream_body, link, end)
             if path in messages_chat.PATHS and response.status_code >= 400:
                 response = _anthropic_error(response)
         except GatewayError as exc:
@@ -217,7 +223,7 @@ class Pipeline:
         out["model"] = lane.config.upstream_model
         for name in _GATEWAY_ONLY_FIELDS:
             out.pop(name, None)
-        if ex.stream and ex.path in passthrough.STREAM_OPTIONS:
+        if ex.stream and (ex.upstream_path or ex.path) in passthrough.STREAM_OPTIONS:
             so = dict(out.get("stream_options") or {})
             ex.client_wants_usage = bool(so.get("include_usage"))
             # Always ask for usage: the cached-token count lives there.

@@ -6,7 +6,8 @@ vLLM serves the Messages API by translating each request to a chat completion
 a message's text blocks become text parts, image blocks image_url parts (a data URL), `tool_use` blocks
 the assistant's tool calls (arguments: the input as JSON), `thinking` blocks its reasoning,
 `tool_result` blocks tool messages ahead of the rest of their user message; `tools` become function
-tools with `input_schema` as parameters. This
+tools with `input_schema` as parameters; `tool_choice` (auto, any, none, a named tool) and
+`output_config` (effort, a JSON schema format) their chat counterparts; `chat_template_kwargs` as is. This
 module reads a request the same way, and the emulator serves the API with it.
 """
 
@@ -117,7 +118,29 @@ def chat_body(body: dict[str, Any]) -> dict[str, Any]:
             chat[name] = body[name]
     if body.get("stop_sequences"):
         chat["stop"] = body["stop_sequences"]
+    if isinstance(body.get("chat_template_kwargs"), dict):
+        chat["chat_template_kwargs"] = dict(body["chat_template_kwargs"])
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and isinstance(choice.get("type"), str):
+        chat["parallel_tool_calls"] = not choice.get("disable_parallel_tool_use", False)
+        chat["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}.get(choice["type"]) or \
+            {"type": "function", "function": {"name": choice.get("name")}}
+    config = body.get("output_config")
+    if isinstance(config, dict):
+        if config.get("effort") is not None:
+            chat["reasoning_effort"] = config["effort"]
+        fmt = config.get("format")
+        if isinstance(fmt, dict) and fmt.get("json_schema"):
+            chat["response_format"] = {"type": fmt.get("type"),
+                                       "json_schema": {"schema": fmt["json_schema"], "name": fmt.get("type")}}
     return chat
+
+
+def tell_back(body: dict[str, Any], chat: dict[str, Any]) -> None:
+    """What the conversation policy told the chat view (thinking, the effort pin) into the Messages body
+    the engine gets: vLLM hands its `chat_template_kwargs` to the template as it does a chat request's."""
+    if "chat_template_kwargs" in chat:
+        body["chat_template_kwargs"] = chat["chat_template_kwargs"]
 
 
 def chat_view(body: dict[str, Any]) -> ChatView:

@@ -12,7 +12,7 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 
 from . import chunk_run, reshape
-from ..pipeline import passthrough, token_ids
+from ..pipeline import messages_from_chat, passthrough, token_ids
 from ..upstream import replicas as upstream_mod
 from ..pipeline.body_parts import Body
 from ..server.client_link import ClientGone, ClientLink
@@ -132,8 +132,9 @@ async def _relay_whole(ex, lane, replica, resp, decoder, link, on_end, have: byt
     if ex.stream:
         _done(replica, lane, ok=False, why="no stream")
         raise _bad_response(ex, "the upstream answered a streaming request without a stream")
+    wire = ex.upstream_path or ex.path  # the engine's API (the client's, unless the gateway translates)
     problem = "it is not JSON" if parsed is _NOT_JSON else (
-        completion_problem(parsed) if ex.path in passthrough.STREAM_OPTIONS
+        completion_problem(parsed) if wire in passthrough.STREAM_OPTIONS
         else None if type(parsed) is dict else "the answer is not a JSON object")
     if problem is not None:
         _done(replica, lane, ok=False, why="malformed answer")
@@ -142,10 +143,13 @@ async def _relay_whole(ex, lane, replica, resp, decoder, link, on_end, have: byt
     ex.status = 200
     now = time.perf_counter()
     ex.t_first_token = ex.t_last_token = now
-    (observe_completion if ex.path in passthrough.STREAM_OPTIONS else passthrough.observe_response_body)(ex, parsed)
-    if ex.token_ids_strip:  # token ids (issue 13): the gateway asked for them, the client did not
-        data = token_ids.strip_body(data)[0]
-    data = reshape.for_lane(ex, lane).body(data)  # the client's model name, the lane's reasoning field
+    (observe_completion if wire in passthrough.STREAM_OPTIONS else passthrough.observe_response_body)(ex, parsed)
+    if ex.upstream_path is not None:  # a translated API: the answer in the client's API
+        data = orjson.dumps(messages_from_chat.message_of(parsed, ex.public_model or ""))
+    else:
+        if ex.token_ids_strip:  # token ids (issue 13): the gateway asked for them, the client did not
+            data = token_ids.strip_body(data)[0]
+        data = reshape.for_lane(ex, lane).body(data)  # the client's model name, the lane's reasoning field
     ex.response_bytes = len(data)
     response = Response(data, status_code=200, media_type="application/json")
     on_end()
@@ -226,14 +230,19 @@ def _looks_like_sse(resp: UpstreamResponse, first: bytes) -> bool:
 async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end, body_bytes: int) -> Response:
     # token ids: the gateway asked for them, the client did not: the observer takes them out
     observer: EventObserver
-    if ex.path == passthrough.RESPONSES:
+    shape = reshape.for_lane(ex, lane).event
+    if ex.upstream_path is not None:  # Anthropic Messages, served by the engine's chat completions
+        observer = messages_from_chat.ChatAsMessages(
+            StreamObserver(ex, drop_usage_chunk=False, scrubber=lane.upstream.scrubber, strip_ids=ex.token_ids_strip),
+            ex.public_model or "")
+        shape = _same
+    elif ex.path == passthrough.RESPONSES:
         observer = passthrough.ResponsesObserver(ex, lane.upstream.scrubber)
     elif ex.path == passthrough.MESSAGES:
         observer = MessagesObserver(ex, lane.upstream.scrubber)
     else:
         observer = StreamObserver(ex, drop_usage_chunk=not ex.client_wants_usage, scrubber=lane.upstream.scrubber,
                                   strip_ids=ex.token_ids_strip)
-    shape = reshape.for_lane(ex, lane).event
     runs = chunk_run.Runs(observer, shape) if chunk_run.ENABLED and type(observer) is StreamObserver else None
     timeouts = lane.upstream.timeouts
     # Wait for the first data before answering, so a stalled or dead upstream still gets a clean
@@ -394,6 +403,10 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end, body_byt
 
     return RelayResponse(relay(), abandon, status_code=200, media_type="text/event-stream",
                          headers=dict(SSE_HEADERS))
+
+
+def _same(piece: bytes) -> bytes:
+    return piece
 
 
 def _first_event_apart(first: bytes) -> tuple[bytes, bytes]:
