@@ -48,8 +48,10 @@ def gateway(upstream):
             "timeouts": {"connect": 1, "first_byte": 5, "idle": 2},
             "breaker": {"failures": 1000000000, "cool_down_s": 0.01},
         }},
-        "models": {"m": "hostile"},
+        "models": {"m": "hostile", "m-sg": "hostile-sg"},
     }
+    # The same upstream as an SGLang lane: Anthropic Messages go to it translated to chat completions.
+    routes["lanes"]["hostile-sg"] = {**routes["lanes"]["hostile"], "engine": "sglang"}
     env = {"HOSTILE_ADMIN_KEY": ADMIN, "HOSTILE_UPSTREAM_KEY": SECRET}
     with run_gateway(routes, env=env) as gw:
         yield gw
@@ -450,6 +452,51 @@ def test_any_messages_stream_is_relayed_scrubbed_and_well_formed(upstream, clien
             got.append(obj["delta"]["text"])
     if expect is not None:
         assert errors == 0 and "".join(got) == expect
+
+
+@settings(max_examples=max(200, EXAMPLES // 4), deadline=None, database=None,
+          derandomize="HOSTILE_EXAMPLES" not in os.environ,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(behaviours())
+def test_any_chat_upstream_behind_a_translated_messages_request_gives_anthropics_shapes(upstream, client, case):
+    """Anthropic Messages on an SGLang lane: whatever the engine's chat answer does, the client gets a
+    Message or a Messages stream (its text as the engine's), or an error in Anthropic's shape."""
+    stream, script, expect = case
+    note(f"stream={stream} expect={expect!r} script={script.pieces!r}")
+    upstream.script = script
+    try:
+        resp = client.post("/v1/messages", json={"model": "m-sg", "max_tokens": 8, "stream": stream,
+                                                 "messages": [{"role": "user", "content": "hi"}]})
+    except httpx.TransportError as exc:
+        pytest.fail(f"the gateway dropped the connection ({exc!r}) for {script.pieces!r}")
+    text = resp.text
+    assert SECRET not in text and SECRET[:12] not in text, text[:300]
+    assert resp.status_code != 500, text[:300]
+    if resp.status_code != 200:
+        assert expect is None and resp.json()["type"] == "error" and resp.json()["error"]["message"]
+        return
+    if not stream:
+        message = resp.json()
+        assert message["type"] == "message" and message["role"] == "assistant", message
+        if expect is not None:
+            assert "".join(b.get("text", "") for b in message["content"]) == expect
+        return
+    events = [e for e in text.replace("\r\n", "\n").split("\n\n") if e.strip()]
+    got, kinds = [], []
+    for i, event in enumerate(events):
+        data = [line[5:].strip() for line in event.split("\n") if line.startswith("data:")]
+        if not data or data[0] == "[DONE]":
+            continue
+        obj = json.loads(data[0])
+        assert isinstance(obj, dict) and isinstance(obj.get("type"), str), obj
+        kinds.append(obj["type"])
+        if obj["type"] == "error":
+            assert expect is None and obj["error"]["message"], obj
+            assert all(d.startswith("data: [DONE]") for d in events[i + 1:]), events[i + 1:][:2]
+        elif obj["type"] == "content_block_delta" and obj["delta"]["type"] == "text_delta":
+            got.append(obj["delta"]["text"])
+    if expect is not None:
+        assert "".join(got) == expect and kinds[0] == "message_start" and kinds[-1] == "message_stop", kinds
 
 
 @pytest.mark.parametrize("path, body", [

@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from ..relay.sse import StreamObserver, data_of
+from ..relay.sse import BadStream, StreamObserver, data_of
 from .messages_chat import error_body
 
 CHAT_PATH = "/v1/chat/completions"
@@ -140,7 +140,10 @@ class ChatAsMessages:
         if chunk.get("error") is not None:  # the upstream's error, scrubbed by the chat observer
             err = chunk["error"] if isinstance(chunk["error"], dict) else {}
             return _event("error", error_body(502, str(err.get("message") or "upstream error")))
-        return b"".join(self._convert(chunk)) or None
+        try:
+            return b"".join(self._convert(chunk)) or None
+        except (AttributeError, TypeError, ValueError, KeyError):
+            raise BadStream("upstream_bad_response", "the upstream sent a chat chunk of an unexpected shape") from None
 
     # -- the conversion ------------------------------------------------------------------------------
 
