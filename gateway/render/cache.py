@@ -187,6 +187,18 @@ class SegmentCache:
                 if type(ids) is array:
                     self._live_ids[k] = ids
 
+    def keep_findable(self, path: Any, segments: list[Any], start: int = 0) -> None:
+        """A render's segment ids (from `start` on), findable by their text while the render holds them,
+        whether or not their own entries stay cached."""
+        with self._lock:
+            live = self._live_ids
+            for seg in segments[start:]:
+                ids = seg.token_ids
+                if type(ids) is array:
+                    key = (path, seg.digest, len(seg.text))
+                    if live.get(key) is None:
+                        live[key] = ids
+
     # -- housekeeping --------------------------------------------------------------------------
     def clear(self) -> None:
         with self._lock:

@@ -1028,6 +1028,8 @@ class Renderer:
         if also and len(also) == 1:  # nothing else to tokenize
             also.append(tok.encode(also[0]))
         out = Rendered(segments, True, misses, n_tok)  # type: ignore[arg-type]
+        # Segments lent by the previous render were made findable when it was assembled.
+        self.cache.keep_findable(tok.path, segments, max(0, len(previous.segments) - 1) if previous else 0)
         out.dropped = prep.dropped
         out._provenance = _Provenance(groups, entries, items, msgs, off)
         out.previous = Previous(prep, entries, keys, groups, segments)  # type: ignore[arg-type]
