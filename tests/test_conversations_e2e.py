@@ -19,6 +19,8 @@ import pytest
 from tests.support.conversations import AGENT_EMULATOR, SYSTEM, TOOLS, Agent, lane, routes, wait_analysed  # noqa: F401
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
+from tests.support.latency_proxy import latency_proxy
+from tests.support.redis_proc import run_redis
 
 @pytest.fixture(scope="module")
 def emu_proc():
@@ -166,6 +168,31 @@ def test_redis_shared_between_two_gateways(emu):
         agent.client = openai.OpenAI(base_url=g1.base_url, api_key="x", max_retries=0)
         _, cache = agent.turn()
         assert cache["verdict"] == "hit"
+
+
+def test_a_client_switching_gateways_the_moment_an_answer_ends_stays_in_its_conversation(emu):
+    """The turn-end write (head and anchors) finishes before the answer's last byte: a client that
+    sends its next turn to the other gateway as soon as the stream ends is found there, every turn,
+    even when one gateway's store is far (its writes land 80 ms late)."""
+    with run_redis() as port, latency_proxy(port, 0.08) as far:
+        with run_gateway(routes(emu.url), env={"GATEWAY_REDIS_URL": f"redis://127.0.0.1:{far}/0"}) as g1, \
+                run_gateway(routes(emu.url), env={"GATEWAY_REDIS_URL": f"redis://127.0.0.1:{port}/0"}) as g2:
+            messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Switch gateways."}]
+            for turn in range(1, 9):
+                gw = (g1, g2)[turn % 2]
+                content = reasoning = ""
+                body = {"model": "ds", "messages": messages, "max_tokens": 16, "stream": True}
+                with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, timeout=30) as r:
+                    assert r.status_code == 200
+                    header = r.headers["x-gateway-conversation"]
+                    for line in r.iter_lines():
+                        if line.startswith("data: {"):
+                            for ch in json.loads(line[6:]).get("choices") or ():
+                                content += ch["delta"].get("content") or ""
+                                reasoning += ch["delta"].get("reasoning") or ch["delta"].get("reasoning_content") or ""
+                assert f"turn={turn};" in header and (turn == 1 or "via=lineage" in header), (turn, header)
+                messages += [{"role": "assistant", "content": content, "reasoning": reasoning},
+                             {"role": "user", "content": f"Step {turn}."}]
 
 
 def test_conversation_state_is_small(emu):

@@ -46,9 +46,21 @@ class TurnEnd:
         self.ttl_s = ttl_s
         self._tasks: set[asyncio.Task[None]] = set()
 
+    def arm(self, ex: Exchange, lane: LaneRuntime) -> None:
+        """Write the turn's end before the answer's last bytes (the relay awaits it): a client that sends
+        its next turn to another gateway the moment the answer is complete is joined there."""
+        async def write() -> None:
+            found: Found | None = ex.conversation
+            if found is None or ex.error_code or ex.cancelled:
+                return
+            ex.turn_written = True
+            await self._write(ex, found, lane.name, lane.config.engine)
+
+        ex.answered.append(write)
+
     def exchange_ended(self, ex: Exchange, lane: LaneRuntime | None) -> None:
         found: Found | None = ex.conversation
-        if found is None or lane is None or ex.status != 200 or ex.cancelled or ex.error_code:
+        if found is None or lane is None or ex.status != 200 or ex.cancelled or ex.error_code or ex.turn_written:
             return
         task = asyncio.get_running_loop().create_task(self._write(ex, found, lane.name, lane.config.engine))
         self._tasks.add(task)
@@ -61,9 +73,9 @@ class TurnEnd:
                     state.created)
         value = f"{state.id}|{state.turn + 1}".encode()
         try:
-            await self.store.set("head:" + state.id, head.to_bytes(), self.ttl_s)
-            for key in anchors(ex.tenant, ex.generated.as_message(), n, lane_engine):
-                await self.store.set(key, value, self.ttl_s)
+            await asyncio.gather(self.store.set("head:" + state.id, head.to_bytes(), self.ttl_s),
+                                 *(self.store.set(key, value, self.ttl_s)
+                                   for key in anchors(ex.tenant, ex.generated.as_message(), n, lane_engine)))
         except Exception:  # never let bookkeeping hurt anyone; the analyzer writes state later
             log.exception("writing the head of %s failed", state.id)
 

@@ -42,8 +42,8 @@ class Conversations:
                                  kv_events=kv_events,  # the KV-event verdicts (gateway/kvevents)
                                  inline_max_bytes=settings.analysis_inline_bytes,
                                  shared=SharedPrefixes())  # what each replica holds, from every conversation
-        self.policy = ConversationPolicy(store, header, TTL_S)
         self.turn_end = TurnEnd(store, TTL_S)
+        self.policy = ConversationPolicy(store, header, TTL_S, arm_turn_end=self.turn_end.arm)
 
     async def start(self) -> None:
         if self.process is not None:

@@ -7,7 +7,7 @@ the messages; rendering and comparing happen after the response (see analyzer.py
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 from ..pipeline import messages_chat, responses_chat
 from ..core.exchange import Exchange
@@ -25,10 +25,12 @@ REPIN_HEADER = "x-gateway-repin"
 class ConversationPolicy:
     name = "conversation"
 
-    def __init__(self, store: StateStore, header_name: str = "X-Conversation-Id", ttl_s: float = 6 * 3600) -> None:
+    def __init__(self, store: StateStore, header_name: str = "X-Conversation-Id", ttl_s: float = 6 * 3600,
+                 arm_turn_end: Callable[[Exchange, LaneRuntime], None] | None = None) -> None:
         self.store = store
         self.header_name = header_name
         self.ttl_s = ttl_s
+        self.arm_turn_end = arm_turn_end  # the turn-end write, before the answer's last bytes
 
     async def apply(self, ex: Exchange, lane: LaneRuntime, body: dict[str, Any]) -> None:
         if ex.path == responses_chat.PATH:
@@ -54,6 +56,8 @@ class ConversationPolicy:
         ex.conversation_id = state.id
         ex.conversation_source = source
         ex.turn = state.turn + 1
+        if self.arm_turn_end is not None:
+            self.arm_turn_end(ex, lane)
         self._pin(ex, lane, chat, found)
         if chat is not body and ex.path == responses_chat.PATH:
             responses_chat.tell_back(body, chat)  # the pin, in the Responses body the engine gets

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 
 if TYPE_CHECKING:
     from ..conversations.found import Found
@@ -143,6 +143,10 @@ class Exchange:
     upstream_error: str | None = None
     retries: int = 0
     cancelled: bool = False
+    # Awaited (each with a deadline) once the whole answer is known, before its last bytes go to the
+    # client: the turn-end write, so that the client's next turn finds its conversation on any gateway.
+    answered: "list[Callable[[], Awaitable[None]]]" = field(default_factory=list)
+    turn_written: bool = False  # the turn-end write was made before the last byte
 
     # Policies on the hot path (limits, effort pinning) write what they did here.
     conversation_id: str | None = None

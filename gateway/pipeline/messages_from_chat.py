@@ -97,13 +97,14 @@ class ChatAsMessages:
     """relay.sse.EventObserver: a chat completion stream, read by the chat observer, relayed as an
     Anthropic Messages stream."""
 
-    __slots__ = ("chat", "model", "started", "index", "block", "block_index", "signature", "tool_id",
+    __slots__ = ("chat", "model", "started", "ended", "index", "block", "block_index", "signature", "tool_id",
                  "pending", "finish", "stop", "tool_used", "last_args", "ids")
 
     def __init__(self, chat: StreamObserver, model: str) -> None:
         self.chat = chat
         self.model = model
         self.started = False
+        self.ended = False  # an error event was sent: the stream is over for the client
         self.index = 0  # the next block's index
         self.block: str | None = None  # the open block's type
         self.block_index: int | None = None
@@ -118,7 +119,7 @@ class ChatAsMessages:
 
     @property
     def done(self) -> bool:
-        return self.chat.done
+        return self.chat.done or self.ended
 
     @property
     def error(self) -> dict[str, Any] | None:
@@ -139,6 +140,7 @@ class ChatAsMessages:
         chunk = orjson.loads(payload)  # the chat observer let through a JSON object only
         if chunk.get("error") is not None:  # the upstream's error, scrubbed by the chat observer
             err = chunk["error"] if isinstance(chunk["error"], dict) else {}
+            self.ended = True
             return _event("error", error_body(502, str(err.get("message") or "upstream error")))
         try:
             return b"".join(self._convert(chunk)) or None

@@ -144,6 +144,7 @@ async def _relay_whole(ex, lane, replica, resp, decoder, link, on_end, have: byt
     now = time.perf_counter()
     ex.t_first_token = ex.t_last_token = now
     (observe_completion if wire in passthrough.STREAM_OPTIONS else passthrough.observe_response_body)(ex, parsed)
+    await _answered(ex)
     if ex.upstream_path is not None:  # a translated API: the answer in the client's API
         data = orjson.dumps(messages_from_chat.message_of(parsed, ex.public_model or ""))
     else:
@@ -330,6 +331,8 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end, body_byt
                                     yield out.pop()
                             if observer.done:
                                 break
+                    if observer.done and ex.answered:
+                        await _answered(ex)  # before the last bytes: the next turn may follow at once
                     if out:
                         piece = b"".join(out) if len(out) > 1 else out[0]
                         ex.response_bytes += len(piece)
@@ -349,6 +352,7 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end, body_byt
                 tail = splitter.rest().strip()
                 if not observer.done and tail[:5] == b"data:" and tail[5:].strip() == b"[DONE]":
                     observer.done = True  # the final blank line was cut off: the answer is complete
+                    await _answered(ex)
                     yield DONE
                 if observer.done:
                     ok = True
@@ -403,6 +407,21 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end, body_byt
 
     return RelayResponse(relay(), abandon, status_code=200, media_type="text/event-stream",
                          headers=dict(SSE_HEADERS))
+
+
+ANSWERED_S = 0.5  # at most this long for what waits on a complete answer (a store write), then it goes on
+
+
+async def _answered(ex: Exchange) -> None:
+    """What waits on the complete answer before its last bytes leave (ex.answered), each bounded: a slow
+    or broken store delays the end of an answer by at most ANSWERED_S, never fails it."""
+    hooks, ex.answered = ex.answered, []
+    for hook in hooks:
+        try:
+            async with asyncio.timeout(ANSWERED_S):
+                await hook()
+        except Exception:  # bookkeeping never costs the client its answer
+            log.exception("request %s: a write before the answer's end failed", ex.request_id)
 
 
 def _same(piece: bytes) -> bytes:
