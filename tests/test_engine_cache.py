@@ -34,7 +34,7 @@ import pytest
 
 from gateway.pipeline import token_ids
 from tests.support.conversations import wait_record
-from tests.support.engine_proc import MODEL, REPO, EngineProc, engine_fixture, engine_lane
+from tests.support.engine_proc import MODEL, REPO, EngineProc, engine_lane
 from tests.support.gateway_proc import run_gateway
 
 pytestmark = pytest.mark.engine
@@ -54,10 +54,6 @@ TOOLS = [
 ARTIFACT = REPO / "tests" / "artifacts" / "engine-cache.json"
 REPORT: dict[str, Any] = {}
 
-
-@pytest.fixture(scope="session")
-def engine() -> EngineProc:
-    return engine_fixture()
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.engine_proc import EngineProc, engine_fixture, engine_lane
+from tests.support.engine_proc import EngineProc, engine_lane
 from tests.support.gateway_proc import run_gateway
 from tests.test_engine_cache import Agent, assert_first_turn, report, wait_record
 
@@ -27,10 +27,6 @@ pytestmark = pytest.mark.engine
 
 KINDS = ["arguments", "reasoning", "content", "tool_result_order", "reasoning_field"]
 
-
-@pytest.fixture(scope="session")
-def engine() -> EngineProc:
-    return engine_fixture()
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.engine_proc import EngineProc, engine_fixture, engine_lane
+from tests.support.engine_proc import EngineProc, engine_lane
 from tests.support.gateway_proc import run_gateway
 from tests.test_engine_cache import filler, wait_turn
 
@@ -29,10 +29,6 @@ SYSTEM = [{"type": "text", "text": f"[messages-loop {secrets.token_hex(4)}] You 
 TOOLS = [{"name": "Bash", "description": "Run a shell command.",
           "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}]
 
-
-@pytest.fixture(scope="session")
-def engine() -> EngineProc:
-    return engine_fixture()
 
 
 @pytest.fixture(scope="module")

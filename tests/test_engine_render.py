@@ -36,16 +36,12 @@ from gateway.render.engines import template_response_format
 from gateway.render.options import options_for_lane
 from gateway.render.renderer import RenderOptions
 from gateway.render.tokenizer import load_tokenizer
-from tests.support.engine_proc import SHARED, EngineProc, engine_fixture, engine_lane, http_json
+from tests.support.engine_proc import SHARED, EngineProc, engine_lane, http_json
 
 GOLDEN = SHARED / "golden"
 SINGLE = sorted((GOLDEN / "dsv41").glob("*.json"))
 TURNS = sorted((GOLDEN / "dsv41_turns").glob("*.json"))
 
-
-@pytest.fixture(scope="session")
-def engine() -> EngineProc:
-    return engine_fixture()
 
 
 @pytest.fixture(scope="module")

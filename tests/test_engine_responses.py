@@ -15,16 +15,12 @@ import pytest
 
 from gateway.pipeline.responses_chat import chat_view
 from gateway.render.renderer import Renderer, RenderOptions
-from tests.support.engine_proc import MODEL, EngineProc, engine_fixture, engine_lane, http_json
+from tests.support.engine_proc import MODEL, engine_lane, http_json
 from tests.support.gateway_proc import run_gateway
 from tests.support.poll import wait_until
 
 pytestmark = pytest.mark.engine
 
-
-@pytest.fixture(scope="session")
-def engine() -> EngineProc:
-    return engine_fixture()
 
 
 def function(name: str, description: str, **props: str) -> dict[str, Any]:

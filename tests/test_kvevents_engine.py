@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.engine_proc import KV_TOPIC, REPO, EngineProc, engine_fixture, engine_lane
+from tests.support.engine_proc import KV_TOPIC, REPO, EngineProc, engine_lane
 from tests.support.gateway_proc import run_gateway
 from tests.test_engine_cache import Agent, filler
 
@@ -24,10 +24,6 @@ pytestmark = pytest.mark.engine
 
 ARTIFACT = REPO / "tests" / "artifacts" / "kvevents-engine.json"
 
-
-@pytest.fixture(scope="session")
-def engine() -> EngineProc:
-    return engine_fixture()
 
 
 def kv_routes(engine: EngineProc) -> dict[str, Any]:

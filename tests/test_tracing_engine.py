@@ -6,16 +6,12 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.support.engine_proc import MODEL, EngineProc, engine_fixture, engine_lane
+from tests.support.engine_proc import MODEL, EngineProc, engine_lane
 from tests.support.gateway_proc import run_gateway
 from tests.support.poll import wait_until
 
 pytestmark = pytest.mark.engine
 
-
-@pytest.fixture(scope="session")
-def engine() -> EngineProc:
-    return engine_fixture()
 
 
 def test_the_engines_span_is_a_child_of_the_gateways(engine: EngineProc) -> None:
