@@ -151,11 +151,12 @@ def test_small_cache_pool_gives_eviction_not_drift():
 
 
 def test_redis_shared_between_two_gateways(emu):
-    import redis
+    with run_redis() as port:
+        env = {"GATEWAY_REDIS_URL": f"redis://127.0.0.1:{port}/0"}
+        _two_gateways_one_conversation(emu, env)
 
-    r = redis.Redis.from_url("redis://127.0.0.1:6379/0")
-    r.ping()
-    env = {"GATEWAY_REDIS_URL": "redis://127.0.0.1:6379/0"}
+
+def _two_gateways_one_conversation(emu, env: dict) -> None:
     with run_gateway(routes(emu.url), env=env) as g1, run_gateway(routes(emu.url), env=env) as g2:
         agent = Agent(g1, reasoning_effort="high")
         agent.turn()

@@ -29,6 +29,7 @@ import pytest
 from gateway.core.config import Lane
 from gateway.upstream.replicas import Replica, Upstream
 from tests.support.emulator_proc import run_emulator
+from tests.support.redis_proc import run_redis
 from tests.support.gateway_proc import free_port, run_gateway
 
 ADMIN = "fault-tests-admin-key-0123456789"
@@ -353,50 +354,51 @@ def test_active_probe_finds_a_dead_replica_before_traffic_does() -> None:
                 assert b.stats()["requests"] >= 2
 
 
-def _redis(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", "6379", *args],
+def _redis(port: int, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(port), *args],
                           capture_output=True, text=True, timeout=10)
 
 
-def _redis_up() -> bool:
+def _redis_up(port: int) -> bool:
     try:
-        return _redis("ping").stdout.strip() == "PONG"
+        return _redis(port, "ping").stdout.strip() == "PONG"
     except (OSError, subprocess.TimeoutExpired):
         return False
 
 
-def _start_redis(workdir: str) -> None:
-    subprocess.run(["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "--port", "6379",
-                    "--save", "", "--appendonly", "no", "--dir", workdir], check=False, timeout=10,
-                   capture_output=True)
+def _start_redis(port: int) -> subprocess.Popen:
+    proc = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+                             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not _redis_up():
+    while time.monotonic() < deadline and not _redis_up(port):
         time.sleep(0.05)
+    return proc
 
 
-@pytest.mark.skipif(not _redis_up(), reason="needs the machine's Redis on 127.0.0.1:6379")
 def test_redis_stopped_and_restarted_during_traffic() -> None:
-    workdir = (_redis("config", "get", "dir").stdout.split() or ["", "/tmp"])[-1]
-    with run_emulator(flavour="vllm", decode_tps=400) as emu:
+    """The gateway's own Redis (started here, never the machine's) goes away under traffic and comes back."""
+    with run_redis() as port, run_emulator(flavour="vllm", decode_tps=400) as emu:
         cfg = routes({"l": lane(emu.url)}, {"m": "l"})
-        with run_gateway(cfg, env={**ENV, "GATEWAY_REDIS_URL": "redis://127.0.0.1:6379/0"}) as gw:
+        restarted: subprocess.Popen | None = None
+        with run_gateway(cfg, env={**ENV, "GATEWAY_REDIS_URL": f"redis://127.0.0.1:{port}/0"}) as gw:
             try:
                 with Load(gw.url, "m", workers=12) as load:
                     time.sleep(1.5)
                     at_stop = load.total
-                    _redis("shutdown", "nosave")
+                    _redis(port, "shutdown", "nosave")
                     down_at = time.monotonic()
-                    while _redis_up() and time.monotonic() - down_at < 5:
+                    while _redis_up(port) and time.monotonic() - down_at < 5:
                         time.sleep(0.02)
-                    assert not _redis_up()
+                    assert not _redis_up(port)
                     time.sleep(2.0)
                     during = load.total - at_stop
-                    _start_redis(workdir)
-                    assert _redis_up()
+                    restarted = _start_redis(port)
+                    assert _redis_up(port)
                     time.sleep(2.0)
             finally:
-                if not _redis_up():
-                    _start_redis(workdir)
+                if restarted is not None:
+                    restarted.terminate()
+                    restarted.wait(10)
             assert load.failures == [], load.failures[:5]
             assert during > 50, "traffic went on while Redis was away"
             assert load.total > 150

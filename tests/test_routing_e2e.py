@@ -15,9 +15,20 @@ import pytest
 
 from tests.support.conversations import wait_analysed
 from tests.support.emulator_proc import run_emulator
+from tests.support.redis_proc import run_redis
 from tests.support.gateway_proc import run_gateway
 
-REDIS_URL = "redis://127.0.0.1:6379/13"  # this file's own database, flushed per test
+# This file's own Redis (started once for the module, never the machine's), a database flushed per test.
+REDIS_PORT = 0
+REDIS_URL = ""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _own_redis():
+    global REDIS_PORT, REDIS_URL
+    with run_redis() as port:
+        REDIS_PORT, REDIS_URL = port, f"redis://127.0.0.1:{port}/13"
+        yield
 SYSTEM = "You are a coding agent. Read files before you change them."
 TOOLS = [{"type": "function", "function": {
     "name": "read_file", "description": "Read a file from the workspace.",
@@ -31,7 +42,7 @@ def _redis():
     try:
         r.ping()
     except redis.RedisError:
-        pytest.skip("no Redis on 127.0.0.1:6379")
+        pytest.skip(f"the test's Redis on {REDIS_URL} does not answer")
     return r
 
 
@@ -267,7 +278,7 @@ def test_two_gateways_on_one_redis_alternate_turns_and_keep_affinity(replicas, r
 class TcpProxy:
     """A loopback TCP proxy to Redis that can be cut (stop) and restored (start): Redis briefly away."""
 
-    def __init__(self, target_port: int = 6379) -> None:
+    def __init__(self, target_port: int) -> None:
         import asyncio
 
         self.target_port = target_port
@@ -331,7 +342,7 @@ class TcpProxy:
 def test_redis_briefly_away_local_decisions_then_convergence(redis_db):
     import orjson
 
-    proxy = TcpProxy()
+    proxy = TcpProxy(REDIS_PORT)
     proxy.start()
     knobs = dict(flavour="vllm", block_size=16)
     try:
