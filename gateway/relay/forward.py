@@ -144,7 +144,8 @@ async def _relay_whole(ex, lane, replica, resp, decoder, link, on_end, have: byt
     now = time.perf_counter()
     ex.t_first_token = ex.t_last_token = now
     (observe_completion if wire in passthrough.STREAM_OPTIONS else passthrough.observe_response_body)(ex, parsed)
-    await _answered(ex)
+    if ex.answered:
+        await _answered(ex)
     if ex.upstream_path is not None:  # a translated API: the answer in the client's API
         data = orjson.dumps(messages_from_chat.message_of(parsed, ex.public_model or ""))
     else:
@@ -352,7 +353,8 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end, body_byt
                 tail = splitter.rest().strip()
                 if not observer.done and tail[:5] == b"data:" and tail[5:].strip() == b"[DONE]":
                     observer.done = True  # the final blank line was cut off: the answer is complete
-                    await _answered(ex)
+                    if ex.answered:
+                        await _answered(ex)
                     yield DONE
                 if observer.done:
                     ok = True
