@@ -193,6 +193,20 @@ def test_malformed_http_is_a_json_400(gateway) -> None:
     assert status == 400 and body["error"]["code"] == "invalid_http_request"
 
 
+def test_a_malformed_request_pipelined_behind_a_good_one_is_answered_after_it(gateway, upstream) -> None:
+    """The good request was forwarded: its answer reaches the client first, then the 400, then the close."""
+    upstream.script = Script([http_response(200, json.dumps({"choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "first"}, "finish_reason": "stop"}]}).encode(),
+        [("Content-Type", "application/json")])])
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "a"}]}).encode()
+    good = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    raw, _ = _raw(gateway, good + b"GARBAGE \x00\x01 nonsense\r\n\r\n")
+    first, _, rest = raw.partition(b"HTTP/1.1 400")
+    assert first.startswith(b"HTTP/1.1 200") and b'"first"' in first, raw[:400]
+    assert rest and b"invalid_http_request" in rest, raw[-300:]
+
+
 def test_half_sent_requests_are_answered_408_and_released(gateway, client) -> None:
     """Within the deadline (1 s here) and its margin: headers cut short, a body shorter than its
     Content-Length, and a connection that says nothing. A complete request meanwhile is the control."""

@@ -75,6 +75,7 @@ class DeadlineHttpToolsProtocol(HttpToolsProtocol):
         self._due: float | None = None
         self._late: Any = None
         self._in_request = False  # a byte of a request has arrived and its head is not complete
+        self._refused: str | None = None  # a malformed request pipelined behind answers still being written
         self._wire_routes = wire.handlers_of(self.app) if wire.ENABLED else None
         self._wire_link: wire.WireLink | None = None
 
@@ -178,5 +179,22 @@ class DeadlineHttpToolsProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         self._disarm()
+        if self._answering():
+            # Pipelined behind requests still being answered: their answers go first, then this one.
+            self._refused = msg
+            self.flow.pause_reading()
+            return
+        self._refuse(msg)
+
+    def _answering(self) -> bool:
+        return bool(self.pipeline) or (self.cycle is not None and not self.cycle.response_complete)
+
+    def _refuse(self, msg: str) -> None:
         self.transport.write(error_response(400, f"malformed HTTP request: {msg}", "invalid_http_request"))
         self.transport.close()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._refused is not None and not self._answering() and not self.transport.is_closing():
+            msg, self._refused = self._refused, None
+            self._refuse(msg)
