@@ -31,9 +31,11 @@ fuzz-drift: install
 	FUZZ_DRIFT_EXAMPLES=$${FUZZ_DRIFT_EXAMPLES:-50000} $(BIN)/pytest -q tests/test_drift_fuzz.py
 
 # Real agent CLIs (Codex, Claude Code, Qwen Code, OpenCode), pinned in tests/agents/package.json and
-# installed there with npm, each running a session against the gateway on the demo's emulated lane.
+# installed there with npm, and the OpenAI Agents SDK (the `agents` extra), each running a session
+# against the gateway on the demo's emulated lane.
 test-agents: install
 	npm install --prefix tests/agents --no-audit --no-fund --loglevel=error
+	$(BIN)/pip install -q -e '.[agents]'
 	$(BIN)/pytest -q -m agents tests/agents
 
 # The docs site into site/ (strict: a broken link or a stale generated page fails).

@@ -19,7 +19,7 @@ FIXTURES = Path(REPO) / "tests" / "fixtures" / "agents"
 BLOCK = 16
 
 
-@pytest.mark.parametrize("client", ["qwen-code", "claude-code", "opencode", "codex"])
+@pytest.mark.parametrize("client", ["qwen-code", "claude-code", "opencode", "codex", "openai-agents"])
 def test_a_recorded_session_replays_as_one_conversation(client: str) -> None:
     sent = json.loads((FIXTURES / f"{client}.json").read_text())
     gw, managers = demo_gateway()

@@ -1,10 +1,12 @@
-"""Real agent CLIs against the gateway on the demo's emulated lane (make test-agents): each runs one
+"""Real agent CLIs and a Python agent framework (the OpenAI Agents SDK) against the gateway on the demo's
+emulated lane (make test-agents): each runs one
 headless tool-using session and must exit 0 with its answer printed, get only 2xx answers, form one
 conversation for its session (title or summary calls may be their own), and have every turn's
 predicted cached tokens equal what the engine reported (within one block).
 
 The CLIs are installed, pinned, into tests/agents/node_modules by `make test-agents` (npm, from
-tests/agents/package.json); a CLI that is not installed is reported as skipped, with why.
+tests/agents/package.json), the Agents SDK into the test venv (the `agents` extra); a client that is not
+installed is reported as skipped, with why.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -137,3 +140,18 @@ def test_codex_responses_api(gw) -> None:
     assert out.returncode == 0 and out.stdout.strip(), out.stderr[-2000:]
     _record(gw, before, "codex")
     _predicted_right(_session(gw, "codex", before))
+
+
+def test_openai_agents_sdk_chat_completions(gw) -> None:
+    try:
+        import agents  # noqa: F401
+    except ImportError:
+        pytest.skip("openai-agents is not installed (make test-agents installs the `agents` extra)")
+    before = _seen(gw)
+    script = Path(__file__).resolve().parent / "agents_sdk_session.py"
+    env = {**os.environ, "OPENAI_BASE_URL": gw.url + "/v1", "MODEL": MODEL}
+    out = subprocess.run([sys.executable, str(script)], cwd=tempfile.mkdtemp(prefix="agent-work-"), env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip(), out.stderr[-2000:]
+    _record(gw, before, "openai-agents")
+    _predicted_right(_session(gw, "agents/python", before))  # the SDK's User-Agent: Agents/Python 0.24.0
