@@ -102,8 +102,9 @@ def test_count_tokens(gw):
     body = {"model": "claude-ds", "system": SYSTEM, "messages": [{"role": "user", "content": "hi"}]}
     r = httpx.post(gw.url + "/v1/messages/count_tokens", json=body, timeout=30)
     assert r.status_code == 200 and r.json()["input_tokens"] > 40
-    r = httpx.post(gw.url + "/v1/messages/count_tokens", json={**body, "model": "claude-sg"}, timeout=30)
-    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    # An SGLang engine cannot count a Messages request: the gateway renders it with the lane's template.
+    sg = httpx.post(gw.url + "/v1/messages/count_tokens", json={**body, "model": "claude-sg"}, timeout=30)
+    assert sg.status_code == 200 and sg.json() == r.json(), (sg.text, r.text)
 
 
 @pytest.mark.parametrize("body, status, kind", [
