@@ -272,6 +272,11 @@ class Emulator:
         finally:
             self.stats.end(rec)
 
+    def _computed(self, gen: list[int], plan: Plan, chat: bool = True) -> list[int]:
+        """See `_computed`: the built-in tokenizers close a chat message with its end token, which an
+        answer cut at max_tokens never sampled (injected tokenizers render the text alone)."""
+        return _computed(gen, chat and plan.finish_reason == "length" and not self._injected)
+
     def _prefill_chat(self, chat: dict[str, Any], prompt: list[int], rec: RequestRecord,
                       ) -> tuple[bytes, int, list[int], int, Plan]:
         """A chat-shaped request's prefill on the prefix cache, counted, and its answer's plan (the
@@ -332,7 +337,7 @@ class Emulator:
             await asyncio.sleep(cfg.ttft_ms / 1000.0 + self._prefill_s(len(prompt) - cached, cfg))
 
             def remember() -> None:
-                gen = _computed(self.tokenize_generated(chat, em.sent_back(plan)), plan.finish_reason == "length")
+                gen = self._computed(self.tokenize_generated(chat, em.sent_back(plan)), plan)
                 if gen:
                     full = data + token_bytes(gen)
                     self.cache.insert(full, self.cache.hashes(full, seed, known=hashes), seed)
@@ -534,15 +539,15 @@ class Emulator:
         msg = plan.assistant_message()
         if plan.tool_call is not None:
             msg["content"] = ""
-        gen = _computed(self.tokenize_generated(chat, msg), plan.finish_reason == "length")
+        gen = self._computed(self.tokenize_generated(chat, msg), plan)
         if gen:
             full = data + token_bytes(gen)
             self.cache.insert(full, self.cache.hashes(full, seed, known=hashes), seed)
 
     def remember_output(self, job: _Job) -> None:
         """Cache prompt + generated tokens as the next turn of an append-only client will render them."""
-        gen = _computed(self.tokenize_generated(job.body, job.plan.assistant_message()),
-                        job.kind == "chat" and job.plan.finish_reason == "length")
+        gen = self._computed(self.tokenize_generated(job.body, job.plan.assistant_message()), job.plan,
+                             chat=job.kind == "chat")
         if not gen:
             return
         full = token_bytes(gen)
@@ -553,8 +558,8 @@ class Emulator:
 def _computed(gen: list[int], unsampled_end: bool) -> list[int]:
     """The generated tokens whose KV the engine computed: all but the last one, which is sampled and
     never fed back (vLLM and SGLang hold prompt + completion - 1 tokens). `gen` is the output as the
-    next turn renders it: a chat message is closed by the end token, which a chat answer cut at
-    max_tokens never sampled (`unsampled_end`): its last sampled token is the one before it."""
+    next turn renders it; when it ends with an end token that was never sampled (`unsampled_end`), the
+    last sampled token is the one before it."""
     return gen[:-2] if unsampled_end else gen[:-1]
 
 
