@@ -301,6 +301,19 @@ def response_events(parts: list[str]) -> list[dict]:
     return [{**e, "sequence_number": i} for i, e in enumerate(out)]
 
 
+def typed_stream_script(draw, events: list[dict | bytes], expect: str | None) -> tuple[Script, str | None]:
+    """A typed event stream (Responses, Messages) as the upstream sends it: maybe cut short (then nothing
+    is expected), framed one of three ways, its bytes delivered in up to four reads."""
+    body = named_sse(events, draw(st.sampled_from([b"\n", b"\r\n"])))
+    if draw(st.integers(0, 4)) == 0:
+        body = body[:draw(st.integers(0, len(body) - 1))]
+        expect = None
+    raw = http_response(200, body, [("Content-Type", "text/event-stream")], draw(st.sampled_from(["length", "close", "chunked"])))
+    cuts = sorted(draw(st.lists(st.integers(0, len(raw) - 1), max_size=3)))
+    pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)]) if raw[a:b]]
+    return Script(pieces), expect
+
+
 def named_sse(events: list[dict | bytes], eol: bytes) -> bytes:
     out = b""
     for e in events:
@@ -331,14 +344,7 @@ def responses_behaviours(draw):
                                    "error": {"code": "server_error", "message": draw(SECRET_TEXTS)}}}
     elif kind == "garbage":
         events.insert(at, draw(st.binary(min_size=1, max_size=40).filter(lambda b: b"\n" not in b and b"\r" not in b)))
-    body = named_sse(events, draw(st.sampled_from([b"\n", b"\r\n"])))
-    if draw(st.integers(0, 4)) == 0:
-        body = body[:draw(st.integers(0, len(body) - 1))]
-        expect = None
-    raw = http_response(200, body, [("Content-Type", "text/event-stream")], draw(st.sampled_from(["length", "close", "chunked"])))
-    cuts = sorted(draw(st.lists(st.integers(0, len(raw) - 1), max_size=3)))
-    pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)]) if raw[a:b]]
-    return Script(pieces), expect
+    return typed_stream_script(draw, events, expect)
 
 
 def check_responses_stream(resp: httpx.Response, expect: str | None) -> None:
@@ -407,14 +413,7 @@ def messages_behaviours(draw):
         events.insert(at, {"type": "error", "error": {"type": "api_error", "message": draw(SECRET_TEXTS)}})
     elif kind == "garbage":
         events.insert(at, draw(st.binary(min_size=1, max_size=40).filter(lambda b: b"\n" not in b and b"\r" not in b)))
-    body = named_sse(events, draw(st.sampled_from([b"\n", b"\r\n"])))
-    if draw(st.integers(0, 4)) == 0:
-        body = body[:draw(st.integers(0, len(body) - 1))]
-        expect = None
-    raw = http_response(200, body, [("Content-Type", "text/event-stream")], draw(st.sampled_from(["length", "close", "chunked"])))
-    cuts = sorted(draw(st.lists(st.integers(0, len(raw) - 1), max_size=3)))
-    pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)]) if raw[a:b]]
-    return Script(pieces), expect
+    return typed_stream_script(draw, events, expect)
 
 
 def messages_answer(upstream, client, script, expect: str | None, model: str, stream: bool) -> str | None:

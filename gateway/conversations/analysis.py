@@ -368,14 +368,17 @@ def _snippets(rendered: Rendered, cmp: Comparison, old: TurnPrint, tokens_of, op
     k = cmp.token_offset
     new_ids = list(seg.token_ids)
     after = tok.decode(new_ids[max(0, k - width): k + width])
-    olds = old.segments.digests + old.generated.digests
-    lens = old.segments.lengths + old.generated.lengths
-    before = ""
-    if cmp.segment < len(olds):
-        ids = tokens_of(olds[cmp.segment], lens[cmp.segment])
-        if ids is not None:
-            before = tok.decode(list(ids)[max(0, k - width): k + width])
+    ids = _old_segment_ids(old, cmp.segment, tokens_of)
+    before = tok.decode(list(ids)[max(0, k - width): k + width]) if ids is not None else ""
     return before[:200], after[:200]
+
+
+def _old_segment_ids(old: TurnPrint, segment: int, tokens_of) -> Any:
+    """Token ids of the previous render's (+ output's) segment `segment`, if still at hand."""
+    digests = old.segments.digests + old.generated.digests
+    if segment >= len(digests):
+        return None
+    return tokens_of(digests[segment], (old.segments.lengths + old.generated.lengths)[segment])
 
 
 def _message_snippets(rendered: Rendered, cmp: Comparison, old: TurnPrint, tokens_of,
@@ -389,13 +392,9 @@ def _message_snippets(rendered: Rendered, cmp: Comparison, old: TurnPrint, token
     enc = encoding()
     k = cmp.token_offset
     after = enc.decode(list(seg.token_ids)[max(0, k - 16): k + 16]) if cmp.exact else seg.text[:width]
-    olds = old.segments.digests + old.generated.digests
-    lens = old.segments.lengths + old.generated.lengths
-    before = ""
-    if cmp.segment < len(olds):
-        ids = tokens_of(olds[cmp.segment], lens[cmp.segment])
-        if ids is not None:
-            before = enc.decode(list(ids)[max(0, k - 16): k + 16]) if cmp.exact else enc.decode(list(ids)[:32])
+    ids = _old_segment_ids(old, cmp.segment, tokens_of)
+    before = "" if ids is None else enc.decode(list(ids)[max(0, k - 16): k + 16]) if cmp.exact else \
+        enc.decode(list(ids)[:32])
     return before[:200], after[:200]
 
 

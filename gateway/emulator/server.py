@@ -337,10 +337,7 @@ class Emulator:
             await asyncio.sleep(cfg.ttft_ms / 1000.0 + self._prefill_s(len(prompt) - cached, cfg))
 
             def remember() -> None:
-                gen = self._computed(self.tokenize_generated(chat, em.sent_back(plan)), plan)
-                if gen:
-                    full = data + token_bytes(gen)
-                    self.cache.insert(full, self.cache.hashes(full, seed, known=hashes), seed)
+                self._remember(chat, em.sent_back(plan), plan, data, hashes, seed)
 
             if not body.get("stream"):
                 remember()
@@ -533,26 +530,27 @@ class Emulator:
         self._prefill_free_at = max(now, self._prefill_free_at) + own
         return self._prefill_free_at - now
 
-    def _remember_response(self, chat: dict[str, Any], plan: Plan, data: bytes, hashes: list[int], seed: int) -> None:
-        """/v1/responses: the output is cached like a chat turn's (vLLM caches what it generated), as the
-        output items carry it back (ResponseBuilder sends no message item beside a tool call)."""
-        msg = plan.assistant_message()
-        if plan.tool_call is not None:
-            msg["content"] = ""
-        gen = self._computed(self.tokenize_generated(chat, msg), plan)
+    def _remember(self, body: dict[str, Any], message: dict[str, Any], plan: Plan, data: bytes, hashes: list[int],
+                  seed: int, chat: bool = True) -> None:
+        """Cache prompt + generated tokens (vLLM caches what it generated) as the client's next turn will
+        render `message`, the answer as it sends it back."""
+        gen = self._computed(self.tokenize_generated(body, message), plan, chat)
         if gen:
             full = data + token_bytes(gen)
             self.cache.insert(full, self.cache.hashes(full, seed, known=hashes), seed)
 
+    def _remember_response(self, chat: dict[str, Any], plan: Plan, data: bytes, hashes: list[int], seed: int) -> None:
+        """/v1/responses: as the output items carry the answer back (ResponseBuilder sends no message item
+        beside a tool call)."""
+        msg = plan.assistant_message()
+        if plan.tool_call is not None:
+            msg["content"] = ""
+        self._remember(chat, msg, plan, data, hashes, seed)
+
     def remember_output(self, job: _Job) -> None:
-        """Cache prompt + generated tokens as the next turn of an append-only client will render them."""
-        gen = self._computed(self.tokenize_generated(job.body, job.plan.assistant_message()), job.plan,
-                             chat=job.kind == "chat")
-        if not gen:
-            return
-        full = token_bytes(gen)
-        data = job.data + full
-        self.cache.insert(data, self.cache.hashes(data, job.seed, known=job.hashes), job.seed)
+        """Chat and completions: as an append-only client renders the answer in its next turn."""
+        self._remember(job.body, job.plan.assistant_message(), job.plan, job.data, job.hashes, job.seed,
+                       chat=job.kind == "chat")
 
 
 def _computed(gen: list[int], unsampled_end: bool) -> list[int]:
