@@ -126,6 +126,21 @@ def test_eviction_names_the_displacing_conversation():
         == "held"
 
 
+def test_a_turns_own_stores_arriving_after_it_was_judged_do_not_displace_it():
+    # The turn is judged when its answer ends; its blocks' KV events may reach the gateway later. Those
+    # stores belong to the prefix being asked about and are not what evicted it.
+    a, b, ba, bb = _two_conversations()
+    index = ReplicaIndex()
+    index.attribute(chain.keys(a, BS), "conv-a")  # judged at 10.5, before its events arrived
+    apply(index, [stored_event(ba)], 11.0)
+    apply(index, [stored_event(bb[:6])], 20.0)
+    apply(index, [removed([h for h, _, _ in reversed(ba[3:])]), stored_event(bb[6:])], 21.0)
+    index.attribute(chain.keys(b, BS), "conv-b")
+    v = explain(index, Question("conv-a", chain.keys(a, BS), len(a) + 10, len(a), 3 * BS, 30.0, 10.5))
+    assert v.cause == "pool_pressure"
+    assert [(d.conversation, d.tokens) for d in v.displaced_by] == [("conv-b", 8 * BS)]
+
+
 def test_cleared_restarted_and_never_stored():
     a, b, ba, bb = _two_conversations()
     index = ReplicaIndex()

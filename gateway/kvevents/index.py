@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Collection, Iterable, Sequence
 
 from . import chain
 from .events import Batch, Cleared, Hash, Removed, Stored
@@ -235,16 +235,19 @@ class ReplicaIndex:
             n += 1
         return n
 
-    def stores_between(self, since: float, until: float) -> tuple[dict[str | None, int], int]:
+    def stores_between(self, since: float, until: float,
+                       prefix: Collection[int] = ()) -> tuple[dict[str | None, int], int]:
         """Tokens stored in (since, until], by owning conversation (None: not attributed), and how many
-        blocks. The log is scanned from its newest end."""
+        blocks. Blocks of `prefix` (the prompt being judged) are left out: storing a block of that very
+        prefix cannot have displaced it, and a turn's own stores may arrive after the turn was judged.
+        The log is scanned from its newest end."""
         by: dict[str | None, int] = {}
         blocks = 0
         owners = self.owners
         for t, tokens, key in reversed(self.log):
             if t <= since:
                 break
-            if t > until:
+            if t > until or key in prefix:
                 continue
             owner = owners.get(key)
             by[owner] = by.get(owner, 0) + tokens

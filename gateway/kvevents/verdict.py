@@ -126,7 +126,7 @@ def explain(index: ReplicaIndex, q: Question) -> Verdict:
     if cause == "pool_pressure":
         since = q.since if q.since is not None else recent.stored_t
         until = span[1] if span else recent.t
-        by, _ = index.stores_between(since, until)
+        by, _ = index.stores_between(since, until, frozenset(keys))
         displacing = sum(by.values())
         ranked = sorted(by.items(), key=lambda kv: (-kv[1], kv[0] or ""))
         displacers = tuple(Displacer(c, n) for c, n in ranked[:MAX_DISPLACERS])
