@@ -215,7 +215,8 @@ def build(settings: Settings) -> Gateway:
     conversations = _part("conversations", lambda: Conversations(store, runtime, settings, kv_events))
     metrics, registry = _part("metrics", build_metrics)
     records, records_service = _part("records", lambda: build_records(settings, redis_client, config.gateway.records))
-    admission = AdmissionPolicy(kv_events)  # new conversations wait while the pool is full (per lane, opt-in)
+    # New conversations wait, are refused or diverted while the pool is full (per lane, opt-in).
+    admission = AdmissionPolicy(kv_events, lanes=lambda: runtime.snapshot.lanes)
     # Per-tenant rate limits, shared through Redis when the gateway has it (per process otherwise).
     rate_limits = RateLimits(runtime, RedisCounters(redis_client) if redis_client is not None else None)
     book = RelayedBook(store, TTL_S)

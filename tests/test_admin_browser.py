@@ -308,3 +308,28 @@ def test_mute_from_the_page_hides_the_alert_until_removed(site, browser) -> None
     finally:
         page.close()
     assert not errors, errors
+
+
+def test_records_say_what_admission_decided(browser) -> None:
+    """A newcomer diverted to a lane with room and one refused after its hold: the records table says so
+    (the badge's title carries the reason), and the diverted request's lane shows where it came from."""
+    from tests.support.conversations import AGENT_EMULATOR
+    from tests.test_admission import _body, _diverting_routes
+
+    with run_emulator(**AGENT_EMULATOR) as emu, run_gateway(_diverting_routes(emu.url)) as gw:
+        assert post(gw.url, _body("pi", 1800))[0] == 200
+        assert post(gw.url, _body("rho", 900))[0] == 200
+        assert post(gw.url, _body("sigma", 2000))[0] == 429
+        records(gw.url)
+        page, errors = open_page(browser, gw.url + "/admin", 1440)
+        try:
+            wait_js(page, "document.querySelectorAll('#records .badge.admission').length >= 2")
+            badges = page.locator("#records .badge.admission")
+            texts = badges.all_inner_texts()
+            assert "diverted → ds-b" in texts and any(t.startswith("refused after hold") for t in texts), texts
+            titles = [badges.nth(i).get_attribute("title") for i in range(badges.count())]
+            assert any("cache admission on ds: " in t and "ds-b holds it" in t for t in titles), titles
+            assert "from ds" in page.locator("#records tbody").inner_text()
+        finally:
+            page.close()
+    assert not errors, errors

@@ -127,3 +127,65 @@ def test_held_newcomers_are_admitted_in_arrival_order(emu) -> None:
         for t in threads:
             t.join(60)
     assert done == ["lambda", "mu"], done
+
+
+def _diverting_routes(url: str) -> dict:
+    return {"lanes": {"ds": lane(url, admission={"pool_tokens": POOL, "policy": "divert", "divert_to": ["ds-b"],
+                                                 "hold_s": 1, "idle_after_s": 60}),
+                      "ds-b": lane(url, admission={"pool_tokens": POOL, "idle_after_s": 60})},
+            "models": {"ds": "ds"}}
+
+
+def _record(gw, request_id: str) -> dict:
+    wait_until(lambda: any(r["request_id"] == request_id for r in _records(gw)), what=f"the record of {request_id}")
+    return next(r for r in _records(gw) if r["request_id"] == request_id)
+
+
+def test_a_newcomer_is_diverted_to_a_lane_with_room_and_its_later_turns_follow_it(emu) -> None:
+    with run_gateway(_diverting_routes(emu.url)) as gw, httpx.Client(base_url=gw.url, timeout=60) as client:
+        assert client.post("/v1/chat/completions", json=_body("nu", 1800)).status_code == 200
+        body = _body("xi", 900)
+        first = client.post("/v1/chat/completions", json=body)
+        assert first.status_code == 200, first.text
+        assert first.headers["x-gateway-fallback"] == "ds-b; from=ds; reason=cache_admission"
+        rec = _record(gw, first.headers["x-request-id"])
+        note = json.loads(rec["admission"])
+        assert rec["lane"] == "ds-b" and rec["fallback_from"] == "ds", rec
+        assert note["decision"] == "diverted" and note["diverted_to"] == "ds-b" and note["lane"] == "ds", note
+        assert "ds-b holds it: 0 active conversations" in note["reason"], note
+        # Its next turn goes where its prefix is cached, on every turn, whatever the first lane's room.
+        answer = first.json()["choices"][0]["message"]
+        history = [{"role": "assistant", "content": answer.get("content") or ""},
+                   {"role": "user", "content": "go on: " + "ipsum " * 50}]
+        second = client.post("/v1/chat/completions", json={**body, "messages": body["messages"] + history})
+        assert second.status_code == 200, second.text
+        assert second.headers["x-gateway-fallback"] == "ds-b; from=ds; reason=diverted_conversation"
+        assert second.headers["x-gateway-conversation"].split(";")[0] == \
+            first.headers["x-gateway-conversation"].split(";")[0]
+        rec = _record(gw, second.headers["x-request-id"])
+        assert rec["lane"] == "ds-b" and rec["admission"] is None, rec
+        assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 1500
+        # Neither lane holds a third newcomer: it is held for hold_s, then refused by the deciding lane.
+        refused = client.post("/v1/chat/completions", json=_body("omicron", 2000))
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "cache_admission", refused.text
+        note = json.loads(_record(gw, refused.headers["x-request-id"])["admission"])
+        assert note["decision"] == "refused_after_hold" and note["lane"] == "ds", note
+        metrics = client.get("/metrics").text
+        assert 'gateway_admissions_total{decision="diverted",lane="ds"} 1.0' in metrics
+        assert 'gateway_admissions_total{decision="admitted",lane="ds"} 1.0' in metrics
+
+
+def test_divert_names_the_lanes_it_may_send_to() -> None:
+    import yaml
+
+    from gateway.core.config import ConfigError, parse_routes
+
+    base = _diverting_routes("http://127.0.0.1:9")
+    cases = [({"policy": "divert", "divert_to": []}, "lanes.ds.admission: divert_to: policy divert needs"),
+             ({"policy": "divert", "divert_to": ["nope"]}, "lanes.ds.admission.divert_to.0: lane 'nope' is not defined"),
+             ({"policy": "divert", "divert_to": ["ds"]}, "lanes.ds.admission.divert_to.0: a lane cannot divert to itself")]
+    for admission, message in cases:
+        routes = {**base, "lanes": {**base["lanes"], "ds": lane("http://127.0.0.1:9", admission=admission)}}
+        with pytest.raises(ConfigError) as err:
+            parse_routes(yaml.safe_dump(routes))
+        assert message in str(err.value), str(err.value)

@@ -31,6 +31,7 @@ class Raising:
     """A hot-path step that fails."""
 
     name = "raising"
+    per_lane = True
 
     async def apply(self, ex, lane, body) -> None:
         raise Boom("injected")

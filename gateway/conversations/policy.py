@@ -24,6 +24,7 @@ REPIN_HEADER = "x-gateway-repin"
 
 class ConversationPolicy:
     name = "conversation"
+    per_lane = True
 
     def __init__(self, store: StateStore, header_name: str = "X-Conversation-Id", ttl_s: float = 6 * 3600,
                  arm_turn_end: Callable[[Exchange, LaneRuntime], None] | None = None) -> None:

@@ -171,10 +171,13 @@ class Admission(_Strict):
     when the lane's pool cannot hold it beside the conversations already active. Turns of conversations
     already in flight are never held."""
 
-    policy: Literal["admit", "hold", "refuse"] = Field(
+    policy: Literal["admit", "hold", "refuse", "divert"] = Field(
         "admit", description="admit: always (no protection); hold: wait up to `hold_s` for room, then `then`; "
-                             "refuse: answer `status` at once")
+                             "refuse: answer `status` at once; divert: send it to the first `divert_to` lane "
+                             "with room (its later turns follow it there), else hold as `hold` does")
     hold_s: float = Field(30.0, gt=0, le=600, description="the longest a new conversation waits for room")
+    divert_to: list[str] = Field(default_factory=list, description="policy divert: the lanes a newcomer may be "
+                                 "sent to, in order (each judged by its own pool and active conversations)")
     then: Literal["admit", "refuse"] = Field("refuse", description="after `hold_s` without room")
     status: Literal[429, 503] = Field(429, description="the answer of a refused conversation (with Retry-After)")
     idle_after_s: float = Field(120.0, gt=0, description="a conversation with no turn for this long leaves the "
@@ -183,6 +186,14 @@ class Admission(_Strict):
                                                      "tokens when larger): what it will grow to")
     pool_tokens: int | None = Field(None, gt=0, description="the lane's KV pool in tokens (all replicas); default: "
                                                             "the pools its KV events report")
+
+    @model_validator(mode="after")
+    def _divert_names_lanes(self) -> "Admission":
+        if self.policy == "divert" and not self.divert_to:
+            raise ValueError("divert_to: policy divert needs at least one lane to send newcomers to")
+        if len(set(self.divert_to)) != len(self.divert_to):
+            raise ValueError("divert_to: a lane is listed twice")
+        return self
 
 
 class Breaker(_Strict):
@@ -508,6 +519,12 @@ class RoutesConfig(_Strict):
                     raise ValueError(f"models.{alias}.fallbacks.{i}: lane {lane!r} is not defined under lanes")
                 if lane == models[alias] or lanes.index(lane) != i:
                     raise ValueError(f"models.{alias}.fallbacks.{i}: lane {lane!r} is listed twice")
+        for name, lane in self.lanes.items():
+            for i, other in enumerate(lane.admission.divert_to):
+                if other not in self.lanes:
+                    raise ValueError(f"lanes.{name}.admission.divert_to.{i}: lane {other!r} is not defined under lanes")
+                if other == name:
+                    raise ValueError(f"lanes.{name}.admission.divert_to.{i}: a lane cannot divert to itself")
         object.__setattr__(self, "models", models)  # frozen: set once, here, before anyone reads it
         object.__setattr__(self, "fallbacks", fallbacks)
         object.__setattr__(self, "owned_by", owned)

@@ -108,12 +108,15 @@ class AdmissionNote:
     """What cache-protecting admission decided for a new conversation, and from which figures."""
 
     decision: str  # admitted | admitted_after_hold | admitted_after_timeout | refused | refused_after_hold
+    # | diverted
     reason: str
     waited_s: float = 0.0
     need_tokens: int = 0  # the room the new conversation was judged to need
     active_tokens: int = 0  # the lane's active working set when decided
     pool_tokens: int | None = None
     active_conversations: int = 0
+    lane: str | None = None  # the lane that decided
+    diverted_to: str | None = None  # policy divert: the lane with room it was sent to
 
 
 @dataclass
@@ -211,6 +214,17 @@ class Exchange:
         if self.path == CHAT_PATH:
             return self.body
         return self.mapped_chat
+
+    def rerouted(self, lane: str, headers: dict[str, str]) -> "Exchange":
+        """A fresh exchange for this request on another lane (runtime.Reroute): what the request brought
+        and what the lane-independent steps decided carry over (its id, times, caller, rate limits,
+        trace, and `headers`: the response headers set before the first per-lane policy); everything a
+        per-lane step finds is found again."""
+        return Exchange(request_id=self.request_id, path=self.path, started_wall=self.started_wall,
+                        started=self.started, public_model=self.public_model, lane=lane, stream=self.stream,
+                        body_bytes=self.body_bytes, request_headers=self.request_headers, tenant=self.tenant,
+                        rate_limits=self.rate_limits, trace=self.trace, qualification_run=self.qualification_run,
+                        response_headers=dict(headers))
 
     def fire_limit(self, name: str) -> None:
         if name not in self.limits_fired:

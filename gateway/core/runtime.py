@@ -55,11 +55,28 @@ class Snapshot:
 
 
 class Policy(Protocol):
-    """A hot-path step before forwarding (limits, effort pinning). May rewrite the body or raise GatewayError."""
+    """A hot-path step before forwarding (limits, effort pinning). May rewrite the body, raise GatewayError,
+    or raise Reroute to hand the request to another lane."""
 
     name: str
+    # False: what it decides does not depend on the lane (rate limits): a rerouted request keeps it.
+    # True: it runs again, on a fresh exchange and the body as the client sent it, for the new lane.
+    per_lane: bool
 
     async def apply(self, ex: Exchange, lane: LaneRuntime, body: dict[str, Any]) -> None: ...
+
+
+class Reroute(Exception):
+    """Raised by a policy: this request is served by `lane` (of the request's snapshot) instead. The
+    pipeline runs that lane's gates and its per-lane policies again on a fresh exchange
+    (Exchange.rerouted); when the lane cannot take it (a gate refuses it), `refusal` is the answer."""
+
+    def __init__(self, lane: str, reason: str, refusal: Exception, note: Any = None) -> None:
+        super().__init__(f"rerouted to {lane}: {reason}")
+        self.lane = lane
+        self.reason = reason
+        self.refusal = refusal
+        self.note = note  # what the deciding policy records on the new exchange (an AdmissionNote)
 
 
 class Finisher(Protocol):

@@ -94,6 +94,7 @@ class Memory:
 
 class HealPolicy:
     name = "heal"
+    per_lane = True
 
     def __init__(self, book: RelayedBook, max_bytes: int = 64 << 20) -> None:
         self.book = book

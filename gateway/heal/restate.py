@@ -42,6 +42,7 @@ def restate(body: dict[str, Any]) -> list[int]:
 
 class RestatePolicy:
     name = "restate"
+    per_lane = True
 
     async def apply(self, ex: Exchange, lane: LaneRuntime, body: dict[str, Any]) -> None:
         if ex.path != PATH or lane.config.engine != "vllm":

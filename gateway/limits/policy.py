@@ -70,6 +70,7 @@ class LimitsPolicy:
     """A runtime Policy (see runtime.py): may rewrite the body or raise GatewayError."""
 
     name = "limits"
+    per_lane = True
 
     def __init__(self, chain: tuple[Limit, ...] = DEFAULT_CHAIN) -> None:
         self.chain = chain

@@ -184,7 +184,8 @@ class Metrics:
                                  ["model", "from_lane", "lane"], registry=r)
         self.admissions = Counter("gateway_admissions", "New conversations judged by cache-protecting admission, "
                                   "by decision (admitted, admitted_after_hold, admitted_after_timeout, refused, "
-                                  "refused_after_hold)", ["lane", "decision"], registry=r)
+                                  "refused_after_hold, diverted), on the lane that decided", ["lane", "decision"],
+                                  registry=r)
         self.admission_wait = Counter("gateway_admission_wait_seconds", "Seconds new conversations were held",
                                       ["lane"], registry=r)
         self.rate_limited = Counter("gateway_rate_limited", "Requests refused by a per-tenant rate limit",
@@ -279,10 +280,11 @@ class Metrics:
         self._inc(self._c(self.model_requests, model, lane, sc))
         if ex.fallback_from:
             self._inc(self._c(self.fallbacks, model, self._lane(ex.fallback_from), lane))
-        if ex.admission is not None:
-            self._inc(self._c(self.admissions, lane, ex.admission.decision))
+        if ex.admission is not None:  # counted on the lane that decided (a diverted newcomer is served elsewhere)
+            decided = self._lane(ex.admission.lane) if ex.admission.lane else lane
+            self._inc(self._c(self.admissions, decided, ex.admission.decision))
             if ex.admission.waited_s:
-                self._inc(self._c(self.admission_wait, lane), ex.admission.waited_s)
+                self._inc(self._c(self.admission_wait, decided), ex.admission.waited_s)
         if ex.rate_limits is not None and ex.rate_limits.refused is not None:
             self._inc(self._c(self.rate_limited, ex.tenant, ex.rate_limits.refused.split(" ")[0]))
         usage = ex.usage if isinstance(ex.usage, dict) else {}

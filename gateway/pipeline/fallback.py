@@ -14,6 +14,9 @@ conversation's prefix cache lives on the first lane's engine and the fallback st
 exchange records it (`ex.fallback_from`), the records and access log carry it.
 
 When no lane can serve, the answer is the first lane's own (its 503), as without fallbacks.
+
+Cache-protecting admission with `policy: divert` hands a new conversation to another lane the same way
+(reason=cache_admission), and each later turn of it (reason=diverted_conversation): gateway/admission/.
 """
 
 from __future__ import annotations
@@ -69,16 +72,19 @@ async def choose_lane(ex: Exchange, snapshot: Snapshot, primary: LaneRuntime, ga
             reasons.append("no_healthy_replica")
             continue
         if lane is not primary:
-            _announce(ex, primary, lane, reasons[0])
+            announce(ex, primary, lane, reasons[0])
         return lane
     if first_error is not None and reasons[0] == "refused":
         raise first_error
     return primary  # nobody healthy: the primary answers its own 503, as without fallbacks
 
 
-def _announce(ex: Exchange, primary: LaneRuntime, lane: LaneRuntime, reason: str) -> None:
+def announce(ex: Exchange, primary: LaneRuntime, lane: LaneRuntime, reason: str, moves_cache: bool = True) -> None:
+    """Tells the client and the record that `lane` serves what `primary` was asked for, and why;
+    `moves_cache`: the conversation's cached prefix may be on the primary (not for a newcomer, nor for a
+    conversation that continues where its cache is)."""
     ex.fallback_from = primary.name
     value = f"{lane.name}; from={primary.name}; reason={reason}"
-    if not same_render(primary, lane):
+    if moves_cache and not same_render(primary, lane):
         value += "; cache=lost"
     ex.response_headers["X-Gateway-Fallback"] = value

@@ -18,13 +18,13 @@ from . import messages_chat, messages_from_chat, passthrough, token_ids
 from ..server.client_link import AsgiLink, ClientGone
 from ..core.errors import GatewayError, invalid_request
 from ..core.exchange import Exchange
-from .fallback import choose_lane
+from .fallback import announce, choose_lane
 from ..observe.aftermath import FirstBytes, Hold
 from .body_parts import Body
 from ..server.headers import safe_value
 from .history_memo import HistoryMemo, Parsed
 from ..relay.forward import forward
-from ..core.runtime import LaneRuntime, Policy, Snapshot
+from ..core.runtime import LaneRuntime, Policy, Reroute, Snapshot
 from ..server.security import Caller
 from .validate import check_chat, check_completion
 from ..server.wire import WireRequest
@@ -154,8 +154,21 @@ class Pipeline:
                 ex.response_bytes = len(response.body)
                 end()
             else:
-                for policy in self.policies if path in passthrough.POLICED else ():
-                    await policy.apply(ex, lane, data)
+                policies = self.policies if path in passthrough.POLICED else ()
+                kept: dict[str, str] = {}  # response headers of the lane-independent steps
+                try:
+                    await _police(ex, lane, data, policies, kept)
+                except Reroute as to:
+                    rerouted = await self._reroute(ex, lane, to, snapshot, kept)
+                    lane.inflight -= 1
+                    ex, lane = rerouted
+                    lane.inflight += 1
+                    data = orjson.loads(body)  # the body as the client sent it: the first lane's steps changed it
+                    parsed = ex.history = Parsed(data)
+                    ex.body = data
+                    if path == passthrough.RESPONSES:
+                        passthrough.map_responses_effort(data, lane.config)
+                    await _police(ex, lane, data, [p for p in policies if p.per_lane], None)
                 if path == messages_chat.PATH and lane.config.engine != "vllm":
                     # The engine has no Messages API: it gets the chat completion vLLM would make of it.
                     if ex.mapped_chat is None:
@@ -196,6 +209,23 @@ class Pipeline:
                 ours.append((k, value))
         set_headers(response, ours)
         return EndsExchange(response, end)
+
+    async def _reroute(self, ex: Exchange, lane: LaneRuntime, to: Reroute, snapshot: Snapshot,
+                       kept: dict[str, str]) -> tuple[Exchange, LaneRuntime]:
+        """The exchange and lane that serve a request a policy handed to another lane: that lane's gates
+        run; when it is gone (a reload) or a gate refuses it, the deciding policy's refusal is the answer."""
+        target = snapshot.lanes.get(to.lane)
+        if target is None:
+            raise to.refusal
+        fresh = ex.rerouted(target.name, kept)
+        try:
+            for gate in self.gates:
+                await gate(fresh, target)
+        except GatewayError:
+            raise to.refusal from None
+        announce(fresh, lane, target, to.reason, moves_cache=False)
+        fresh.admission = to.note
+        return fresh, target
 
     async def _read_body(self, request: Request, limit: int) -> bytes:
         declared = request.headers.get("content-length")
@@ -294,6 +324,17 @@ def set_headers(response: Response, pairs: list[tuple[str, str]]) -> None:
 
 def _too_large(limit: int) -> GatewayError:
     return GatewayError(413, f"the request body exceeds the limit of {limit} bytes", code="request_too_large")
+
+
+async def _police(ex: Exchange, lane: LaneRuntime, data: dict[str, Any], policies: Sequence[Policy],
+                  kept: dict[str, str] | None) -> None:
+    """Runs the policies in order; `kept` gets the response headers as they were before the first
+    per-lane policy (what a rerouted exchange carries over)."""
+    for policy in policies:
+        if kept is not None and policy.per_lane:
+            kept.update(ex.response_headers)
+            kept = None
+        await policy.apply(ex, lane, data)
 
 
 def _request_id(request: Request) -> str:

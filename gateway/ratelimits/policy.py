@@ -68,6 +68,7 @@ class RateLimits:
     """A pipeline policy and a finisher (compose.py)."""
 
     name = "rate_limits"
+    per_lane = False  # per tenant (and model): the lane that serves it does not change the count
 
     def __init__(self, runtime: "Runtime", counters: Counters | None = None,
                  now: Callable[[], float] = clock) -> None:

@@ -27,6 +27,7 @@ class RoutingStep:
     """The hot-path policy that lets a lane's router read the store before `order` is called."""
 
     name = "routing"
+    per_lane = True
 
     async def apply(self, ex: Exchange, lane: "LaneRuntime", body: dict[str, Any]) -> None:
         prepare = getattr(lane.router, "prepare", None)

@@ -401,10 +401,11 @@
         const by = kv.displaced_by.map((d) => `${d.conversation || "unattributed"} (${fmtN(d.tokens)})`).join(", ");
         verdict += ` <span class="muted" title="${esc(kv.note || "")}">by ${esc(by)}</span>`;
       }
-      return `<tr><td class="mono">${fmtTime(r.ts)}</td><td class="wrap" title="model ${esc(r.model || "–")}">${esc(r.lane || "–")}</td>
+      const from = r.fallback_from ? ` <span class="muted" title="the model's lane is ${esc(r.fallback_from)}">from ${esc(r.fallback_from)}</span>` : "";
+      return `<tr><td class="mono">${fmtTime(r.ts)}</td><td class="wrap" title="model ${esc(r.model || "–")}">${esc(r.lane || "–")}${from}</td>
         <td class="wrap opt" title="${esc(r.user_agent || "")}">${esc(r.client || "–")}</td>
         <td>${convLink(r.conversation)}</td>
-        <td class="num">${r.turn ?? "–"}</td><td class="${statusCls}" title="${esc([r.error_code, r.upstream_error].filter(Boolean).join(": "))}">${r.cancelled ? "cancelled" : r.status}${limitText}</td>
+        <td class="num">${r.turn ?? "–"}</td><td class="${statusCls}" title="${esc([r.error_code, r.upstream_error].filter(Boolean).join(": "))}">${r.cancelled ? "cancelled" : r.status}${limitText}${admissionText(r)}</td>
         <td class="wrap">${effortText(r)}</td>
         <td class="num">${fmtN(r.prompt_tokens)}</td><td class="num">${cached}${pred}</td><td class="wrap">${verdict}</td>
         <td class="num">${fmtS(r.ttft_s)}</td><td class="num">${fmtTps(r.decode_tps)}</td><td class="num opt">${fmtS(r.total_s)}</td></tr>`;
@@ -564,9 +565,25 @@
     renderRecords(rec.records);
   }
 
-  function kvOf(r) {
-    if (!r.kv) return null;
-    try { return typeof r.kv === "string" ? JSON.parse(r.kv) : r.kv; } catch (e) { return null; }
+  function jsonOf(value) {  // a record's JSON column (a string), or null
+    if (!value) return null;
+    try { return typeof value === "string" ? JSON.parse(value) : value; } catch (e) { return null; }
+  }
+
+  function kvOf(r) { return jsonOf(r.kv); }
+
+  // What the fleet steps decided before the request was forwarded: cache-protecting admission (held,
+  // refused, diverted to another lane) and per-tenant rate limits. A plain admission says nothing.
+  function admissionText(r) {
+    const a = jsonOf(r.admission);
+    let out = "";
+    if (a && a.decision !== "admitted") {
+      const text = a.decision === "diverted" ? `diverted → ${a.diverted_to}`
+        : `${a.decision.replace(/_/g, " ")}${a.waited_s ? ` ${fmtS(a.waited_s)}` : ""}`;
+      out += ` <span class="badge warn admission" title="cache admission on ${esc(a.lane || r.lane || "")}: ${esc(a.reason || "")}">${esc(text)}</span>`;
+    }
+    if (r.rate_limited) out += ` <span class="badge warn" title="refused by a per-tenant rate limit">${esc(r.rate_limited)}</span>`;
+    return out;
   }
 
   // Issue 20: per replica, the KV-event stream, pool, working set, forecast and the pressure alert.
