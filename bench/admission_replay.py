@@ -6,8 +6,8 @@ Two long agent sessions share a lane whose pool holds both of them but not them 
 arrive while they run; every session grows each turn and thinks briefly between turns. Without admission
 everyone runs at once and the pool (LRU, like the engines) evicts prefixes that are needed again a
 moment later: those turns are prefilled again. With `admission: {policy: hold}` the newcomers wait until
-the long sessions end. Both modes in one run, the same emulator settings (prefill paced); printed:
-re-prefilled tokens (uncached tokens beyond each turn's new ones), turns completed, and the time until
+the long sessions end; with `{policy: divert}` they go to a second lane of the same size. Every mode in
+one run, the same emulator settings (prefill paced); printed: re-prefilled tokens (uncached tokens beyond each turn's new ones), turns completed, and the time until
 every session is done.
 """
 
@@ -81,11 +81,17 @@ def sessions(pool: int) -> list[Session]:
             Session("new-a", 1.0, first, growth, 10), Session("new-b", 2.0, first, growth, 10)]
 
 
-def replay(mode: str, emu, pool: int, think_s: float) -> list[Session]:
+def replay(mode: str, emu, overflow, pool: int, think_s: float) -> list[Session]:
     emu.reset()
-    admission = {"policy": "hold", "hold_s": 600, "idle_after_s": 2.0, "reserve_tokens": pool * 45 // 100,
-                 "pool_tokens": pool} if mode == "hold" else {"policy": "admit"}
-    routes = {"lanes": {"ds": lane(emu.url, admission=admission)}, "models": {"ds": "ds"}}
+    overflow.reset()
+    protect = {"hold_s": 600, "idle_after_s": 2.0, "reserve_tokens": pool * 45 // 100, "pool_tokens": pool}
+    lanes = {"ds": lane(emu.url, admission={"policy": "admit"})}
+    if mode == "hold":
+        lanes["ds"] = lane(emu.url, admission={"policy": "hold", **protect})
+    elif mode == "divert":  # a second lane of the same size takes the newcomers the first cannot hold
+        lanes["ds"] = lane(emu.url, admission={"policy": "divert", "divert_to": ["ds-b"], **protect})
+        lanes["ds-b"] = lane(overflow.url, admission={"policy": "hold", **protect})
+    routes = {"lanes": lanes, "models": {"ds": "ds"}}
     with run_gateway(routes) as gw:
         all_sessions = sessions(pool)
         t0 = time.monotonic()
@@ -107,11 +113,11 @@ def main() -> None:
     args = ap.parse_args()
     knobs = {"flavour": "vllm", "tokenizer": "dsv41", "block_size": 16, "cache_blocks": args.pool // 16,
              "prefill_tps": args.prefill_tps, "prefill_shared": args.prefill_shared, "decode_tps": 0, "output_tokens": 16, "reasoning_tokens": 0}
-    with run_emulator(**knobs) as emu:
-        results = {mode: replay(mode, emu, args.pool, args.think_s) for mode in ("admit", "hold")}
+    with run_emulator(**knobs) as emu, run_emulator(**knobs) as overflow:
+        results = {mode: replay(mode, emu, overflow, args.pool, args.think_s) for mode in ("admit", "hold", "divert")}
     print(f"pool {args.pool:,} tokens, prefill {args.prefill_tps:,.0f} tok/s"
           f"{' shared' if args.prefill_shared else ' per request'}, think {args.think_s} s; "
-          f"2 long sessions + 2 newcomers")
+          f"2 long sessions + 2 newcomers; divert: a second lane of the same pool takes the newcomers")
     print(f"{'mode':>6} {'re-prefilled tokens':>20} {'turns':>6} {'all done (s)':>13} {'refused':>8}  per session (done s)")
     for mode, ss in results.items():
         reprefilled = sum(s.reprefilled for s in ss)
