@@ -119,3 +119,28 @@ def test_errors_have_anthropics_shape(gw, body, status, kind):
     r = httpx.post(gw.url + "/v1/messages", json=body, timeout=30)
     assert r.status_code == status, r.text
     assert r.json()["type"] == "error" and r.json()["error"]["type"] == kind and r.json()["error"]["message"]
+
+
+def test_thinking_off_and_an_effort_are_read_as_vllm_reads_them_and_give_way_to_the_pin() -> None:
+    """vLLM turns `output_config.effort` and `thinking: disabled` (which wins) into a top-level
+    reasoning_effort; once the pin states the effort in chat_template_kwargs, the Messages body the engine
+    gets no longer carries them (they would override it). The real engine: tests/test_engine_messages.py."""
+    from gateway.conversations.effort import requested_effort, requested_thinking
+    from gateway.pipeline.messages_chat import chat_body, tell_back
+
+    body = {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "thinking": {"type": "disabled"},
+            "output_config": {"effort": "max", "format": {"type": "json_schema", "json_schema": {"type": "object"}}}}
+    chat = chat_body(body)
+    assert chat["reasoning_effort"] == "none" and requested_thinking(chat, True) is False
+    assert requested_effort(chat) is None
+    assert chat_body({**body, "thinking": None})["reasoning_effort"] == "max"
+    chat.pop("reasoning_effort")
+    chat["chat_template_kwargs"] = {"thinking": True, "reasoning_effort": 50}
+    tell_back(body, chat)
+    assert "thinking" not in body and body["output_config"] == {"format": {"type": "json_schema",
+                                                                           "json_schema": {"type": "object"}}}
+    assert body["chat_template_kwargs"] == {"thinking": True, "reasoning_effort": 50}
+    # Not stated by the gateway (the view keeps its effort): the body goes as the client sent it.
+    kept = {"max_tokens": 8, "messages": [], "thinking": {"type": "disabled"}}
+    tell_back(kept, {"reasoning_effort": "none"})
+    assert kept["thinking"] == {"type": "disabled"}

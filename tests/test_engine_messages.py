@@ -80,6 +80,30 @@ def test_a_messages_agent_loop_on_the_engine_is_predicted_exactly(gw):
                      {"role": "user", "content": f"Step {turn}: go on."}]
 
 
+def test_a_client_asking_thinking_off_or_another_effort_keeps_the_pinned_render(gw):
+    """vLLM makes a top-level reasoning_effort of `thinking: disabled` (none, or low where the template
+    refuses none) and of `output_config.effort`, and that overrides the pin stated in
+    chat_template_kwargs: the engine would render another effort at the head of the prompt and lose the
+    whole prefix. The gateway keeps the conversation's render: every turn is a hit, predicted exactly."""
+    system = [{"type": "text", "text": f"[messages-pin {secrets.token_hex(4)}] You are a coding agent.\n"
+               + filler("pin", 20)}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Plan the change."}]
+    asks = [{}, {"thinking": {"type": "disabled"}}, {"output_config": {"effort": "max"}},
+            {"thinking": {"type": "disabled"}, "output_config": {"effort": "low"}}, {}]
+    for turn, ask in enumerate(asks, start=1):
+        body = {"model": "claude-native", "max_tokens": 12, "temperature": 0, "system": system, "tools": TOOLS,
+                "messages": messages, **ask}
+        r = httpx.post(gw.url + "/v1/messages", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        cid = r.headers["x-gateway-conversation"].split(";")[0]
+        cache = wait_turn(gw, cid, turn)["last_cache"]
+        if turn > 1:
+            assert cache["verdict"] == "hit", (ask, cache)
+            assert cache["predicted_cached_tokens"] == cache["reported_cached_tokens"] > 0, (ask, cache)
+        messages += [{"role": "assistant", "content": r.json()["content"]},
+                     {"role": "user", "content": f"Step {turn}: go on."}]
+
+
 def _same_message(native: dict[str, Any], translated: dict[str, Any]) -> None:
     strip = lambda blocks: [{k: v for k, v in b.items() if k not in ("signature", "id")} for b in blocks]  # noqa: E731
     assert strip(translated["content"]) == strip(native["content"]), (native, translated)

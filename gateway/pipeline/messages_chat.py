@@ -7,8 +7,9 @@ a message's text blocks become text parts, image blocks image_url parts (a data 
 the assistant's tool calls (arguments: the input as JSON), `thinking` blocks its reasoning,
 `tool_result` blocks tool messages ahead of the rest of their user message; `tools` become function
 tools with `input_schema` as parameters; `tool_choice` (auto, any, none, a named tool) and
-`output_config` (effort, a JSON schema format) their chat counterparts; `chat_template_kwargs` as is. This
-module reads a request the same way, and the emulator serves the API with it.
+`output_config` (effort, a JSON schema format) their chat counterparts; `thinking: disabled` a
+reasoning_effort of "none"; `chat_template_kwargs` as is. This module reads a request the same way, and
+the emulator serves the API with it.
 """
 
 from __future__ import annotations
@@ -133,14 +134,34 @@ def chat_body(body: dict[str, Any]) -> dict[str, Any]:
         if isinstance(fmt, dict) and fmt.get("json_schema"):
             chat["response_format"] = {"type": fmt.get("type"),
                                        "json_schema": {"schema": fmt["json_schema"], "name": fmt.get("type")}}
+    if _thinking_disabled(body):
+        # vLLM's _handle_thinking, after the output config: "none" (or "low" where the template refuses
+        # "none"; the gateway states the render itself on template lanes: see tell_back).
+        chat["reasoning_effort"] = "none"
     return chat
+
+
+def _thinking_disabled(body: dict[str, Any]) -> bool:
+    thinking = body.get("thinking")
+    return isinstance(thinking, dict) and thinking.get("type") == "disabled"
 
 
 def tell_back(body: dict[str, Any], chat: dict[str, Any]) -> None:
     """What the conversation policy told the chat view (thinking, the effort pin) into the Messages body
-    the engine gets: vLLM hands its `chat_template_kwargs` to the template as it does a chat request's."""
+    the engine gets: vLLM hands its `chat_template_kwargs` to the template as it does a chat request's.
+    When the pin took the view's top-level effort away (it states the number in chat_template_kwargs),
+    the Messages body loses what vLLM would make that top-level effort of (`output_config.effort`,
+    `thinking: disabled`): it would override the stated number and the engine would render another
+    effort at the head of the prompt."""
     if "chat_template_kwargs" in chat:
         body["chat_template_kwargs"] = chat["chat_template_kwargs"]
+    if "reasoning_effort" in chat:
+        return
+    if _thinking_disabled(body):
+        del body["thinking"]
+    config = body.get("output_config")
+    if isinstance(config, dict) and config.get("effort") is not None:
+        body["output_config"] = {k: v for k, v in config.items() if k != "effort"}
 
 
 def chat_view(body: dict[str, Any]) -> ChatView:
