@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from .observe import gc_tuning
 from .compose import Gateway, build
+from .server.asgi_answer import AsgiAnswer, asgi_endpoint
 from .server.cors import CorsGate
 from .core.errors import GatewayError, error_body
 from .core.runtime import watch_routes
@@ -112,7 +113,7 @@ def create_app(settings: Settings | None = None) -> "FastPath":
 
     endpoints = gw.endpoints()
     protected = {ep.path: gw.security.protect(ep) for ep in endpoints}
-    routes = [Route(ep.path, protected[ep.path], methods=list(ep.methods)) for ep in endpoints]
+    routes = [Route(ep.path, asgi_endpoint(protected[ep.path]), methods=list(ep.methods)) for ep in endpoints]
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
@@ -154,8 +155,9 @@ class FastPath:
             line = self.access_log.plain(scope) if self.access_log is not None and scope["type"] == "http" else None
             await self.app(scope, receive, line.wrap(send) if line is not None else send)
             return
+        response: Any
         try:
-            response = await handler(Request(scope, receive))
+            response = AsgiAnswer(await handler(Request(scope, receive)))
         except GatewayError as exc:  # e.g. the client-key check, before the pipeline
             response = Response(exc.json_bytes(), status_code=exc.status, media_type="application/json",
                                 headers=exc.headers)

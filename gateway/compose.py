@@ -50,6 +50,7 @@ from .routing import make_policy
 from .routing.feature import Routing
 from .core.runtime import Runtime
 from .server.security import Security, SecurityConfigError
+from .server.wire import link_of
 from .core.settings import Settings
 from .api.status import Status
 from .store import StateStore
@@ -237,7 +238,7 @@ def build(settings: Settings) -> Gateway:
     pipeline = Pipeline(runtime, gates=[qualification.gate],
                         policies=[rate_limits, limits, RestatePolicy(), conversations.policy, admission, heal, routing.step],
                         memo=HistoryMemo(),
-                        first_bytes=first_bytes, tracing=tracing)
+                        first_bytes=first_bytes, tracing=tracing, link_of=link_of)
     status = Status(runtime, settings, security)
     health = HealthService(HealthProber(runtime))
     admin = AdminAPI(runtime, status, aftermath, records, conversations.analyzer, store)

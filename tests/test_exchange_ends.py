@@ -67,9 +67,10 @@ async def gateway(emulator, tmp_path: Path):
 def asgi(pipeline: Pipeline):
     from starlette.requests import Request
 
+    from gateway.server.asgi_answer import AsgiAnswer
+
     async def app(scope, receive, send) -> None:
-        response = await pipeline.chat(Request(scope, receive), Caller())
-        await response(scope, receive, send)
+        await AsgiAnswer(await pipeline.chat(Request(scope, receive), Caller()))(scope, receive, send)
 
     return app
 
@@ -179,7 +180,9 @@ async def test_a_client_that_leaves_as_the_answer_starts(gateway, fail_on) -> No
         (b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
         "query_string": b"", "http_version": "1.1", "scheme": "http", "server": ("gw", 80), "client": ("c", 1),
         "root_path": "", "asgi": {"version": "3.0", "spec_version": "2.4"}}
-    response = await gateway.pipeline.chat(Request(scope, receive), Caller())
+    from gateway.server.asgi_answer import AsgiAnswer
+
+    answer = await gateway.pipeline.chat(Request(scope, receive), Caller())
     with pytest.raises((OSError, ClientDisconnect)):  # Starlette says ClientDisconnect for an OSError
-        await response(scope, receive, send)
+        await AsgiAnswer(answer)(scope, receive, send)
     await settled(gateway)

@@ -12,10 +12,10 @@ from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response
 
 from . import messages_chat, messages_from_chat, passthrough, token_ids
-from ..server.client_link import AsgiLink, ClientGone
+from ..server.client_link import AsgiLink, ClientGone, ClientLink
+from ..core.answer import Answer
 from ..core.errors import GatewayError, invalid_request
 from ..core.exchange import Exchange
 from .fallback import announce, choose_lane
@@ -27,7 +27,6 @@ from ..relay.forward import forward
 from ..core.runtime import LaneRuntime, Policy, Reroute, Snapshot
 from ..server.security import Caller
 from .validate import check_chat, check_completion
-from ..server.wire import WireRequest
 from ..render import options_for_request
 from ..render.renderer import RenderError
 from ..tracing import NO_TRACING, Tracing
@@ -55,42 +54,45 @@ class Pipeline:
 
     def __init__(self, runtime: Lanes, *, gates: Sequence[Gate] = (), policies: Sequence[Policy] = (),
                  memo: HistoryMemo | None = None, first_bytes: FirstBytes | None = None,
-                 tracing: Tracing = NO_TRACING) -> None:
+                 tracing: Tracing = NO_TRACING, link_of: Callable[[Request], ClientLink] | None = None) -> None:
         self.runtime = runtime
+        # How this request's waits learn that the client left: the front end's own way (compose.py
+        # passes the wire path's); by default ASGI's, a watcher on `receive`.
+        self.link_of = link_of or _asgi_link
         self.tracing = tracing
         self.first_bytes = first_bytes or FirstBytes()  # the aftermath waits while requests are held
         self.memo = memo  # recent large chat bodies: the next turn's unchanged history is not parsed again
         self.gates = tuple(gates)  # e.g. qualification: after the route is resolved, before policies
         self.policies = tuple(policies)  # e.g. limits, conversation and effort pin, routing lookups
 
-    async def chat(self, request: Request, caller: Caller) -> Response:
+    async def chat(self, request: Request, caller: Caller) -> Answer:
         return await self._handle(request, caller, "/v1/chat/completions", check_chat, history=True)
 
-    async def completions(self, request: Request, caller: Caller) -> Response:
+    async def completions(self, request: Request, caller: Caller) -> Answer:
         return await self._handle(request, caller, "/v1/completions", check_completion)
 
     # The pass-through endpoints (gateway/pipeline/passthrough.py): the same path, their own shape checks.
-    async def responses(self, request: Request, caller: Caller) -> Response:
+    async def responses(self, request: Request, caller: Caller) -> Answer:
         return await self._handle(request, caller, passthrough.RESPONSES, passthrough.check_responses)
 
-    async def messages(self, request: Request, caller: Caller) -> Response:
+    async def messages(self, request: Request, caller: Caller) -> Answer:
         return await self._handle(request, caller, passthrough.MESSAGES, messages_chat.check_messages)
 
-    async def count_tokens(self, request: Request, caller: Caller) -> Response:
+    async def count_tokens(self, request: Request, caller: Caller) -> Answer:
         return await self._handle(request, caller, passthrough.COUNT_TOKENS,
                                   lambda body: messages_chat.check_messages(body, count_only=True))
 
-    async def embeddings(self, request: Request, caller: Caller) -> Response:
+    async def embeddings(self, request: Request, caller: Caller) -> Answer:
         return await self._handle(request, caller, passthrough.EMBEDDINGS, passthrough.check_embeddings)
 
-    async def tokenize(self, request: Request, caller: Caller) -> Response:
+    async def tokenize(self, request: Request, caller: Caller) -> Answer:
         return await self._handle(request, caller, passthrough.TOKENIZE, passthrough.check_tokenize)
 
-    async def detokenize(self, request: Request, caller: Caller) -> Response:
+    async def detokenize(self, request: Request, caller: Caller) -> Answer:
         return await self._handle(request, caller, passthrough.DETOKENIZE, passthrough.check_detokenize)
 
     async def _handle(self, request: Request, caller: Caller, path: str, check: Callable[[dict], None],
-                      history: bool = False) -> Response:
+                      history: bool = False) -> Answer:
         hold = self.first_bytes.hold()  # on the CPU until it is forwarded: the aftermath waits
         try:
             return await self._answer(request, caller, path, check, history, hold)
@@ -98,7 +100,7 @@ class Pipeline:
             hold.release()
 
     async def _answer(self, request: Request, caller: Caller, path: str, check: Callable[[dict], None],
-                      history: bool, hold: Hold) -> Response:
+                      history: bool, hold: Hold) -> Answer:
         ex = Exchange(request_id=_request_id(request), path=path, request_headers=request.headers,
                       tenant=caller.tenant)
         self.tracing.begin(ex)
@@ -148,11 +150,9 @@ class Pipeline:
                 passthrough.map_responses_effort(data, lane.config)
             if path == messages_chat.COUNT_PATH and lane.config.engine != "vllm":
                 # The engine cannot count a Messages request: the gateway renders it as vLLM would read it.
-                response = Response(orjson.dumps({"input_tokens": await _count_messages(lane, data, model)}),
-                                    media_type="application/json")
+                answer = Answer.json(200, orjson.dumps({"input_tokens": await _count_messages(lane, data, model)}))
                 ex.status = 200
-                ex.response_bytes = len(response.body)
-                end()
+                ex.response_bytes = len(answer.body)
             else:
                 policies = self.policies if path in passthrough.POLICED else ()
                 kept: dict[str, str] = {}  # response headers of the lane-independent steps
@@ -177,38 +177,35 @@ class Pipeline:
                     ex.upstream_path = messages_from_chat.CHAT_PATH
                     data = ex.mapped_chat
                 upstream_body = ex.forwarded = self._upstream_body(ex, lane, data, parsed)
-                link = request.link if isinstance(request, WireRequest) else AsgiLink(request.receive)
+                link = self.link_of(request)
                 hold.release()  # waiting for the engine needs no CPU
-                response = await forward(ex, lane, ex.upstream_path or path, upstream_body, link, end)
-                if path in messages_chat.PATHS and response.status_code >= 400:
-                    response = _anthropic_error(response)
+                answer = await forward(ex, lane, ex.upstream_path or path, upstream_body, link)
+                if path in messages_chat.PATHS and answer.status >= 400:
+                    answer = _anthropic_error(answer)
         except GatewayError as exc:
             ex.fail(exc.status, exc.code, exc.message)
             body_bytes = orjson.dumps(messages_chat.error_body(exc.status, exc.message)) \
                 if path in messages_chat.PATHS else exc.json_bytes()
-            response = Response(body_bytes, status_code=exc.status, media_type="application/json",
-                                headers=exc.headers)
-            ex.response_bytes = len(response.body)
-            end()
+            answer = Answer.json(exc.status, body_bytes, exc.headers)
+            ex.response_bytes = len(answer.body)
         except (ClientGone, ClientDisconnect):
             ex.cancelled = True
             ex.fail(499, "client_disconnected", "the client went away before the answer")
-            response = Response(b"", status_code=499)
-            end()
+            answer = Answer(499, [])
         except Exception:
             log.exception("request %s failed inside the gateway", ex.request_id)
             ex.fail(500, "internal_error", "internal gateway error")
             err = GatewayError(500, "The gateway failed to handle this request; it has been logged.",
                                code="internal_error")
-            response = Response(err.json_bytes(), status_code=500, media_type="application/json")
-            end()
+            answer = Answer.json(500, err.json_bytes())
         ours = [("X-Request-Id", ex.request_id)]
         for k, v in ex.response_headers.items():
             value = safe_value(k, v)
             if value is not None:
                 ours.append((k, value))
-        set_headers(response, ours)
-        return EndsExchange(response, end)
+        answer.set_headers(ours)
+        answer.end = end  # the front end closes the answer once written: the exchange ends there, once
+        return answer
 
     async def _reroute(self, ex: Exchange, lane: LaneRuntime, to: Reroute, snapshot: Snapshot,
                        kept: dict[str, str]) -> tuple[Exchange, LaneRuntime]:
@@ -274,52 +271,8 @@ class Pipeline:
             raise invalid_request("the request body is nested too deeply to forward", code="invalid_json") from None
 
 
-class EndsExchange:
-    """The answer, sent; then, whatever happened while sending it (the client leaving as the stream
-    starts, a send that raised), the exchange ends: in-flight counts go back, the upstream
-    connection is released, the record is written. `end` is idempotent: the normal paths have
-    usually called it already."""
-
-    def __init__(self, response: Response, end: Callable[[], None]) -> None:
-        self.response = response
-        self.end = end
-
-    @property
-    def status_code(self) -> int:
-        return self.response.status_code
-
-    @property
-    def headers(self) -> Any:
-        return self.response.headers
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await self.response(scope, receive, send)
-        finally:
-            body = getattr(self.response, "body_iterator", None)
-            if body is not None and hasattr(body, "aclose"):
-                # A relay interrupted at a chunk (its task cancelled) runs its own `finally` now,
-                # not whenever the garbage collector finds it; a finished one ignores this.
-                await body.aclose()
-            abandon = getattr(self.response, "abandon", None)
-            if abandon is not None:
-                abandon()  # a relayed stream that never started: release its upstream connection
-            self.end()
-
-
-def set_headers(response: Response, pairs: list[tuple[str, str]]) -> None:
-    """`response.headers[k] = v` for each pair, in order. When none of the names is in the response
-    yet (the usual case: the gateway's own X- headers), the pairs are appended to its raw list in one
-    go, as those assignments would append them (each scanned the whole list: ~1.5 us a header)."""
-    raw = response.raw_headers
-    encoded = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in pairs]
-    names = {k for k, _ in encoded}
-    if len(names) == len(encoded) and names.isdisjoint(k for k, _ in raw):
-        raw.extend(encoded)
-        return
-    headers = response.headers
-    for k, v in pairs:
-        headers[k] = v
+def _asgi_link(request: Request) -> ClientLink:
+    return AsgiLink(request.receive)
 
 
 def _too_large(limit: int) -> GatewayError:
@@ -365,12 +318,11 @@ async def _count_messages(lane: LaneRuntime, body: dict[str, Any], model: str) -
         raise invalid_request(f"the request cannot be rendered: {exc}", code="invalid_value") from None
 
 
-def _anthropic_error(response: Response) -> Response:
+def _anthropic_error(answer: Answer) -> Answer:
     """An error the relay shaped as OpenAI's, in Anthropic's shape for a Messages client."""
     try:
-        message = str(orjson.loads(response.body)["error"]["message"])
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return response
-    headers = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
-    return Response(orjson.dumps(messages_chat.error_body(response.status_code, message)),
-                    status_code=response.status_code, media_type="application/json", headers=headers)
+        message = str(orjson.loads(answer.body)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return answer
+    answer.body = orjson.dumps(messages_chat.error_body(answer.status, message))
+    return answer

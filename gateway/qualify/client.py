@@ -132,19 +132,20 @@ class InProcessLane:
         ex.qualification_run = True
         t_sent = time.perf_counter()
         try:
-            response = await forward(ex, self.runtime, "/v1/chat/completions", orjson.dumps(out),
-                                     _never_disconnects, lambda: None)
+            answer = await forward(ex, self.runtime, "/v1/chat/completions", orjson.dumps(out), _never_disconnects)
         except GatewayError as exc:
             return Result(ok=False, status=exc.status, error=f"{exc.code}: {exc.message}", t_sent=t_sent)
         except Exception as exc:  # noqa: BLE001 - the record says what went wrong
             return Result(ok=False, status=0, error=f"{type(exc).__name__}: {exc}", t_sent=t_sent)
-        iterator = getattr(response, "body_iterator", None)
-        if iterator is not None:
-            async for _ in iterator:
-                pass
-        elif response.status_code >= 400:
-            return Result(ok=False, status=response.status_code, error=bytes(response.body)[:300].decode("utf-8", "replace"),
-                          t_sent=t_sent)
+        try:
+            if answer.stream is not None:
+                async for _ in answer.stream:
+                    pass
+            elif answer.status >= 400:
+                return Result(ok=False, status=answer.status, error=answer.body[:300].decode("utf-8", "replace"),
+                              t_sent=t_sent)
+        finally:
+            await answer.close()
         return Result.from_exchange(ex, t_sent)
 
     async def revision(self) -> str | None:

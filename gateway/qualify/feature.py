@@ -32,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..core.answer import Answer
 from ..core.errors import GatewayError
 from ..core.exchange import Exchange
 from ..core.runtime import LaneRuntime, Snapshot
@@ -237,10 +238,10 @@ class QualificationService:
         if self._task is not None:
             self._task.cancel()
 
-    async def route_chat(self, request: Request) -> Response:
+    async def route_chat(self, request: Request) -> Answer:
         return await self.pipeline.chat(request, QUALIFY_CALLER)
 
-    async def route_completions(self, request: Request) -> Response:
+    async def route_completions(self, request: Request) -> Answer:
         return await self.pipeline.completions(request, QUALIFY_CALLER)
 
     async def route_state(self, request: Request) -> Response:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncGenerator
 
 import aiohttp
 import orjson
-from starlette.responses import Response, StreamingResponse
 
 from . import chunk_run, reshape
 from ..pipeline import messages_from_chat, passthrough, token_ids
@@ -17,6 +16,7 @@ from ..upstream import replicas as upstream_mod
 from ..pipeline.body_parts import Body
 from ..server.client_link import ClientGone, ClientLink
 from ..upstream.encoding import DecodeError, decoder_for
+from ..core.answer import SSE, Answer
 from ..core.errors import GatewayError, error_body
 from ..core.exchange import Exchange
 from ..core.runtime import LaneRuntime
@@ -31,18 +31,14 @@ log = logging.getLogger("gateway.proxy")
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a whole (non-streamed) answer; the largest real ones are a few MB
 _NOT_JSON = object()
 
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
 async def forward(
     ex: Exchange,
     lane: LaneRuntime,
     path: str,
     body: Body,
     link: ClientLink,
-    on_end: Callable[[], None],
-) -> Response:
-    """Send `body` to the lane and return the client's response. `on_end` runs once, when it is over.
+) -> Answer:
+    """Send `body` to the lane and return the client's answer (whose `close` ends what it holds).
 
     Whatever the upstream does (any status, any body, any encoding, a stream cut anywhere), the
     client gets either the upstream's answer, checked to be well formed, or an OpenAI-shaped error:
@@ -70,7 +66,7 @@ async def forward(
 
     status = resp.status
     if not 200 <= status < 300:
-        return await _relay_error(ex, lane, replica, resp, on_end)
+        return await _relay_error(ex, lane, replica, resp)
     try:
         decoder = decoder_for(resp.headers.get("Content-Encoding"), MAX_BODY_BYTES)
     except DecodeError as exc:
@@ -78,8 +74,8 @@ async def forward(
         _done(replica, lane, ok=False, why=str(exc))
         raise _bad_response(ex, str(exc)) from None
     if ex.stream:
-        return await _relay_stream(ex, lane, replica, resp, decoder, link, on_end, len(body))
-    return await _relay_whole(ex, lane, replica, resp, decoder, link, on_end)
+        return await _relay_stream(ex, lane, replica, resp, decoder, link, len(body))
+    return await _relay_whole(ex, lane, replica, resp, decoder, link)
 
 
 async def _read_all(resp: UpstreamResponse, decoder: Any, have: bytes = b"",
@@ -99,7 +95,7 @@ async def _read_all(resp: UpstreamResponse, decoder: Any, have: bytes = b"",
             return b"".join(parts)
 
 
-async def _relay_whole(ex, lane, replica, resp, decoder, link, on_end, have: bytes = b"") -> Response:
+async def _relay_whole(ex, lane, replica, resp, decoder, link, have: bytes = b"") -> Answer:
     try:
         async with asyncio.timeout(lane.upstream.timeouts.first_byte):
             data = await _race(link, _read_all(resp, decoder, have), ex)
@@ -128,7 +124,7 @@ async def _relay_whole(ex, lane, replica, resp, decoder, link, on_end, have: byt
         # An error inside a 2xx (some proxies and engines; vLLM's flat shape): an error all the same.
         _done(replica, lane, ok=False, why="error object in a 2xx answer")
         body = normalise_error(502, parsed, lane.upstream.scrubber)
-        return _error_response(ex, 502, body, on_end)
+        return _error_answer(ex, 502, body)
     if ex.stream:
         _done(replica, lane, ok=False, why="no stream")
         raise _bad_response(ex, "the upstream answered a streaming request without a stream")
@@ -153,12 +149,10 @@ async def _relay_whole(ex, lane, replica, resp, decoder, link, on_end, have: byt
             data = token_ids.strip_body(data)[0]
         data = reshape.for_lane(ex, lane).body(data)  # the client's model name, the lane's reasoning field
     ex.response_bytes = len(data)
-    response = Response(data, status_code=200, media_type="application/json")
-    on_end()
-    return response
+    return Answer.json(200, data)
 
 
-async def _relay_error(ex, lane, replica, resp, on_end) -> Response:
+async def _relay_error(ex, lane, replica, resp) -> Answer:
     data = b""
     complete = False
     try:
@@ -200,19 +194,17 @@ async def _relay_error(ex, lane, replica, resp, on_end) -> Response:
     retry_after = resp.headers.get("Retry-After", "")
     if status in (429, 503) and retry_after.isdigit() and len(retry_after) <= 5:
         headers["Retry-After"] = retry_after
-    return _error_response(ex, status, body, on_end, headers)
+    return _error_answer(ex, status, body, headers)
 
 
-def _error_response(ex: Exchange, status: int, body: dict[str, Any], on_end: Callable[[], None],
-                    headers: dict[str, str] | None = None) -> Response:
+def _error_answer(ex: Exchange, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> Answer:
     err = body["error"]
     ex.fail(status, err.get("code"), str(err.get("message")))
     if ex.upstream_error is None:
         ex.upstream_error = ex.error_message
-    response = Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
-    ex.response_bytes = len(response.body)
-    on_end()
-    return response
+    answer = Answer.json(status, orjson.dumps(body), headers)
+    ex.response_bytes = len(answer.body)
+    return answer
 
 
 def _bad_response(ex: Exchange, why: str) -> GatewayError:
@@ -229,7 +221,7 @@ def _looks_like_sse(resp: UpstreamResponse, first: bytes) -> bool:
     return first.lstrip().startswith(_SSE_STARTS)
 
 
-async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end, body_bytes: int) -> Response:
+async def _relay_stream(ex, lane, replica, resp, decoder, link, body_bytes: int) -> Answer:
     # token ids: the gateway asked for them, the client did not: the observer takes them out
     observer: EventObserver
     shape = reshape.for_lane(ex, lane).event
@@ -284,7 +276,7 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end, body_byt
         raise GatewayError(502, "the upstream closed the stream without sending anything", code="upstream_error")
     if not _looks_like_sse(resp, first):
         # A JSON answer (an engine that ignored `stream`, or an error in a 200): judged whole.
-        return await _relay_whole(ex, lane, replica, resp, decoder, link, on_end, have=first)
+        return await _relay_whole(ex, lane, replica, resp, decoder, link, have=first)
     ex.status = 200
 
     started = False
@@ -295,9 +287,8 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end, body_byt
         if not started:
             resp.close()
             _done(replica, lane, ok=False, why="the response was never sent")
-            on_end()
 
-    async def relay() -> AsyncIterator[bytes]:
+    async def relay() -> AsyncGenerator[bytes, None]:
         nonlocal started
         started = True
         # An event's bound grows with the request: the first chunk carries the prompt's ids when they
@@ -405,10 +396,8 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end, body_byt
                 ex.fail(ex.status, observer.error.get("code"), str(observer.error.get("message"))[:500])
                 ex.upstream_error = ex.error_message
             _done(replica, lane, ok=ok or ex.cancelled, why=why)
-            on_end()
 
-    return RelayResponse(relay(), abandon, status_code=200, media_type="text/event-stream",
-                         headers=dict(SSE_HEADERS))
+    return Answer(200, list(SSE), stream=relay(), release=abandon)
 
 
 ANSWERED_S = 0.5  # at most this long for what waits on a complete answer (a store write), then it goes on
@@ -436,14 +425,6 @@ def _first_event_apart(first: bytes) -> tuple[bytes, bytes]:
     if cut <= 1 or cut == len(first):
         return first, b""
     return first[:cut], first[cut:]
-
-
-class RelayResponse(StreamingResponse):
-    """A relayed stream that can be abandoned before it starts (see `Pipeline`: every exchange ends)."""
-
-    def __init__(self, content: AsyncIterator[bytes], abandon: Callable[[], None], **kw: Any) -> None:
-        super().__init__(content, **kw)
-        self.abandon = abandon
 
 
 async def _drain(resp: UpstreamResponse, wait_s: float = 1.0, limit: int = 65536) -> bool:

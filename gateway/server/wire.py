@@ -29,12 +29,13 @@ from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
 
-from .client_link import ClientGone
+from .client_link import AsgiLink, ClientGone, ClientLink
+from ..core.answer import Answer
 from ..core.errors import GatewayError
 
 log = logging.getLogger("gateway.wire")
 T = TypeVar("T")
-Handler = Callable[["WireRequest"], Awaitable[Any]]
+Handler = Callable[["WireRequest"], Awaitable[Answer]]
 
 ENABLED = os.environ.get("GATEWAY_WIRE", "1") != "0"
 # A body longer than this is handed to the pipeline in pieces of this size (its size limit is
@@ -232,24 +233,21 @@ async def serve(cycle: RequestResponseCycle, handler: Handler, link: WireLink) -
         link.task = None
 
 
-async def _respond(cycle: RequestResponseCycle, response: Any, link: WireLink) -> None:
-    """An answer of the pipeline's: EndsExchange(Response | RelayResponse, end)."""
-    inner = getattr(response, "response", response)
-    end = getattr(response, "end", None)
-    body_iterator = getattr(inner, "body_iterator", None)
+async def _respond(cycle: RequestResponseCycle, answer: Answer, link: WireLink) -> None:
+    """The pipeline's answer, written; then closed, whatever happened (core/answer.py)."""
     try:
-        if body_iterator is None:
-            _write_whole(cycle, inner.status_code, inner.raw_headers, inner.body)
+        if answer.stream is None:
+            _write_whole(cycle, answer.status, answer.headers, answer.body)
         else:
-            await _write_stream(cycle, inner.status_code, inner.raw_headers, body_iterator, link)
+            await _write_stream(cycle, answer.status, answer.headers, answer.stream, link)
     finally:
-        if body_iterator is not None:
-            await body_iterator.aclose()  # a relay interrupted at a chunk runs its `finally` now
-        abandon = getattr(inner, "abandon", None)
-        if abandon is not None:
-            abandon()  # a relayed stream that never started: release its upstream connection
-        if end is not None:
-            end()
+        await answer.close()
+
+
+def link_of(request: Any) -> ClientLink:
+    """How the pipeline's waits learn that the client left: the wire path hears it from the connection
+    (WireRequest.link); under ASGI a watcher on `receive` does."""
+    return request.link if isinstance(request, WireRequest) else AsgiLink(request.receive)
 
 
 def _head(cycle: RequestResponseCycle, status: int, headers: list[tuple[bytes, bytes]], tail: bytes) -> list[bytes]:
