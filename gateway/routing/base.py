@@ -14,16 +14,29 @@ on such a turn `cold` (cause `rehomed`), not `eviction`. The response carries th
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.exchange import Exchange
 from ..upstream.replicas import Replica
+
+if TYPE_CHECKING:
+    from ..core.config import Affinity
+    from .shared import RoutingShared
 
 ROUTE_HEADER = "X-Gateway-Route"
 
 
 class RoutingPolicy(Protocol):
     name: str
+
+    def bind(self, shared: "RoutingShared", lane: str, settings: "Affinity") -> None:
+        """Lane hook, at each (re)load: the process's store and load board, the lane's name and settings."""
+        ...
+
+    async def prepare(self, ex: Exchange, lane: Any, body: dict[str, Any]) -> None:
+        """On the hot path before `order`: the lookups the decision needs (store reads), if any. `lane`
+        is the LaneRuntime (core.runtime builds routers: it imports this module)."""
+        ...
 
     def order(self, replicas: list[Replica], ex: Exchange) -> list[Replica]:
         """Replicas to try, best first. Failover walks this list before the first byte."""
@@ -43,8 +56,7 @@ def healthy_first(replicas: list[Replica]) -> list[Replica]:
 def previous_replica(ex: Exchange) -> str | None:
     """Where the conversation's last turn ran (its KV cache lives there), when known."""
     found = ex.conversation
-    state = getattr(found, "state", None)
-    return getattr(state, "replica", None)
+    return found.state.replica if found is not None else None
 
 
 def note(ex: Exchange, policy: str, chosen: Replica, replicas: list[Replica], reason: str,

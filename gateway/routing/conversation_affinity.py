@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import xxhash
@@ -36,6 +36,9 @@ from ..upstream.replicas import Replica
 from . import prefix_index
 from .base import healthy_first, note, served_note
 from .shared import HOME_PREFIX, RoutingShared
+
+if TYPE_CHECKING:
+    from ..conversations.state import ConversationState
 
 log = logging.getLogger("gateway.routing")
 
@@ -79,7 +82,7 @@ class ConversationAffinity:
             ex.routing_single = True
             return  # nothing to choose: no lookups on the hot path
         found = ex.conversation
-        state = getattr(found, "state", None)
+        state = found.state if found is not None else None
         body = ex.chat if ex.chat is not None else body  # a Responses request: its chat view
         messages = body.get("messages")
         hint = Hint()
@@ -87,7 +90,7 @@ class ConversationAffinity:
         if isinstance(messages, list) and messages:
             hint.head = prefix_index.seed(self.lane, ex.tenant, ex.thinking_applied, ex.effort_applied, body.get("tools"))
             hint.drift = _head_drift(state, ex, body, "vllm" if lane.config.engine == "vllm" else "sglang")
-        wants_prefix = state is None or getattr(found, "is_new", True) or state.replica is None or hint.drift
+        wants_prefix = found is None or found.is_new or found.state.replica is None or hint.drift
         kv = self._kv()
         if kv is not None and wants_prefix and hint.head is not None:
             # prefix_source: kv_events: what each pool actually holds, from the engines' own events (in memory).
@@ -130,7 +133,7 @@ class ConversationAffinity:
         if len(replicas) == 1 or not live:
             return live
         hint: Hint = ex.routing_hint or Hint()
-        state = getattr(ex.conversation, "state", None)
+        state = ex.conversation.state if ex.conversation is not None else None
         home = _freshest_home(hint, state)
         board = self.shared.board
         lane = self.lane
@@ -182,13 +185,14 @@ class ConversationAffinity:
     def _kv(self) -> Any:
         return self.shared.kv if self.settings.prefix_source == "kv_events" else None
 
-    def _rehome(self, others: list[Replica], least_loaded, state: Any, extra: dict[str, Any]) -> Replica:
+    def _rehome(self, others: list[Replica], least_loaded, state: "ConversationState | None",
+                extra: dict[str, Any]) -> Replica:
         """With KV events: a re-homed conversation goes where the pool has room for its prefix (least
         loaded among those), else where it has the most room; without them, the least loaded."""
         kv = self._kv()
         if kv is None or state is None:
             return least_loaded(others)
-        need = kv.tokens_of(self.lane, state.id) or getattr(getattr(state, "last", None), "prompt_tokens", 0) or 0
+        need = kv.tokens_of(self.lane, state.id) or (state.last.prompt_tokens if state.last is not None else 0) or 0
         room = {r.url: kv.room(self.lane, r.url) for r in others}
         known = [r for r in others if room[r.url] is not None]
         if not known:
@@ -249,13 +253,13 @@ class ConversationAffinity:
             elif previous is not None:
                 record["reason"] = "rehomed_unhealthy"
             served_note(ex, replica)
-            if getattr(ex.conversation, "state", None) is not None:
+            if ex.conversation is not None:
                 self._moved(planned, replica.url)
         if self.shared.store is None:
             return
         writes: list[tuple[str, bytes, float]] = []
         found = ex.conversation
-        state = getattr(found, "state", None)
+        state = found.state if found is not None else None
         hint: Hint | None = ex.routing_hint
         if state is not None and (hint is None or hint.shared_home != replica.url):
             # Written only when the shared record does not say this replica already (a new home, a move,
@@ -265,8 +269,8 @@ class ConversationAffinity:
         messages = (ex.chat or {}).get("messages")
         if hint is not None and hint.head is not None and isinstance(messages, list) and messages:
             since = 0
-            last = getattr(state, "last", None)
-            if (last is not None and state.replica == replica.url and not hint.drift
+            last = state.last if state is not None else None
+            if (state is not None and last is not None and state.replica == replica.url and not hint.drift
                     and (state.turn + 1) % REFRESH_EVERY_TURNS):
                 since = len(last.messages)  # the previous turn wrote the sampled positions before this
             for key in prefix_index.entries(messages, hint.head, replica.url, since):
@@ -286,19 +290,19 @@ def _home_record(raw: bytes | None) -> tuple[str, int, float] | None:
         return None
 
 
-def _freshest_home(hint: Hint, state: Any) -> str | None:
+def _freshest_home(hint: Hint, state: "ConversationState | None") -> str | None:
     """The shared home record is written as soon as a replica accepts a turn; the conversation state
     only after that turn's analysis. Take whichever describes the later turn."""
-    state_turn = getattr(state, "turn", 0) or 0
-    state_home = getattr(state, "replica", None)
+    state_turn = state.turn if state is not None else 0
+    state_home = state.replica if state is not None else None
     if hint.home is not None and (state_home is None or hint.home_turn >= state_turn):
         return hint.home
     return state_home
 
 
-def _head_drift(state: Any, ex: Exchange, body: dict[str, Any], engine: str) -> str | None:
+def _head_drift(state: "ConversationState | None", ex: Exchange, body: dict[str, Any], engine: str) -> str | None:
     """Did something the engine renders ahead of every message change since the conversation's last turn?"""
-    last = getattr(state, "last", None)
+    last = state.last if state is not None else None
     if last is None:
         return None
     if last.thinking is not None and ex.thinking_applied is not None and bool(last.thinking) != bool(ex.thinking_applied):

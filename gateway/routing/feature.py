@@ -30,9 +30,7 @@ class RoutingStep:
     per_lane = True
 
     async def apply(self, ex: Exchange, lane: "LaneRuntime", body: dict[str, Any]) -> None:
-        prepare = getattr(lane.router, "prepare", None)
-        if prepare is not None:
-            await prepare(ex, lane, body)
+        await lane.router.prepare(ex, lane, body)
 
 
 class Routing:
@@ -44,9 +42,7 @@ class Routing:
 
     def bind(self, lane: "LaneRuntime") -> None:
         """Lane hook: a router that shares state gets the process's store and load board."""
-        bind_router = getattr(lane.router, "bind", None)
-        if bind_router is not None:
-            bind_router(self.shared, lane.name, lane.config.affinity)
+        lane.router.bind(self.shared, lane.name, lane.config.affinity)
 
     def _affine_lanes(self) -> dict[str, list]:
         return {name: lane.upstream.replicas for name, lane in self.runtime.snapshot.lanes.items()

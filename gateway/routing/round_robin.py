@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from itertools import count
 
+from typing import TYPE_CHECKING, Any
+
 from ..core.exchange import Exchange
 from ..upstream.replicas import Replica
 from .base import healthy_first, moved_note, served_note
+
+if TYPE_CHECKING:
+    from ..core.config import Affinity
+    from .shared import RoutingShared
 
 
 class RoundRobin:
@@ -14,6 +20,12 @@ class RoundRobin:
 
     def __init__(self) -> None:
         self._next = count()
+
+    def bind(self, shared: "RoutingShared", lane: str, settings: "Affinity") -> None:
+        return None  # blind to conversations and to other processes: nothing to share
+
+    async def prepare(self, ex: Exchange, lane: Any, body: dict[str, Any]) -> None:
+        return None  # nothing to look up
 
     def order(self, replicas: list[Replica], ex: Exchange) -> list[Replica]:
         live = healthy_first(replicas)
