@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from .core import memory
 from .observe import gc_tuning
 from .compose import Gateway, build
 from .server.asgi_answer import AsgiAnswer, asgi_endpoint
@@ -60,17 +61,6 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return _error_response(500, "internal gateway error; it has been logged", "internal_error")
 
 
-def _limit_malloc_arenas(arenas: int = 2) -> None:
-    """glibc gives each thread that allocates its own arena (up to 8 per core); the analysis and
-    records threads then hold freed memory apart from the event loop's, and RSS creeps up."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").mallopt(-8, arenas)  # M_ARENA_MAX
-    except (OSError, AttributeError):
-        pass
-
-
 _PROTOCOL = "gateway.server.serving"
 
 
@@ -80,7 +70,7 @@ def create_app(settings: Settings | None = None) -> "FastPath":
     # GATEWAY_ANALYSIS=thread) run Python loops; by default a thread keeps the GIL for 5 ms at a
     # time, which would stall the event loop (and every stream) that long.
     sys.setswitchinterval(0.0005)
-    _limit_malloc_arenas()
+    memory.limit_arenas()
     gw = build(settings)
 
     @contextlib.asynccontextmanager

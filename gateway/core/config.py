@@ -466,6 +466,10 @@ class RateLimit(_Strict):
 
 class GatewaySection(_Strict):
     max_request_bytes: int = Field(32 * 1024 * 1024, gt=0)
+    max_json_members: int = Field(
+        200_000, gt=0, description="object members (\"key\": value pairs) a request body may hold; its parse holds "
+                                   "the event loop for every member, so a body of a million is refused before it "
+                                   "is parsed (a 1,600-message agent session holds about 10,000)")
     conversation_header: str = "X-Conversation-Id"
     client_keys: ClientKeys | None = None
     admin_key_env: str | None = None

@@ -125,6 +125,7 @@ class Pipeline:
         try:
             body = await self._read_body(request, snapshot.config.gateway.max_request_bytes)
             ex.body_bytes = len(body)
+            _check_members(body, snapshot.config.gateway.max_json_members)
             parsed = ex.history = self._parse(body, history)
             data = parsed.data
             model = data.get("model")
@@ -269,6 +270,23 @@ class Pipeline:
             return HistoryMemo.forward_body(parsed, out) or orjson.dumps(out)
         except TypeError:  # orjson.JSONEncodeError: it reads deeper nesting than it writes
             raise invalid_request("the request body is nested too deeply to forward", code="invalid_json") from None
+
+
+# Below this size a body's parse takes a few milliseconds whatever it holds: it is not counted.
+MEMBERS_CHECKED_FROM_BYTES = 1 << 20
+
+
+def _check_members(body: bytes, limit: int) -> None:
+    """A large body is refused before it is parsed when it holds more object members than `limit`:
+    parsing holds the event loop, every stream with it, for each member it builds. The count is of
+    `":` outside escaped strings (every serializer writes a key's quote and its colon together; text
+    quoting JSON writes `\\":`): a scan of the bytes, no parse."""
+    if len(body) < MEMBERS_CHECKED_FROM_BYTES:
+        return
+    members = body.count(b'":') - body.count(b'\\":')
+    if members > limit:
+        raise invalid_request(f"the request body holds about {members:,} JSON object members, more than the "
+                              f"gateway's limit of {limit:,} (gateway.max_json_members)", code="too_many_members")
 
 
 def _asgi_link(request: Request) -> ClientLink:

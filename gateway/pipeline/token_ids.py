@@ -207,6 +207,25 @@ def take(ex: "Exchange", event: bytes) -> bytes | None:
     return out
 
 
+_PROMPT_KEY = b'"prompt_token_ids":['
+
+
+def take_prompt(ex: "Exchange", data: bytes) -> bytes:
+    """A whole answer without its prompt's ids (`null` in their place), the ids kept on the exchange as
+    their JSON: parsed on the event loop they would be a Python int each (a 2M-token prompt: 2M objects
+    built, and their memory scattered among the process's own). vLLM writes the key compact; any other
+    form is left for the general path."""
+    k = data.find(_PROMPT_KEY)
+    if k < 0:
+        return data
+    start = k + len(_PROMPT_KEY) - 1
+    end = data.find(b"]", start) + 1
+    if not end:
+        return data
+    ex.generated.prompt_token_ids = data[start:end]
+    return data[:start] + b"null" + data[end:]
+
+
 def parse_job(job: "Job") -> None:
     """In the analysis (a worker thread or process): the prompt ids kept as JSON become a list."""
     if isinstance(job.prompt_token_ids, bytes):

@@ -116,8 +116,10 @@ async def _relay_whole(ex, lane, replica, resp, decoder, link, have: bytes = b""
         replica.inflight -= 1
         raise
     resp.release()
+    # The prompt's ids leave as their JSON, parsed by the analysis off the event loop (token_ids.py).
+    read = token_ids.take_prompt(ex, data)
     try:
-        parsed = orjson.loads(data)
+        parsed = orjson.loads(read)
     except orjson.JSONDecodeError:
         parsed = _NOT_JSON
     if type(parsed) is dict and (parsed.get("error") is not None or parsed.get("object") == "error"):
@@ -145,8 +147,8 @@ async def _relay_whole(ex, lane, replica, resp, decoder, link, have: bytes = b""
     if ex.upstream_path is not None:  # a translated API: the answer in the client's API
         data = orjson.dumps(messages_from_chat.message_of(parsed, ex.public_model or ""))
     else:
-        if ex.token_ids_strip:  # token ids (issue 13): the gateway asked for them, the client did not
-            data = token_ids.strip_body(data)[0]
+        if ex.token_ids_strip:  # the gateway asked for the ids, the client did not
+            data = token_ids.strip_body(read)[0]
         data = reshape.for_lane(ex, lane).body(data)  # the client's model name, the lane's reasoning field
     ex.response_bytes = len(data)
     return Answer.json(200, data)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer
 
+from ..core import memory
 from .pieces import PieceEncoder
 
 V41_ADDED_TOKENS = ("<｜System｜>", "<｜deepseek_image｜>")
@@ -57,7 +58,10 @@ class TextTokenizer:
     def encode(self, text: str) -> array:
         if self._pieces is not None and (PIECES_MAX_CHARS is None or len(text) <= PIECES_MAX_CHARS):
             return self._pieces.encode(text)
-        return array("I", self._encode_released(text))
+        ids = array("I", self._encode_released(text))
+        if len(text) >= memory.GIVE_BACK_AFTER_CHARS:
+            memory.give_back()
+        return ids
 
     def _encode_released(self, text: str) -> list[int]:
         """The tokenizer's ids for one text, the GIL released while it encodes: `Tokenizer.encode` holds
@@ -75,7 +79,11 @@ class TextTokenizer:
         # `encode_batch_fast` (tokenizers >= 0.21) computes no character offsets, which nothing here
         # reads: ~50 us instead of ~85 for two small agent messages (the same ids).
         encs = self._tok.encode_batch_fast(list(texts), add_special_tokens=False)
-        return [array("I", e.ids) for e in encs]
+        out = [array("I", e.ids) for e in encs]
+        del encs
+        if sum(map(len, texts)) >= memory.GIVE_BACK_AFTER_CHARS:
+            memory.give_back()
+        return out
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
