@@ -1,9 +1,16 @@
-"""Fixtures shared by the suite's files."""
+"""Fixtures shared by the suite's files: services every file starts the same way.
+
+A fixture whose knobs differ from file to file stays in its file, built with tests/support's builders
+(run_emulator, run_gateway, routes.lane); only fixtures that are the same everywhere live here.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
+from tests.support.emulator_proc import AGENT_EMULATOR, EmulatorProc, run_emulator
 from tests.support.engine_proc import EngineProc, engine_fixture
 
 
@@ -11,3 +18,19 @@ from tests.support.engine_proc import EngineProc, engine_fixture
 def engine() -> EngineProc:
     """The real vLLM engine, one per pytest session (skipped when it is not installed)."""
     return engine_fixture()
+
+
+@pytest.fixture(scope="module")
+def agent_emulator() -> Iterator[EmulatorProc]:
+    """The conversation tests' emulator (AGENT_EMULATOR), one per test file; a test asks for
+    `agent_emu`, which hands it over reset."""
+    with run_emulator(**AGENT_EMULATOR) as emu:
+        yield emu
+
+
+@pytest.fixture()
+def agent_emu(agent_emulator: EmulatorProc) -> EmulatorProc:
+    """The file's agent emulator with an empty prefix cache, zeroed stats and the knobs it started
+    with: an earlier test's identical first turn would otherwise be a hit."""
+    agent_emulator.reset(config=True)
+    return agent_emulator

@@ -6,11 +6,12 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.support.conversations import AGENT_EMULATOR, Agent, routes
-from tests.support.emulator_proc import run_emulator
+from tests.support.conversations import Agent
+from tests.support.emulator_proc import AGENT_EMULATOR, run_emulator
 from tests.support.gateway_proc import run_gateway
 from tests.support.otlp_receiver import otlp_receiver
 from tests.support.poll import wait_until
+from tests.support.routes import agent_routes
 from tests.support.scripted_upstream import Script, http_response, scripted_upstream
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -59,7 +60,7 @@ def test_the_clients_trace_is_continued_and_the_engine_gets_the_upstream_span_as
 
 def test_an_agents_turns_carry_the_conversation_and_the_verdict() -> None:
     with otlp_receiver() as rx, run_emulator(**AGENT_EMULATOR) as emu, \
-            run_gateway(routes(emu.url), env=_env(rx)) as gw:
+            run_gateway(agent_routes(emu.url), env=_env(rx)) as gw:
         agent = Agent(gw)
         agent.turn()
         _, cache = agent.turn()

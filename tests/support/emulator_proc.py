@@ -26,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+# The conversation tests' engine: a vLLM-shaped DeepSeek-V4.1 engine that thinks, with 16-token cache
+# blocks (the lane they talk through: tests/support/routes.agent_lane).
+AGENT_EMULATOR: dict[str, Any] = {"flavour": "vllm", "tokenizer": "dsv41", "default_thinking": True, "block_size": 16}
 
 
 def free_port() -> int:
