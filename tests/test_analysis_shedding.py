@@ -17,7 +17,9 @@ from gateway.conversations.state import ConversationState
 from gateway.core.exchange import Exchange
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
-from tests.test_records_e2e import SENT, lane, metric_samples, post, records
+from tests.support.metrics import metric_samples
+from tests.support.records import SENT, post, records
+from tests.support.routes import emulator_lane, routes
 
 
 def _turn(cid: str, n: int) -> Exchange:
@@ -157,8 +159,8 @@ def _three_quick_turns_behind_a_big_one(env: dict[str, str]) -> tuple[list[str],
     tokenisation) while a small conversation sends three quick turns: their request ids, their
     records (written once analysed, or shed) and the shed counters."""
     with run_emulator(flavour="vllm", max_model_len=1 << 20) as emu:
-        with run_gateway({"gateway": {"max_request_bytes": 16 << 20}, "lanes": {"v": lane(emu.url)},
-                          "models": {"m": "v"}}, env=env) as gw:
+        with run_gateway(routes({"v": emulator_lane(emu.url)}, {"m": "v"}, max_request_bytes=16 << 20),
+                         env=env) as gw:
             big = [{"role": "user" if i % 2 == 0 else "assistant",
                     "content": " ".join(f"word{i}x{j}" for j in range(150))} for i in range(801)]
             assert post(gw.url, {"model": "m", "messages": big, "max_tokens": 2,
