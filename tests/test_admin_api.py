@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 from gateway.app import create_app
 from gateway.core.errors import GatewayError
 from gateway.core.settings import Settings
-from tests.test_records_units import exchange
+from tests.support.exchanges import exchange
 
 
 @pytest.fixture()

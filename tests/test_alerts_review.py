@@ -21,7 +21,7 @@ from gateway.conversations.lookup import candidate_ids
 from gateway.conversations.remedies import DEFAULT, REMEDIES, REPIN, remedy_for
 from gateway.records.record import client_of
 from gateway.core.settings import Settings
-from tests.test_records_units import exchange
+from tests.support.exchanges import exchange
 
 README = Path(__file__).resolve().parents[1] / "docs" / "concepts" / "conversations.md"  # the cause table
 NOW = 1_800_000_000.0

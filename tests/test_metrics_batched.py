@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from gateway.observe.metrics import DURATION_BUCKETS, GAP_BUCKETS, BoundedLabel, Metrics, _Observed
-from tests.test_metrics_units import samples
-from tests.test_records_units import exchange
+from tests.support.metrics import samples
+from tests.support.exchanges import exchange
 
 values = st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=64),
                    st.sampled_from([0.0, 0.1, 0.5, 1.0, 2.0, 600.0, 1800.0, -1.0]))
