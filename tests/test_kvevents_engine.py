@@ -18,7 +18,7 @@ import pytest
 
 from tests.support.engine_proc import KV_TOPIC, REPO, EngineProc, engine_lane
 from tests.support.gateway_proc import run_gateway
-from tests.test_engine_cache import Agent, filler
+from tests.support.engine_agent import Agent, filler
 
 pytestmark = pytest.mark.engine
 

@@ -202,7 +202,7 @@ def test_output_items_are_what_was_generated():
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "non-stream"])
 def test_engine_responses_turns_are_predicted_exactly(stream):
     from tests.support.engine_proc import engine_fixture, engine_routes
-    from tests.test_engine_cache import LOGIT_BIAS  # the random-weight model confined to whole words
+    from tests.support.engine_agent import LOGIT_BIAS  # the random-weight model confined to whole words
 
     eng = engine_fixture()
     with run_gateway(engine_routes(eng.url)) as g:
