@@ -13,26 +13,24 @@ from gateway.observe.access_log import AccessLog, AccessLogSettings, _text, acce
 from gateway.core.exchange import Exchange
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
+from tests.support.poll import wait_until
+from tests.support.routes import lane, routes
 
 FIELDS = {"request_id", "tenant", "model", "lane", "replica", "status", "bytes_in", "bytes_out", "latency_ms",
           "ttft_ms", "cached_tokens", "predicted_cached_tokens", "verdict"}
 
 
 def _routes(url: str) -> dict:
-    return {"lanes": {"ds": {"replicas": [url], "upstream_model": "deepseek-v4-flash", "qualification": "not_required",
-                             "render": {"template": "deepseek_v4.1"}}},
-            "models": {"ds": "ds"}}
+    return routes({"ds": lane(url, render={"template": "deepseek_v4.1"})})
 
 
 def _lines(gw, n: int) -> list[dict]:
-    import time
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
+    """The access log's lines once there are `n` (written after each response)."""
+    def written() -> list[dict] | None:
         found = [json.loads(line) for line in gw.log().splitlines() if line.startswith('{"ts"')]
-        if len(found) >= n:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"expected {n} access lines, log:\n{gw.log()[-2000:]}")
+        return found if len(found) >= n else None
+
+    return wait_until(written, what=f"{n} access lines", detail=lambda: gw.log()[-2000:])
 
 
 @pytest.fixture(scope="module")
@@ -72,10 +70,7 @@ def test_text_format_and_off(emu):
     with run_gateway(_routes(emu.url), env={"GATEWAY_ACCESS_LOG_FORMAT": "text"}) as gw:
         httpx.post(gw.base_url + "/chat/completions", json={"model": "ds", "max_tokens": 2,
                                                             "messages": [{"role": "user", "content": "x"}]})
-        import time
-        deadline = time.monotonic() + 15
-        while "request_id=" not in gw.log() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: "request_id=" in gw.log(), what="the access line")
         line = next(x for x in gw.log().splitlines() if "request_id=" in x)
         assert "status=200" in line and "lane=ds" in line and "model=ds" in line
     with run_gateway(_routes(emu.url), env={"GATEWAY_ACCESS_LOG": "0"}) as gw:

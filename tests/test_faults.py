@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from gateway.core.config import Lane
 from gateway.upstream.replicas import Replica, Upstream
 from tests.support.emulator_proc import run_emulator
 from tests.support.redis_proc import run_redis
 from tests.support.gateway_proc import free_port, run_gateway
+from tests.support.routes import lane_config
 
 ADMIN = "fault-tests-admin-key-0123456789"
 
@@ -146,8 +146,7 @@ def wait_record(gw, request_id: str, timeout: float = 10.0) -> dict:
 
 
 def _upstream(failures: int = 2, cool_down_s: float = 0.05) -> Upstream:
-    return Upstream.for_lane(Lane(replicas=["http://127.0.0.1:9"], upstream_model="m",
-                                  breaker={"failures": failures, "cool_down_s": cool_down_s}))
+    return Upstream.for_lane(lane_config(breaker={"failures": failures, "cool_down_s": cool_down_s}))
 
 
 def test_breaker_opens_half_opens_with_one_probe_and_closes() -> None:
@@ -531,7 +530,7 @@ async def test_503_from_a_replica_hands_over_to_the_next() -> None:
         await web.TCPSite(runner, "127.0.0.1", port).start()
         runners.append(runner)
         urls.append(f"http://127.0.0.1:{port}")
-    up = Upstream.for_lane(Lane(replicas=urls, upstream_model="m", breaker={"failures": 2, "cool_down_s": 60}))
+    up = Upstream.for_lane(lane_config(replicas=urls, breaker={"failures": 2, "cool_down_s": 60}))
     retried = []
     try:
         rep, resp = await up.send(up.replicas, "/v1/chat/completions", b"{}", "rid", on_retry=retried.append)

@@ -176,7 +176,7 @@ async def test_turn_end_keeps_the_relayed_message_and_anchors_its_trimmed_conten
     import asyncio
     from types import SimpleNamespace
 
-    from gateway.core.config import Lane
+    from tests.support.routes import lane_config
     from gateway.conversations.identity import anchor_keys, message_digest
     from gateway.conversations.state import ConversationState
     from gateway.core.exchange import Exchange
@@ -187,8 +187,7 @@ async def test_turn_end_keeps_the_relayed_message_and_anchors_its_trimmed_conten
     store = MemoryStore()
     book = RelayedBook(store, 60)
     end = HealTurnEnd(book, store, 60)
-    lane = SimpleNamespace(name="ds", config=Lane(replicas=["http://127.0.0.1:1"], upstream_model="m",
-                                                   heal=["content"]))
+    lane = SimpleNamespace(name="ds", config=lane_config(heal=["content"]))
     ex = Exchange("r1", status=200, tenant="acme", body={"messages": [{"role": "user", "content": "hi"}]})
     ex.conversation = SimpleNamespace(state=ConversationState("c1", "lineage", turn=2), is_new=False)
     ex.generated.content.append("Done.  \n")

@@ -10,7 +10,7 @@ import threading
 import orjson
 import pytest
 
-from gateway.core.config import ConfigError, Lane, Limits, parse_routes
+from gateway.core.config import ConfigError, Limits, parse_routes
 from gateway.core.errors import GatewayError
 from gateway.core.exchange import Exchange
 from gateway.limits import LIMITS_HEADER, LimitsPolicy
@@ -19,13 +19,13 @@ from gateway.limits.placeholders import JOINER
 from gateway.limits.scan import scan_chat
 from gateway.limits.tokens import MAX_TOKEN_BYTES, bounds, count_prompt
 from gateway.core.runtime import LaneRuntime
+from tests.support.routes import lane_config
 
 PH = "<｜deepseek_image｜>"
 
 
 def make_lane(render_template: str | None = None, **limits) -> LaneRuntime:
-    cfg = Lane.model_validate({"replicas": ["http://127.0.0.1:9"], "upstream_model": "m", "limits": limits,
-                               "render": {"template": render_template}})
+    cfg = lane_config(limits=limits, render={"template": render_template})
     return LaneRuntime("lane", cfg, None, None)  # type: ignore[arg-type]
 
 

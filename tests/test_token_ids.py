@@ -14,7 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.pipeline import token_ids
-from gateway.core.config import Lane
 from gateway.conversations.job import Job
 from gateway.conversations.state import ConversationState
 from gateway.core.exchange import Exchange
@@ -23,7 +22,7 @@ from gateway.relay.sse import EventSplitter
 from tests.support.conversations import wait_analysed, wait_record
 from tests.support.emulator_proc import AGENT_EMULATOR, run_emulator
 from tests.support.gateway_proc import run_gateway
-from tests.support.routes import agent_lane, agent_routes, routes
+from tests.support.routes import agent_lane, agent_routes, lane_config, routes
 
 FIXTURES = Path("/work/shared/fixtures/upstream")
 
@@ -124,17 +123,13 @@ def test_cost_per_chunk():
 
 
 # -- who is asked ----------------------------------------------------------------------------------------
-def _lane(**kw) -> Lane:
-    return Lane(replicas=["http://127.0.0.1:1"], upstream_model="m", **kw)
-
-
 @pytest.mark.parametrize("lane, path, client, asked, why", [
-    (_lane(), "/v1/chat/completions", None, True, None),
-    (_lane(), "/v1/chat/completions", True, False, None),  # the client asked: it gets them
-    (_lane(), "/v1/chat/completions", False, True, None),
-    (_lane(token_ids="off"), "/v1/chat/completions", None, False, token_ids.WHY_OFF),
-    (_lane(engine="sglang"), "/v1/chat/completions", None, False, token_ids.why_engine("sglang")),
-    (_lane(), "/v1/completions", None, False, token_ids.WHY_PATH),
+    (lane_config(), "/v1/chat/completions", None, True, None),
+    (lane_config(), "/v1/chat/completions", True, False, None),  # the client asked: it gets them
+    (lane_config(), "/v1/chat/completions", False, True, None),
+    (lane_config(token_ids="off"), "/v1/chat/completions", None, False, token_ids.WHY_OFF),
+    (lane_config(engine="sglang"), "/v1/chat/completions", None, False, token_ids.why_engine("sglang")),
+    (lane_config(), "/v1/completions", None, False, token_ids.WHY_PATH),
 ])
 def test_who_is_asked(lane, path, client, asked, why):
     ex = Exchange("r", path=path)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from gateway.core.config import Lane
+
 UPSTREAM_MODEL = "deepseek-v4-flash"  # the emulator's default served model
 # The conversation tests' render: DeepSeek-V4.1's template, its effort words as the numbers it takes.
 AGENT_RENDER = {"template": "deepseek_v4.1", "effort_map": {"low": 25, "high": 50, "xhigh": 75, "max": 100}}
@@ -49,3 +51,9 @@ def agent_lane(url: str, **extra: Any) -> dict[str, Any]:
 def agent_routes(url: str, **extra: Any) -> dict[str, Any]:
     """One agent lane "ds", public name "ds"."""
     return routes({"ds": agent_lane(url, **extra)})
+
+
+def lane_config(**fields: Any) -> Lane:
+    """A lane's parsed configuration, for a test without servers: model "m" on a replica nobody
+    listens on, and `fields` as routes.yaml states them (qualification is the lane's default)."""
+    return Lane.model_validate({"replicas": ["http://127.0.0.1:1"], "upstream_model": "m", **fields})
