@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.emulator_proc import AGENT_EMULATOR, EmulatorProc, run_emulator
+from tests.support.emulator_proc import AGENT_EMULATOR, LIMITED_EMULATOR, EmulatorProc, run_emulator
 from tests.support.engine_proc import EngineProc, engine_fixture
 
 
@@ -34,3 +34,11 @@ def agent_emu(agent_emulator: EmulatorProc) -> EmulatorProc:
     with: an earlier test's identical first turn would otherwise be a hit."""
     agent_emulator.reset(config=True)
     return agent_emulator
+
+
+@pytest.fixture(scope="module")
+def limited_emu() -> Iterator[EmulatorProc]:
+    """The lane-limit tests' emulator (LIMITED_EMULATOR: an engine that refuses what a lane's limits
+    should have refused first), one per test file."""
+    with run_emulator(**LIMITED_EMULATOR) as emu:
+        yield emu

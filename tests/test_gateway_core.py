@@ -14,15 +14,15 @@ import pytest
 
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import free_port, run_gateway
+from tests.support.poll import wait_until
+from tests.support.routes import UPSTREAM_MODEL, routes
+from tests.support.routes import lane as base_lane
 
 
-def lane(url: str | list[str], model: str = "deepseek-v4-flash", **extra) -> dict:
-    replicas = url if isinstance(url, list) else [url]
-    base = {"engine": "vllm", "replicas": replicas, "upstream_model": model, "qualification": "not_required",
-            "timeouts": {"connect": 1, "first_byte": 3, "idle": 2},
-            "breaker": {"failures": 1000}}  # these tests inject faults one after another
-    base.update(extra)
-    return base
+def lane(url: str | list[str], model: str = UPSTREAM_MODEL, **extra) -> dict:
+    """Short timeouts; a breaker that never opens: these tests inject faults one after another."""
+    return base_lane(url, **{"upstream_model": model, "timeouts": {"connect": 1, "first_byte": 3, "idle": 2},
+                             "breaker": {"failures": 1000}, **extra})
 
 
 @pytest.fixture(scope="module")
@@ -39,12 +39,8 @@ def emu_b():
 
 @pytest.fixture(scope="module")
 def gw(emu, emu_b):
-    routes = {
-        "gateway": {"max_request_bytes": 200_000},
-        "lanes": {"a": lane(emu.url), "b": lane(emu_b.url, model="other-model", engine="sglang")},
-        "models": {"public-a": "a", "public-b": "b"},
-    }
-    with run_gateway(routes) as g:
+    lanes = {"a": lane(emu.url), "b": lane(emu_b.url, model="other-model", engine="sglang")}
+    with run_gateway(routes(lanes, {"public-a": "a", "public-b": "b"}, max_request_bytes=200_000)) as g:
         yield g
 
 
@@ -159,16 +155,14 @@ def test_upstream_error_is_relayed_in_openai_shape(gw, emu):
 
 def test_upstream_down_is_502():
     port = free_port()  # nothing listens there
-    routes = {"lanes": {"a": lane(f"http://127.0.0.1:{port}")}, "models": {"m": "a"}}
-    with run_gateway(routes) as g:
+    with run_gateway(routes({"a": lane(f"http://127.0.0.1:{port}")}, {"m": "a"})) as g:
         r = httpx.post(g.url + "/v1/chat/completions", json={**chat(), "model": "m"})
         assert _error(r, 502)["code"] == "upstream_unavailable"
 
 
 def test_failover_to_next_replica(emu):
     dead = f"http://127.0.0.1:{free_port()}"
-    routes = {"lanes": {"a": lane([dead, emu.url], routing="round_robin")}, "models": {"m": "a"}}
-    with run_gateway(routes) as g:
+    with run_gateway(routes({"a": lane([dead, emu.url], routing="round_robin")}, {"m": "a"})) as g:
         for _ in range(4):
             r = httpx.post(g.url + "/v1/chat/completions", json={**chat(max_tokens=2), "model": "m"})
             assert r.status_code == 200
@@ -218,13 +212,10 @@ def test_client_disconnect_cancels_upstream(gw, emu):
             s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                       b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
             s.recv(4096)  # headers and the first events: the stream is running
-            time.sleep(0.2)
+            time.sleep(0.2)  # the scenario: the client reads a moment longer, then leaves mid-stream
         closed_at = time.time()
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline and len(emu.stats()["cancelled"]) == before:
-            time.sleep(0.02)
-        cancelled = emu.stats()["cancelled"]
-        assert len(cancelled) > before
+        cancelled = wait_until(lambda: len(emu.stats()["cancelled"]) > before and emu.stats()["cancelled"],
+                               what="the engine to see the cancellation", interval=0.02)
         assert cancelled[-1]["at"] - closed_at < 0.5
     finally:
         emu.configure(decode_tps=0)
@@ -240,11 +231,10 @@ def _served_by(emu, g, model: str) -> bool:
 
 
 def test_hot_reload_keeps_streams_and_switches_lanes(emu, emu_b):
-    routes = {"lanes": {"a": lane(emu.url), "b": lane(emu_b.url, model="other-model", engine="sglang")},
-              "models": {"m": "a"}}
+    cfg = routes({"a": lane(emu.url), "b": lane(emu_b.url, model="other-model", engine="sglang")}, {"m": "a"})
     emu.configure(decode_tps=40)
     try:
-        with run_gateway(routes) as g:
+        with run_gateway(cfg) as g:
             result: dict = {"events": []}
             streaming = threading.Event()
 
@@ -260,13 +250,8 @@ def test_hot_reload_keeps_streams_and_switches_lanes(emu, emu_b):
             t = threading.Thread(target=long_stream)
             t.start()
             assert streaming.wait(10), "the stream started"
-            g.write_routes({**routes, "models": {"m": "b"}})  # move the alias while the stream runs
-            deadline = time.monotonic() + 5
-            on_b = False
-            while time.monotonic() < deadline and not on_b:
-                on_b = _served_by(emu_b, g, "m")
-                time.sleep(0.1)
-            assert on_b, "new requests must reach the new lane"
+            g.write_routes({**cfg, "models": {"m": "b"}})  # move the alias while the stream runs
+            wait_until(lambda: _served_by(emu_b, g, "m"), what="new requests to reach the new lane", interval=0.1)
             t.join(30)
             events = result["events"]
             assert events[-1] == "data: [DONE]"
@@ -277,26 +262,20 @@ def test_hot_reload_keeps_streams_and_switches_lanes(emu, emu_b):
 
             # A broken edit changes nothing, and says why.
             g.write_routes("lanes: {a: {replicas: [not-a-url]}}\nmodels: {m: a}\n")
-            time.sleep(1.0)
+            wait_until(lambda: "replicas" in (httpx.get(g.url + "/readyz").json()["config"]["last_reload_error"] or ""),
+                       what="the broken edit's reload error in /readyz")
             assert _served_by(emu_b, g, "m")
-            ready = httpx.get(g.url + "/readyz").json()
-            assert "replicas" in (ready["config"]["last_reload_error"] or "")
     finally:
         emu.configure(decode_tps=0)
 
 
 def test_sighup_reloads(emu):
-    routes = {"lanes": {"a": lane(emu.url)}, "models": {"m": "a"}}
-    with run_gateway(routes, env={"GATEWAY_WATCH_ROUTES": "0"}) as g:
-        g.write_routes({**routes, "models": {"m": "a", "m2": "a"}})
+    cfg = routes({"a": lane(emu.url)}, {"m": "a"})
+    with run_gateway(cfg, env={"GATEWAY_WATCH_ROUTES": "0"}) as g:
+        g.write_routes({**cfg, "models": {"m": "a", "m2": "a"}})
         g.sighup()
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            ids = [m["id"] for m in httpx.get(g.url + "/v1/models").json()["data"]]
-            if "m2" in ids:
-                break
-            time.sleep(0.05)
-        assert "m2" in ids
+        wait_until(lambda: "m2" in [m["id"] for m in httpx.get(g.url + "/v1/models").json()["data"]],
+                   what="the reloaded routes' new model in /v1/models")
 
 
 def test_readyz_reports_lanes(gw):

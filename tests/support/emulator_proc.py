@@ -29,6 +29,10 @@ REPO = Path(__file__).resolve().parents[2]
 # The conversation tests' engine: a vLLM-shaped DeepSeek-V4.1 engine that thinks, with 16-token cache
 # blocks (the lane they talk through: tests/support/routes.agent_lane).
 AGENT_EMULATOR: dict[str, Any] = {"flavour": "vllm", "tokenizer": "dsv41", "default_thinking": True, "block_size": 16}
+# The lane-limit tests' engine: vLLM's own limits (images, top_logprobs, a 4096-token window), counted with
+# the real DeepSeek-V4.1 renderer and tokenizer; their lanes state the same limits.
+LIMITED_EMULATOR: dict[str, Any] = {"flavour": "vllm", "tokenizer": "dsv41", "max_images": 4, "max_top_logprobs": 32,
+                                    "max_model_len": 4096}
 
 
 def free_port() -> int:
