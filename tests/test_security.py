@@ -30,6 +30,7 @@ from gateway.core.settings import Settings
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import REPO, free_port, run_gateway
 from tests.support.poll import wait_until
+from tests.support.routes import lane
 
 CLIENT_KEY = "sk-client-Zq8v1-4c71d0e2"
 CLIENT_KEY_2 = "sk-client-second-77aa"
@@ -49,10 +50,9 @@ def routes(replica: str = "http://127.0.0.1:9", *, keys: bool = True, admin: boo
         gateway["client_keys"] = {"env": "TEST_GW_CLIENT_KEYS", **({"hashed_file": hashed_file} if hashed_file else {})}
     if admin:
         gateway["admin_key_env"] = "TEST_GW_ADMIN_KEY"
-    lane = {"engine": "vllm", "replicas": [replica], "upstream_model": "deepseek-v4-flash",
-            "qualification": "not_required", "timeouts": {"connect": 1, "first_byte": 5, "idle": 5},
-            "breaker": {"failures": 1000}, **lane_extra}
-    return {"gateway": gateway, "lanes": {"a": lane}, "models": {"public-a": "a"}}
+    keyed = lane(replica, **{"timeouts": {"connect": 1, "first_byte": 5, "idle": 5}, "breaker": {"failures": 1000},
+                             **lane_extra})
+    return {"gateway": gateway, "lanes": {"a": keyed}, "models": {"public-a": "a"}}
 
 
 def key_env() -> dict[str, str]:
