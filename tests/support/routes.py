@@ -36,21 +36,21 @@ def routes(lanes: dict[str, dict[str, Any]], models: dict[str, str] | None = Non
     return out
 
 
-def emulator_lane(url: str, **extra: Any) -> dict[str, Any]:
+def emulator_lane(replicas: str | list[str], **extra: Any) -> dict[str, Any]:
     """A lane on a vLLM-flavoured emulator whose cache predictions come in its 16-token blocks (a lane's
     default is 1: every prediction would be off by up to 15 tokens)."""
-    return lane(url, **{"cache": {"block_size": 16}, **extra})
+    return lane(replicas, **{"cache": {"block_size": 16}, **extra})
 
 
-def agent_lane(url: str, **extra: Any) -> dict[str, Any]:
+def agent_lane(replicas: str | list[str], **extra: Any) -> dict[str, Any]:
     """The conversation tests' lane: an emulator lane rendered with DeepSeek-V4.1's template
     (the emulator: tests/support/emulator_proc.AGENT_EMULATOR)."""
-    return emulator_lane(url, **{"render": copy.deepcopy(AGENT_RENDER), **extra})
+    return emulator_lane(replicas, **{"render": copy.deepcopy(AGENT_RENDER), **extra})
 
 
-def agent_routes(url: str, **extra: Any) -> dict[str, Any]:
+def agent_routes(replicas: str | list[str], **extra: Any) -> dict[str, Any]:
     """One agent lane "ds", public name "ds"."""
-    return routes({"ds": agent_lane(url, **extra)})
+    return routes({"ds": agent_lane(replicas, **extra)})
 
 
 def lane_config(**fields: Any) -> Lane:
