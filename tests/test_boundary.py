@@ -10,14 +10,12 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import yaml
 
 from gateway.server.access import Access
-from gateway.app import create_app
-from gateway.core.settings import Settings
 from tests.support.conversations import wait_analysed
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
+from tests.support.inprocess import make_app
 from tests.support.poll import wait_until
 from tests.support.records import recent
 from tests.support.routes import emulator_lane, routes
@@ -50,10 +48,7 @@ def _table(cfg: dict, tmp: Path, monkeypatch) -> list:
     """The route table the app serves, built in process from the same routes.yaml."""
     for k, v in ENV.items():
         monkeypatch.setenv(k, v)
-    path = tmp / "routes-inproc.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    app = create_app(Settings(routes_path=path, data_dir=tmp / "inproc-data", watch_routes=False,
-                              analysis="thread"))
+    app = make_app(cfg, tmp, name="routes-inproc.yaml", data_dir=tmp / "inproc-data", analysis="thread")
     return app.gateway.endpoints()
 
 

@@ -12,13 +12,12 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
-from gateway.app import create_app
 from gateway.pipeline.flow import Pipeline
 from gateway.server.security import Caller
-from gateway.core.settings import Settings
 from tests.support.emulator_proc import run_emulator
+from tests.support.inprocess import make_app
+from tests.support.routes import lane, routes
 
 pytestmark = pytest.mark.asyncio
 
@@ -49,13 +48,8 @@ def emulator():
 
 @pytest.fixture
 async def gateway(emulator, tmp_path: Path):
-    cfg = {"lanes": {"ds": {"engine": "vllm", "replicas": [emulator.url], "upstream_model": "deepseek-v4-flash",
-                            "qualification": "not_required", "render": {"template": "deepseek_v4.1"},
-                            "limits": {"max_images": 4}}},
-           "models": {"ds": "ds"}}
-    path = tmp_path / "routes.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    app = create_app(Settings(routes_path=path, data_dir=tmp_path / "data", watch_routes=False, analysis="thread"))
+    cfg = routes({"ds": lane(emulator.url, render={"template": "deepseek_v4.1"}, limits={"max_images": 4})})
+    app = make_app(cfg, tmp_path, analysis="thread")
     gw = app.gateway
     await gw.start()
     try:
