@@ -17,6 +17,7 @@ from gateway.conversations.worker import BEHIND_JOBS, IN_FLIGHT, NICENESS, Analy
 from gateway.render.renderer import RenderOptions
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
+from tests.support.routes import lane, routes
 
 
 def test_frames_are_taken_whole_however_the_pipe_cuts_them() -> None:
@@ -35,9 +36,7 @@ def test_frames_are_taken_whole_however_the_pipe_cuts_them() -> None:
 
 def test_a_burst_of_concurrent_turns_is_analysed_by_one_living_worker() -> None:
     with run_emulator(flavour="vllm") as emu:
-        lane = {"engine": "vllm", "replicas": [emu.url], "upstream_model": "deepseek-v4-flash",
-                "qualification": "not_required", "render": {"template": "deepseek_v4.1"}}
-        with run_gateway({"lanes": {"l": lane}, "models": {"m": "l"}}) as gw:
+        with run_gateway(routes({"l": lane(emu.url, render={"template": "deepseek_v4.1"})}, {"m": "l"})) as gw:
 
             async def burst() -> list[int]:
                 async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:

@@ -145,7 +145,8 @@ def test_redis_shared_between_two_gateways(agent_emu):
 
 
 def _two_gateways_one_conversation(agent_emu, env: dict) -> None:
-    with run_gateway(agent_routes(agent_emu.url), env=env) as g1, run_gateway(agent_routes(agent_emu.url), env=env) as g2:
+    cfg = agent_routes(agent_emu.url)
+    with run_gateway(cfg, env=env) as g1, run_gateway(cfg, env=env) as g2:
         agent = Agent(g1, reasoning_effort="high")
         agent.turn()
         agent.gw = g2
@@ -163,9 +164,10 @@ def test_a_client_switching_gateways_the_moment_an_answer_ends_stays_in_its_conv
     """The turn-end write (head and anchors) finishes before the answer's last byte: a client that
     sends its next turn to the other gateway as soon as the stream ends is found there, every turn,
     even when one gateway's store is far (its writes land 80 ms late)."""
+    cfg = agent_routes(agent_emu.url)
     with run_redis() as port, latency_proxy(port, 0.08) as far:
-        with run_gateway(agent_routes(agent_emu.url), env={"GATEWAY_REDIS_URL": f"redis://127.0.0.1:{far}/0"}) as g1, \
-                run_gateway(agent_routes(agent_emu.url), env={"GATEWAY_REDIS_URL": f"redis://127.0.0.1:{port}/0"}) as g2:
+        with run_gateway(cfg, env={"GATEWAY_REDIS_URL": f"redis://127.0.0.1:{far}/0"}) as g1, \
+                run_gateway(cfg, env={"GATEWAY_REDIS_URL": f"redis://127.0.0.1:{port}/0"}) as g2:
             messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Switch gateways."}]
             for turn in range(1, 9):
                 gw = (g1, g2)[turn % 2]

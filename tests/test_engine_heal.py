@@ -50,7 +50,8 @@ def reserialise(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class ReserialisingAgent(Agent):
-    """The engine agent (tests/support/engine_agent.py), sending its history re-serialised (it keeps the original itself)."""
+    """The engine agent (tests/support/engine_agent.py), sending its history re-serialised (it keeps the
+    original itself)."""
 
     def turn(self, next_user: str | None = None, **kw: Any) -> dict[str, Any]:
         history = self.messages

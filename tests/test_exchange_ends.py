@@ -6,7 +6,6 @@ emulator over loopback."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from gateway.pipeline.flow import Pipeline
 from gateway.server.security import Caller
 from tests.support.emulator_proc import run_emulator
 from tests.support.inprocess import make_app
+from tests.support.poll import until
 from tests.support.routes import lane, routes
 
 pytestmark = pytest.mark.asyncio
@@ -76,15 +76,12 @@ def body(stream: bool) -> dict[str, Any]:
 async def settled(gw) -> None:
     """Poll until every counter is back at zero and no upstream connection is held (or fail, naming it)."""
     lane = gw.runtime.snapshot.lanes["ds"]
-    deadline = time.monotonic() + 5
-    state: tuple = ()
-    while time.monotonic() < deadline:
-        held = lane.upstream.connections_held()
-        state = (lane.inflight, [r.inflight for r in lane.upstream.replicas], held)
-        if state == (0, [0], 0):
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"(lane in flight, replica in flight, connections held) = {state}")
+
+    def state() -> tuple:
+        return lane.inflight, [r.inflight for r in lane.upstream.replicas], lane.upstream.connections_held()
+
+    await until(lambda: state() == (0, [0], 0), what="(lane in flight, replica in flight, connections held) at zero",
+                interval=0.01, detail=lambda: f"still {state()}")
 
 
 def pipelines(gw) -> dict[str, Pipeline]:

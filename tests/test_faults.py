@@ -333,7 +333,7 @@ def test_active_probe_finds_a_dead_replica_before_traffic_does() -> None:
                 ov = admin_get(gw, "/admin/api/overview?probe=0")
                 return {r["url"]: r for r in ov["lanes"][0]["replicas"]}[url]
 
-            wait_until(lambda: replica(dead)["breaker_open"], what="the active probe to open the dead replica's breaker")
+            wait_until(lambda: replica(dead)["breaker_open"], what="the active probe to open the dead one's breaker")
             assert "health probe /health" in replica(dead)["last_error"]
             for i in range(6):
                 r = httpx.post(gw.url + "/v1/chat/completions", json=body("m", False),

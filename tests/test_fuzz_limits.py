@@ -36,8 +36,8 @@ def lane(url: str, **extra) -> dict:
 def gw(limited_emu):
     lanes = {
         "strict": lane(limited_emu.url, limits=LIMITS),
-        "lenient": lane(limited_emu.url, limits={**LIMITS, "images_policy": "drop_oldest", "top_logprobs_policy": "clamp",
-                                                 "placeholder_policy": "escape"}),
+        "lenient": lane(limited_emu.url, limits={**LIMITS, "images_policy": "drop_oldest",
+                                                 "top_logprobs_policy": "clamp", "placeholder_policy": "escape"}),
         "notemplate": lane(limited_emu.url, limits=LIMITS, render={"template": None}),
         "nolimits": lane(limited_emu.url),
     }

@@ -164,11 +164,10 @@ def test_through_the_gateway_a_refused_turn_is_never_taken_as_checked() -> None:
 
     from tests.support.emulator_proc import run_emulator
     from tests.support.gateway_proc import run_gateway
+    from tests.support.routes import lane, routes
 
     with run_emulator(flavour="vllm") as emu:
-        lane = {"engine": "vllm", "replicas": [emu.url], "upstream_model": "deepseek-v4-flash",
-                "qualification": "not_required"}
-        with run_gateway({"lanes": {"l": lane}, "models": {"m": "l"}}) as gw:
+        with run_gateway(routes({"l": lane(emu.url)}, {"m": "l"})) as gw:
             url = gw.url + "/v1/chat/completions"
             body = {"model": "m", "max_tokens": 4, "messages": [
                 {"role": "system", "content": FILLER * 3}, *({"role": "user" if i % 2 else "assistant",

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from gateway.relay.wellformed import chunk_problem, completion_problem
 from tests.support.gateway_proc import run_gateway
 from tests.support.scripted_upstream import Script, http_response, scripted_upstream
+from tests.support.routes import lane, routes
 
 SECRET = "lane-upstream-key-7f3a9c21b5d04e68aa1"
 ADMIN = "hostile-tests-admin-key-0123456789"
@@ -38,22 +39,15 @@ def upstream():
 
 @pytest.fixture(scope="module")
 def gateway(upstream):
-    routes = {
-        "gateway": {"admin_key_env": "HOSTILE_ADMIN_KEY"},
-        "lanes": {"hostile": {
-            "engine": "vllm", "replicas": [upstream.url], "upstream_model": "m",
-            "qualification": "not_required", "api_key_env": "HOSTILE_UPSTREAM_KEY",
-            "render": {"template": None},
-            # Generous first byte, short idle; a breaker that never opens (every example must reach it).
-            "timeouts": {"connect": 1, "first_byte": 5, "idle": 2},
-            "breaker": {"failures": 1000000000, "cool_down_s": 0.01},
-        }},
-        "models": {"m": "hostile", "m-sg": "hostile-sg"},
-    }
+    hostile = lane(upstream.url, upstream_model="m", api_key_env="HOSTILE_UPSTREAM_KEY", render={"template": None},
+                   # Generous first byte, short idle; a breaker that never opens (every example must reach it).
+                   timeouts={"connect": 1, "first_byte": 5, "idle": 2},
+                   breaker={"failures": 1000000000, "cool_down_s": 0.01})
     # The same upstream as an SGLang lane: Anthropic Messages go to it translated to chat completions.
-    routes["lanes"]["hostile-sg"] = {**routes["lanes"]["hostile"], "engine": "sglang"}
+    cfg = routes({"hostile": hostile, "hostile-sg": {**hostile, "engine": "sglang"}},
+                 {"m": "hostile", "m-sg": "hostile-sg"}, admin_key_env="HOSTILE_ADMIN_KEY")
     env = {"HOSTILE_ADMIN_KEY": ADMIN, "HOSTILE_UPSTREAM_KEY": SECRET}
-    with run_gateway(routes, env=env) as gw:
+    with run_gateway(cfg, env=env) as gw:
         yield gw
 
 

@@ -9,6 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
+from tests.support.routes import lane, routes
 
 
 def _samples(gw) -> list:
@@ -18,10 +19,7 @@ def _samples(gw) -> list:
 
 def test_labels_primed_bounded_and_never_empty():
     with run_emulator(flavour="vllm") as emu:
-        routes = {"lanes": {"a": {"replicas": [emu.url], "upstream_model": "deepseek-v4-flash",
-                                  "qualification": "not_required"}},
-                  "models": {"pub": "a"}}
-        with run_gateway(routes) as gw:
+        with run_gateway(routes({"a": lane(emu.url)}, {"pub": "a"})) as gw:
             fresh = _samples(gw)
             by = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in fresh}
             assert by[("gateway_requests_total", (("lane", "a"), ("status_class", "5xx")))] == 0

@@ -113,7 +113,8 @@ def test_cost_per_chunk():
 def gw():
     with run_emulator(flavour="sglang") as sg, run_emulator(flavour="vllm") as vl:
         plain = {"render": {"template": None}, "effort_policy": "off"}
-        lanes = {"sg": lane(sg.url, engine="sglang", upstream_model="upstream-sg", reasoning_field="reasoning", **plain),
+        lanes = {"sg": lane(sg.url, engine="sglang", upstream_model="upstream-sg", reasoning_field="reasoning",
+                            **plain),
                  "vl": lane(vl.url, upstream_model="upstream-vl", **plain)}
         with run_gateway(routes(lanes, {"public-sg": "sg", "public-vl": "vl"})) as g:
             yield g

@@ -31,6 +31,9 @@ REPO = Path(__file__).resolve().parents[2]
 AGENT_EMULATOR: dict[str, Any] = {"flavour": "vllm", "tokenizer": "dsv41", "default_thinking": True, "block_size": 16}
 # The lane-limit tests' engine: vLLM's own limits (images, top_logprobs, a 4096-token window), counted with
 # the real DeepSeek-V4.1 renderer and tokenizer; their lanes state the same limits.
+# The KV-event tests' engine (run_kv_emulator): short answers without reasoning, 16-token blocks.
+KV_EMULATOR: dict[str, Any] = {"flavour": "vllm", "tokenizer": "dsv41", "block_size": 16, "output_tokens": 8,
+                               "reasoning_tokens": 0}
 LIMITED_EMULATOR: dict[str, Any] = {"flavour": "vllm", "tokenizer": "dsv41", "max_images": 4, "max_top_logprobs": 32,
                                     "max_model_len": 4096}
 
@@ -114,6 +117,15 @@ def run_emulator(*, port: int | None = None, extra_args: list[str] | None = None
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextlib.contextmanager
+def run_kv_emulator(**knobs: Any) -> Iterator[tuple[EmulatorProc, dict[str, Any]]]:
+    """An emulator that publishes its prefix cache's KV events as vLLM does (on two free ports), and what
+    a lane's `kv_events.replicas` says of it (add `pool_tokens` to taste)."""
+    port, replay = free_port(), free_port()
+    with run_emulator(kv_events_port=port, kv_events_replay_port=replay, **knobs) as emu:
+        yield emu, {"endpoint": f"tcp://127.0.0.1:{port}", "replay": f"tcp://127.0.0.1:{replay}"}
 
 
 def emulator_fixture(**knobs: Any) -> Iterator[EmulatorProc]:

@@ -53,6 +53,13 @@ def agent_routes(replicas: str | list[str], **extra: Any) -> dict[str, Any]:
     return routes({"ds": agent_lane(replicas, **extra)})
 
 
+def kv_lane(replicas: str | list[str], kv_replicas: dict[str, dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    """An emulator lane that knows its replicas' caches from their KV events (`kv_replicas`: replica URL ->
+    its kv_events entry), rendered without thinking as the KV_EMULATOR answers."""
+    return emulator_lane(replicas, **{"render": {"template": "deepseek_v4.1", "thinking": False},
+                                      "kv_events": {"replicas": kv_replicas}, **extra})
+
+
 def lane_config(**fields: Any) -> Lane:
     """A lane's parsed configuration, for a test without servers: model "m" on a replica nobody
     listens on, and `fields` as routes.yaml states them (qualification is the lane's default)."""
