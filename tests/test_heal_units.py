@@ -17,6 +17,7 @@ from gateway.heal.reasoning import Reasoning, keeps_reasoning
 from gateway.heal.reasoning_field import ReasoningField
 from gateway.heal.saved import tokens_saved
 from gateway.heal.tool_result_order import ToolResultOrder, id_less_groups
+from tests.support.poll import until
 
 ARGS = '{"path": "a.py", "start_line": 1, "end_line": 9}'
 RELAYED = Relayed("Reading it.", "I should read a.py first.", (("call_1", "read_file", ARGS),))
@@ -173,7 +174,6 @@ def test_config_kinds_are_checked():
 
 
 async def test_turn_end_keeps_the_relayed_message_and_anchors_its_trimmed_content():
-    import asyncio
     from types import SimpleNamespace
 
     from tests.support.routes import lane_config
@@ -193,14 +193,18 @@ async def test_turn_end_keeps_the_relayed_message_and_anchors_its_trimmed_conten
     ex.generated.content.append("Done.  \n")
     ex.generated.reasoning.append("Think.")
     end.exchange_ended(ex, lane)
-    for _ in range(50):
-        await asyncio.sleep(0)
     relayed = {"role": "assistant", "content": "Done.  \n"}
+    trimmed = anchor_keys(message_digest({"role": "assistant", "content": "Done."}), 1, "acme")
+
+    async def written() -> bool:  # the turn end writes in the background
+        return await store.get(f"rel:acme:{heal_digest(relayed):016x}") is not None and \
+            await store.mget(trimmed) == [b"c1|3", b"c1|3"]
+
+    await until(written, what="the relayed answer and its anchors written")
     found = await book.lookup("acme", [heal_digest(relayed)])
     assert found[heal_digest(relayed)] == Relayed("Done.  \n", "Think.", ())
     assert await book.lookup("other-tenant", [heal_digest(relayed)]) == {}  # never across tenants
     assert await store.get(f"rel:acme:{heal_digest(relayed):016x}") is not None
-    trimmed = anchor_keys(message_digest({"role": "assistant", "content": "Done."}), 1, "acme")
     assert await store.mget(trimmed) == [b"c1|3", b"c1|3"]
 
 

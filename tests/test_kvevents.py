@@ -22,6 +22,7 @@ from gateway.kvevents.pressure import Pressure
 from gateway.kvevents.subscriber import Subscriber
 from gateway.kvevents.verdict import Question, explain
 from tests.support.kv_publisher import Publisher, cleared, encode, golden_payload, removed, stored
+from tests.support.poll import until
 
 BS = 4
 
@@ -228,14 +229,6 @@ def test_forecast_warns_when_two_conversations_do_not_fit():
 # -- the stream ------------------------------------------------------------------------------------------
 
 
-async def until(cond, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 @pytest.fixture
 def publisher():
     pub = Publisher(topic="kv")
@@ -248,10 +241,13 @@ async def _subscribed(pub: Publisher) -> Subscriber:
     sub.start()
     await until(lambda: sub.state == "live", what="connected")
     # PUB/SUB joins late: publish a probe until one arrives (it is replayed if missed, as in production).
-    deadline = time.monotonic() + 10
-    while sub.last_seq is None and time.monotonic() < deadline:
-        pub.publish([])
-        await asyncio.sleep(0.05)
+
+    def probed() -> bool:
+        if sub.last_seq is None:
+            pub.publish([])
+        return sub.last_seq is not None
+
+    await until(probed, what="a probe to arrive", interval=0.05)
     return sub
 
 
@@ -548,7 +544,7 @@ async def test_a_huge_batch_is_applied_in_slices(publisher):
             nonlocal ticks
             while not stop:
                 ticks += 1
-                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # one turn of the loop: the ticker counts them
 
         task = asyncio.create_task(ticker())
         before = sub.events
