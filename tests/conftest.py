@@ -12,6 +12,7 @@ import pytest
 
 from tests.support.emulator_proc import AGENT_EMULATOR, LIMITED_EMULATOR, EmulatorProc, run_emulator
 from tests.support.engine_proc import EngineProc, engine_fixture
+from tests.support.redis_proc import run_redis
 
 
 @pytest.fixture(scope="session")
@@ -42,3 +43,10 @@ def limited_emu() -> Iterator[EmulatorProc]:
     should have refused first), one per test file."""
     with run_emulator(**LIMITED_EMULATOR) as emu:
         yield emu
+
+
+@pytest.fixture()
+def redis_url() -> Iterator[str]:
+    """A private redis-server for this test (never the machine's), as a URL."""
+    with run_redis() as port:
+        yield f"redis://127.0.0.1:{port}/0"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import time
 import zlib
 
 import brotli
@@ -25,6 +24,7 @@ from gateway.relay.wellformed import chunk_problem, completion_problem
 from tests.support.gateway_proc import run_gateway
 from tests.support.scripted_upstream import Script, http_response, scripted_upstream
 from tests.support.routes import lane, routes
+from tests.support.poll import wait_until
 
 SECRET = "lane-upstream-key-7f3a9c21b5d04e68aa1"
 ADMIN = "hostile-tests-admin-key-0123456789"
@@ -522,14 +522,12 @@ def test_the_gateway_still_serves_and_kept_no_secret(upstream, client, gateway):
     assert seen.headers.get("accept-encoding") == "identity"
     assert seen.headers.get("authorization") == f"Bearer {SECRET}"
     headers = {"Authorization": f"Bearer {ADMIN}"}
-    deadline = time.monotonic() + 10
-    while True:
+
+    def inflight() -> list[int]:
         lanes = client.get("/admin/api/overview?probe=0", headers=headers).json()["lanes"]
-        inflight = [lanes[0]["inflight"]] + [r["inflight"] for r in lanes[0]["replicas"]]
-        if inflight == [0, 0] or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert inflight == [0, 0]
+        return [lanes[0]["inflight"]] + [r["inflight"] for r in lanes[0]["replicas"]]
+
+    wait_until(lambda: inflight() == [0, 0], what="nothing in flight", detail=lambda: inflight())
     records = client.get("/admin/api/records?limit=5000", headers=headers)
     assert records.status_code == 200 and SECRET not in records.text and SECRET[:12] not in records.text
     log = gateway.log()

@@ -319,7 +319,7 @@ async def test_event_loop_keeps_running_during_exact_count():
     class Slow(FakeRenderer):
         def render(self, body):
             import time
-            time.sleep(0.3)
+            time.sleep(0.3)  # the scenario: a slow render, holding its thread
             return super().render(body)
 
     lane.renderer = Slow(100)
@@ -328,7 +328,7 @@ async def test_event_loop_keeps_running_during_exact_count():
     async def ticker():
         nonlocal ticks
         while True:
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # the scenario: a tick every 10 ms while the loop is free
             ticks += 1
 
     t = asyncio.create_task(ticker())
@@ -465,7 +465,7 @@ async def test_slow_exact_count_times_out_and_forwards(monkeypatch):
     class Slow(FakeRenderer):
         def render(self, body):
             import time
-            time.sleep(0.3)
+            time.sleep(0.3)  # the scenario: a slow render, holding its thread
             body["messages"].append("late")  # its own copy: the request's body is not touched
             done.set()
             return super().render(body)

@@ -16,7 +16,6 @@ from gateway.records.store_redis import RedisRecordStream
 from gateway.records.store_sqlite import FILENAME, RecordReader, SQLiteStore
 from tests.support.emulator_proc import free_port
 from tests.support.exchanges import exchange
-from tests.support.redis_proc import run_redis
 
 
 # -- the record -------------------------------------------------------------------------------
@@ -235,12 +234,6 @@ def test_sqlite_put_never_blocks_when_the_queue_is_full(tmp_path: Path) -> None:
 
 
 # -- Redis ------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def redis_url():
-    with run_redis() as port:
-        yield f"redis://127.0.0.1:{port}/0"
-
 
 async def test_redis_stream_is_bounded_and_readable(redis_url: str) -> None:
     import redis.asyncio as aioredis

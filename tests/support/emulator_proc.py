@@ -18,12 +18,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.support.poll import TIMEOUT_S, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 # The conversation tests' engine: a vLLM-shaped DeepSeek-V4.1 engine that thinks, with 16-token cache
@@ -78,20 +79,14 @@ class EmulatorProc:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = TIMEOUT_S) -> None:
+    def healthy() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"emulator exited with {proc.returncode} before {url}/health answered")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as resp:  # noqa: S310
-                if resp.status == 200:
-                    return
-        except OSError as exc:
-            last = exc
-        time.sleep(0.03)
-    raise TimeoutError(f"emulator at {url} not healthy within {timeout}s ({last})")
+        with urllib.request.urlopen(url + "/health", timeout=1) as resp:  # noqa: S310
+            return resp.status == 200
+
+    wait_until(healthy, timeout, f"the emulator at {url} healthy", interval=0.03, ignore=(OSError,))
 
 
 @contextlib.contextmanager
