@@ -80,12 +80,12 @@ def test_batches_wait_in_the_pipe_while_the_worker_is_busy() -> None:
         process.start([options])  # the worker loads the tokenizer and template before its first answer
         try:
             first = asyncio.ensure_future(process.run(job(0)))
-            await asyncio.sleep(0)  # two turns of the loop, the scenario: the job is sent, not yet answered
-            await asyncio.sleep(0)
+            for _ in range(2):
+                await asyncio.sleep(0)  # two turns of the loop, the scenario: the job is sent, not yet answered
             assert process.batches == 1 and not first.done()
             rest = [asyncio.ensure_future(process.run(job(i))) for i in range(1, IN_FLIGHT + 2)]
-            await asyncio.sleep(0)  # two turns of the loop, the scenario: sent at once, not after an answer
-            await asyncio.sleep(0)
+            for _ in range(2):
+                await asyncio.sleep(0)  # two turns of the loop, the scenario: sent at once, not after an answer
             assert process.batches == 2 and not first.done(), "sent while the first is unanswered"
             outcomes = await asyncio.wait_for(asyncio.gather(first, *rest), 60)
             assert [o.cache["rendered_prompt_tokens"] > 0 for o in outcomes] == [True] * len(outcomes)

@@ -44,7 +44,7 @@ def wait_until(cond: Callable[[], T], timeout: float = TIMEOUT_S, what: str = "c
                 return value
         if time.monotonic() > deadline:
             raise _failure(what, timeout, last, detail)
-        time.sleep(interval)
+        time.sleep(interval)  # between two looks at the condition
 
 
 async def until(cond: Callable[[], T | Awaitable[T]], timeout: float = TIMEOUT_S, what: str = "condition", *,
@@ -60,4 +60,4 @@ async def until(cond: Callable[[], T | Awaitable[T]], timeout: float = TIMEOUT_S
             return value  # type: ignore[return-value]
         if time.monotonic() > deadline:
             raise _failure(what, timeout, None, detail)
-        await asyncio.sleep(interval)
+        await asyncio.sleep(interval)  # the loop runs the code under test meanwhile
