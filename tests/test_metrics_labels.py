@@ -33,7 +33,8 @@ def test_labels_primed_bounded_and_never_empty():
                 httpx.post(gw.base_url + "/chat/completions",
                            json={"model": f"junk-{i}", "messages": [{"role": "user", "content": "x"}]})
             pub_ok = ("gateway_model_requests_total", (("lane", "a"), ("model", "pub"), ("status_class", "2xx")))
-            unknown = ("gateway_model_requests_total", (("lane", "none"), ("model", "unknown"), ("status_class", "4xx")))
+            unknown = ("gateway_model_requests_total",
+                       (("lane", "none"), ("model", "unknown"), ("status_class", "4xx")))
 
             def counted() -> dict | None:
                 by = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in _samples(gw)}
