@@ -119,7 +119,12 @@ async def test_past_max_coalesced_a_newer_turn_takes_the_oldest_ones_place() -> 
         gate.set()
         assert await am.drain(5)
         assert analysed == ["X1", "A2", "A3", "B2"]
-        assert am.queued_bytes == 0 and am.queued == 0 and am._coalesced == 0
+        assert am.queued_bytes == 0 and am.queued == 0
+        # Nothing is left counted as coalesced: a new conversation's second turn joins its first again.
+        for ex in (_turn("E", 1), _turn("E", 2)):
+            am.exchange_ended(ex, None)
+        assert await am.drain(5)
+        assert analysed[-2:] == ["E1", "E2"] and sunk["E1"] is None and sunk["E2"] is None, (analysed, sunk)
     finally:
         await am.stop()
 

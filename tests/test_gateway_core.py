@@ -163,9 +163,11 @@ def test_upstream_down_is_502():
 def test_failover_to_next_replica(emu):
     dead = f"http://127.0.0.1:{free_port()}"
     with run_gateway(routes({"a": lane([dead, emu.url], routing="round_robin")}, {"m": "a"})) as g:
-        for _ in range(4):
+        before = emu.stats()["requests"]
+        for _ in range(4):  # round robin: half of them are dealt the dead replica first
             r = httpx.post(g.url + "/v1/chat/completions", json={**chat(max_tokens=2), "model": "m"})
             assert r.status_code == 200
+        assert emu.stats()["requests"] - before == 4  # every one answered by the next replica
 
 
 def test_stall_before_first_byte_is_504(gw, emu):

@@ -62,7 +62,7 @@ def test_arguments_refuses_another_meaning(tool_calls):
 
 def test_arguments_without_client_ids_match_by_place():
     updates = Arguments().plan(msg(tool_calls=calls(json.dumps(json.loads(ARGS), sort_keys=True), cid=None)), RELAYED)
-    assert updates is not None
+    assert updates is not None and updates["tool_calls"][0]["function"]["arguments"] == ARGS, updates  # the relayed
 
 
 def test_arguments_as_relayed_need_nothing():

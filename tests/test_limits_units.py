@@ -155,7 +155,10 @@ async def test_top_logprobs_openai_rules_on_every_lane(kw, code):
 
 
 async def test_top_logprobs_zero_with_logprobs_is_fine():
-    await run(make_lane(max_top_logprobs=0), lp_body(logprobs=True, top_logprobs=0))
+    body = lp_body(logprobs=True, top_logprobs=0)
+    ex = await run(make_lane(max_top_logprobs=0), body)  # not refused (run() raises if it is)
+    assert body["top_logprobs"] == 0 and body["logprobs"] is True, body  # forwarded as sent
+    assert ex.limits_fired == [], ex.limits_fired
 
 
 # -- placeholders -----------------------------------------------------------------------------------
@@ -355,7 +358,7 @@ def test_bounds_bracket_the_real_count():
         b = bounds(facts, has_tools=False)
         n = len(enc.encode_ordinary(s))
         assert b.low <= n <= b.high, (s[:20], b, n)
-    assert MAX_TOKEN_BYTES >= max(len(t) for t in enc._mergeable_ranks)
+    assert MAX_TOKEN_BYTES >= max(len(t) for t in enc.token_byte_values())
 
 
 async def test_count_prompt_cl100k_matches_tiktoken():
