@@ -23,8 +23,9 @@ def engine() -> EngineProc:
 
 @pytest.fixture(scope="module")
 def agent_emulator() -> Iterator[EmulatorProc]:
-    """The conversation tests' emulator (AGENT_EMULATOR), one per test file; a test asks for
-    `agent_emu`, which hands it over reset."""
+    """The agent emulator (AGENT_EMULATOR: vLLM-shaped DeepSeek-V4.1 that thinks), one per test file:
+    a file's module-scoped gateway stands on it; a test that needs an empty prefix cache asks for
+    `agent_emu` instead, which hands it over reset."""
     with run_emulator(**AGENT_EMULATOR) as emu:
         yield emu
 

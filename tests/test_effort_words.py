@@ -9,7 +9,6 @@ import pytest
 from gateway.core.config import DEFAULT_EFFORT_MAP, ConfigError, Lane, parse_routes
 from gateway.conversations import effort
 from gateway.core.errors import GatewayError
-from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
 from tests.support.routes import lane, lane_config, routes
 
@@ -90,19 +89,13 @@ def test_forwarded_as_the_number_to_vllm_and_an_engine_word_or_the_number_to_sgl
         assert body["reasoning_effort"] == sent
 
 
-@pytest.fixture(scope="module")
-def emu():
-    with run_emulator(flavour="vllm", tokenizer="dsv41", default_thinking=True) as e:
-        yield e
-
-
 def _routes(url: str, **extra) -> dict:
     return routes({"ds": lane(url, render={"template": "deepseek_v4.1"}, **extra)})
 
 
 @pytest.fixture(scope="module")
-def gw(emu):
-    with run_gateway(_routes(emu.url)) as g:
+def gw(agent_emulator):
+    with run_gateway(_routes(agent_emulator.url)) as g:
         yield g
 
 
@@ -124,12 +117,12 @@ def test_invalid_word_is_a_400_listing_the_accepted_ones(gw):
     assert err["param"] == "reasoning_effort" and "medium" in err["message"] and "1-100" in err["message"]
 
 
-def test_policy_off_still_translates_words_the_engine_refuses(emu):
-    with run_gateway(_routes(emu.url, effort_policy="off")) as g:
+def test_policy_off_still_translates_words_the_engine_refuses(agent_emulator):
+    with run_gateway(_routes(agent_emulator.url, effort_policy="off")) as g:
         for word in ("medium", "minimal", "high"):
             r = httpx.post(g.base_url + "/chat/completions", json={
                 "model": "ds", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
                 "reasoning_effort": word})
             assert r.status_code == 200, (word, r.text)
-        sent = emu.stats()["recent"][-3]["body"]  # medium went as the number vLLM's template renders
+        sent = agent_emulator.stats()["recent"][-3]["body"]  # medium went as the number vLLM's template renders
         assert "reasoning_effort" not in sent and sent["chat_template_kwargs"]["reasoning_effort"] == 50

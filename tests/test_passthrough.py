@@ -6,7 +6,6 @@ import httpx
 import openai
 import pytest
 
-from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
 from tests.support.records import record_of
 from tests.support.routes import lane, routes
@@ -16,14 +15,8 @@ ADMIN = "admin-key-passthrough-0123456789"
 
 
 @pytest.fixture(scope="module")
-def emu():
-    with run_emulator(flavour="vllm", tokenizer="dsv41", default_thinking=True) as e:
-        yield e
-
-
-@pytest.fixture(scope="module")
-def gw(emu):
-    keyed = routes({"ds": lane(emu.url, reasoning_field="reasoning_content")}, {"public-ds": "ds"},
+def gw(agent_emulator):
+    keyed = routes({"ds": lane(agent_emulator.url, reasoning_field="reasoning_content")}, {"public-ds": "ds"},
                    client_keys={"env": "PT_KEYS"}, admin_key_env="PT_ADMIN")
     with run_gateway(keyed, env={"PT_KEYS": KEY, "PT_ADMIN": ADMIN}) as g:
         yield g
@@ -34,13 +27,13 @@ def client(gw):
     return openai.OpenAI(base_url=gw.base_url, api_key=KEY, max_retries=0, timeout=30)
 
 
-def test_responses_create(emu, client):
+def test_responses_create(agent_emulator, client):
     r = client.responses.create(model="public-ds", input="Say hello.", instructions="Be brief.",
                                 max_output_tokens=16, reasoning={"effort": "medium"})
     assert r.model == "public-ds" and r.status in ("completed", "incomplete")
     assert r.output_text
     assert r.usage.input_tokens > 0 and r.usage.output_tokens > 0
-    seen = emu.stats()["recent"][-1]
+    seen = agent_emulator.stats()["recent"][-1]
     assert seen["path"] == "/v1/responses" and seen["body"]["model"] == "deepseek-v4-flash"
 
 
@@ -127,11 +120,10 @@ def test_responses_against_the_real_engine():
         assert emb.status_code == 200 and emb.json()["count"] > 0
 
 
-def test_responses_obey_the_lane_output_limit():
-    with run_emulator(flavour="vllm") as emu:
-        with run_gateway(routes({"l": lane(emu.url, upstream_model="m", limits={"max_output_tokens": 64})},
-                                {"m": "l"})) as g:
-            r = httpx.post(g.base_url + "/responses", json={"model": "m", "input": "x", "max_output_tokens": 10**9})
-            assert r.status_code == 400 and r.json()["error"]["param"] == "max_output_tokens"
-            r = httpx.post(g.base_url + "/responses", json={"model": "m", "input": "x", "max_output_tokens": 8})
-            assert r.status_code == 200
+def test_responses_obey_the_lane_output_limit(agent_emulator):
+    with run_gateway(routes({"l": lane(agent_emulator.url, upstream_model="m", limits={"max_output_tokens": 64})},
+                            {"m": "l"})) as g:
+        r = httpx.post(g.base_url + "/responses", json={"model": "m", "input": "x", "max_output_tokens": 10**9})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_output_tokens"
+        r = httpx.post(g.base_url + "/responses", json={"model": "m", "input": "x", "max_output_tokens": 8})
+        assert r.status_code == 200
