@@ -11,38 +11,29 @@ import pytest
 
 from gateway.observe.access_log import AccessLog, AccessLogSettings, _text, access_fields
 from gateway.core.exchange import Exchange
-from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
+from tests.support.poll import wait_until
+from tests.support.routes import lane, routes
 
 FIELDS = {"request_id", "tenant", "model", "lane", "replica", "status", "bytes_in", "bytes_out", "latency_ms",
           "ttft_ms", "cached_tokens", "predicted_cached_tokens", "verdict"}
 
 
 def _routes(url: str) -> dict:
-    return {"lanes": {"ds": {"replicas": [url], "upstream_model": "deepseek-v4-flash", "qualification": "not_required",
-                             "render": {"template": "deepseek_v4.1"}}},
-            "models": {"ds": "ds"}}
+    return routes({"ds": lane(url, render={"template": "deepseek_v4.1"})})
 
 
 def _lines(gw, n: int) -> list[dict]:
-    import time
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
+    """The access log's lines once there are `n` (written after each response)."""
+    def written() -> list[dict] | None:
         found = [json.loads(line) for line in gw.log().splitlines() if line.startswith('{"ts"')]
-        if len(found) >= n:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"expected {n} access lines, log:\n{gw.log()[-2000:]}")
+        return found if len(found) >= n else None
+
+    return wait_until(written, what=f"{n} access lines", detail=lambda: gw.log()[-2000:])
 
 
-@pytest.fixture(scope="module")
-def emu():
-    with run_emulator(flavour="vllm", tokenizer="dsv41", default_thinking=True) as e:
-        yield e
-
-
-def test_one_json_line_per_request(emu):
-    with run_gateway(_routes(emu.url)) as gw:
+def test_one_json_line_per_request(agent_emulator):
+    with run_gateway(_routes(agent_emulator.url)) as gw:
         client = openai.OpenAI(base_url=gw.base_url, api_key="secret-key-1", max_retries=0)
         list(client.chat.completions.create(model="ds", messages=[{"role": "user", "content": "hi"}],
                                             max_tokens=8, stream=True))
@@ -57,7 +48,7 @@ def test_one_json_line_per_request(emu):
         for line in lines:
             assert FIELDS <= set(line)
         assert stream["status"] == 200 and stream["stream"] is True and stream["lane"] == "ds"
-        assert stream["replica"] == emu.url and stream["bytes_out"] > 0 and stream["ttft_ms"] is not None
+        assert stream["replica"] == agent_emulator.url and stream["bytes_out"] > 0 and stream["ttft_ms"] is not None
         assert stream["tenant"] and stream["tenant"] == whole["tenant"]  # "default" without client keys
         assert stream["verdict"] in ("cold", "hit", "drift", "eviction", "unknown")
         assert bad["status"] in (400, 404) and bad["bytes_out"] > 0
@@ -68,17 +59,14 @@ def test_one_json_line_per_request(emu):
         assert listing["bytes_out"] > 0 and not any(x["path"] == "/healthz" for x in _lines(gw, 4))
 
 
-def test_text_format_and_off(emu):
-    with run_gateway(_routes(emu.url), env={"GATEWAY_ACCESS_LOG_FORMAT": "text"}) as gw:
+def test_text_format_and_off(agent_emulator):
+    with run_gateway(_routes(agent_emulator.url), env={"GATEWAY_ACCESS_LOG_FORMAT": "text"}) as gw:
         httpx.post(gw.base_url + "/chat/completions", json={"model": "ds", "max_tokens": 2,
                                                             "messages": [{"role": "user", "content": "x"}]})
-        import time
-        deadline = time.monotonic() + 15
-        while "request_id=" not in gw.log() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: "request_id=" in gw.log(), what="the access line")
         line = next(x for x in gw.log().splitlines() if "request_id=" in x)
         assert "status=200" in line and "lane=ds" in line and "model=ds" in line
-    with run_gateway(_routes(emu.url), env={"GATEWAY_ACCESS_LOG": "0"}) as gw:
+    with run_gateway(_routes(agent_emulator.url), env={"GATEWAY_ACCESS_LOG": "0"}) as gw:
         r = httpx.post(gw.base_url + "/chat/completions", json={"model": "ds", "max_tokens": 2,
                                                                 "messages": [{"role": "user", "content": "x"}]})
         assert r.status_code == 200

@@ -5,25 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 from starlette.testclient import TestClient
 
-from gateway.app import create_app
 from gateway.core.errors import GatewayError
-from gateway.core.settings import Settings
-from tests.test_records_units import exchange
+from tests.support.exchanges import exchange
+from tests.support.inprocess import make_app
+from tests.support.routes import lane, routes
 
 
 @pytest.fixture()
 def app(tmp_path: Path):
-    routes = {
-        "lanes": {"lane-a": {"engine": "sglang", "replicas": ["http://127.0.0.1:9"], "upstream_model": "m",
-                             "qualification": "not_required"}},
-        "models": {"public-a": "lane-a"},
-    }
-    path = tmp_path / "routes.yaml"
-    path.write_text(yaml.safe_dump(routes))
-    app = create_app(Settings(routes_path=path, data_dir=tmp_path / "data", watch_routes=False))
+    app = make_app(routes({"lane-a": lane("http://127.0.0.1:9", engine="sglang", upstream_model="m")},
+                          {"public-a": "lane-a"}), tmp_path)
     with TestClient(app) as client:
         gw = app.state.gateway
         records = gw.records

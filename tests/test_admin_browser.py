@@ -19,9 +19,11 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.support.emulator_proc import run_emulator
+from tests.support.admission import diverting_routes, newcomer
+from tests.support.emulator_proc import AGENT_EMULATOR, run_emulator
 from tests.support.gateway_proc import REPO, run_gateway
-from tests.test_records_e2e import TOOLS, agent_turns, lane, post, prompt_of, records
+from tests.support.records import TOOLS, agent_turns, post, prompt_of, records
+from tests.support.routes import emulator_lane, routes
 
 CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = REPO / "var" / "screenshots"
@@ -91,12 +93,9 @@ def site() -> Iterator[dict[str, Any]]:
     with run_emulator(flavour="vllm", tokenizer="dsv41", default_thinking=True, reasoning_tokens=6,
                       decode_tps=400) as agent_emu, \
             run_emulator(flavour="sglang", ttft_ms=80, decode_tps=150) as fast_emu:
-        routes = {
-            "lanes": {"dsv41-vllm": lane(agent_emu.url, limits={"max_top_logprobs": 5}),
-                      "glm-sglang": lane(fast_emu.url, engine="sglang", render={"template": None})},
-            "models": {"agent": "dsv41-vllm", "glm": "glm-sglang"},
-        }
-        with run_gateway(routes) as gw:
+        with run_gateway(routes({"dsv41-vllm": emulator_lane(agent_emu.url, limits={"max_top_logprobs": 5}),
+                                 "glm-sglang": emulator_lane(fast_emu.url, engine="sglang", render={"template": None})},
+                                {"agent": "dsv41-vllm", "glm": "glm-sglang"})) as gw:
             agent_turns(gw.url, agent_emu, "browser-conv", settle=True)  # cold, hit, drift, hit, eviction
             for i in range(6):
                 post(gw.url, {"model": "glm", "messages": prompt_of(i, 40), "stream": True, "max_tokens": 24},
@@ -313,13 +312,10 @@ def test_mute_from_the_page_hides_the_alert_until_removed(site, browser) -> None
 def test_records_say_what_admission_decided(browser) -> None:
     """A newcomer diverted to a lane with room and one refused after its hold: the records table says so
     (the badge's title carries the reason), and the diverted request's lane shows where it came from."""
-    from tests.support.conversations import AGENT_EMULATOR
-    from tests.test_admission import _body, _diverting_routes
-
-    with run_emulator(**AGENT_EMULATOR) as emu, run_gateway(_diverting_routes(emu.url)) as gw:
-        assert post(gw.url, _body("pi", 1800))[0] == 200
-        assert post(gw.url, _body("rho", 900))[0] == 200
-        assert post(gw.url, _body("sigma", 2000))[0] == 429
+    with run_emulator(**AGENT_EMULATOR) as emu, run_gateway(diverting_routes(emu.url)) as gw:
+        assert post(gw.url, newcomer("pi", 1800))[0] == 200
+        assert post(gw.url, newcomer("rho", 900))[0] == 200
+        assert post(gw.url, newcomer("sigma", 2000))[0] == 429
         records(gw.url)
         page, errors = open_page(browser, gw.url + "/admin", 1440)
         try:

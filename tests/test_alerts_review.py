@@ -11,17 +11,16 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from starlette.testclient import TestClient
 
-from gateway.app import create_app
 from gateway.conversations.alerts import grade, review, rule_matches
 from gateway.conversations.identity import key_id
 from gateway.conversations.lookup import candidate_ids
 from gateway.conversations.remedies import DEFAULT, REMEDIES, REPIN, remedy_for
 from gateway.records.record import client_of
-from gateway.core.settings import Settings
-from tests.test_records_units import exchange
+from tests.support.exchanges import exchange
+from tests.support.inprocess import make_app
+from tests.support.routes import lane, routes
 
 README = Path(__file__).resolve().parents[1] / "docs" / "concepts" / "conversations.md"  # the cause table
 NOW = 1_800_000_000.0
@@ -129,14 +128,8 @@ def test_client_keys_are_hashed_like_the_hot_path() -> None:
 
 @pytest.fixture()
 def api(tmp_path: Path):
-    routes = {
-        "lanes": {"lane-a": {"engine": "sglang", "replicas": ["http://127.0.0.1:9"], "upstream_model": "m",
-                             "qualification": "not_required"}},
-        "models": {"public-a": "lane-a"},
-    }
-    path = tmp_path / "routes.yaml"
-    path.write_text(yaml.safe_dump(routes))
-    app = create_app(Settings(routes_path=path, data_dir=tmp_path / "data", watch_routes=False))
+    app = make_app(routes({"lane-a": lane("http://127.0.0.1:9", engine="sglang", upstream_model="m")},
+                          {"public-a": "lane-a"}), tmp_path)
     with TestClient(app) as client:
         gw = app.state.gateway
         records = gw.records

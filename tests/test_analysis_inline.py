@@ -7,7 +7,6 @@ import asyncio
 
 import httpx
 import orjson
-import pytest
 
 from gateway.conversations.analysis import analyse_job
 from gateway.conversations.job import Job
@@ -15,27 +14,21 @@ from gateway.conversations.state import ConversationState
 from gateway.conversations.worker import AnalysisProcess
 from gateway.render.renderer import Renderer, RenderOptions
 
-from tests.support.conversations import AGENT_EMULATOR, Agent, routes
-from tests.support.emulator_proc import run_emulator
+from tests.support.conversations import Agent
+from tests.support.emulator_proc import AGENT_EMULATOR, run_emulator
 from tests.support.gateway_proc import run_gateway
 from tests.support.poll import wait_until
+from tests.support.routes import agent_routes
 
 
 def _aftermath(gw) -> dict:
     return httpx.get(gw.url + "/admin/api/overview").json()["aftermath"]
 
 
-@pytest.fixture(scope="module")
-def emu():
-    with run_emulator(**AGENT_EMULATOR) as e:
-        yield e
-
-
-def test_an_agent_hits_every_turn_on_the_loop_then_in_the_worker_once_it_grows(emu) -> None:
+def test_an_agent_hits_every_turn_on_the_loop_then_in_the_worker_once_it_grows(agent_emu) -> None:
     """Its first turns are tiny (analysed inline); its history grows past the bound and the worker
     takes over with no memo of the conversation: each turn still hits, predicted == reported."""
-    emu.reset()
-    with run_gateway(routes(emu.url)) as gw:
+    with run_gateway(agent_routes(agent_emu.url)) as gw:
         agent = Agent(gw)
         agent.cold_then_hits(0)
         first = _aftermath(gw)
@@ -51,13 +44,12 @@ def test_an_agent_hits_every_turn_on_the_loop_then_in_the_worker_once_it_grows(e
         assert last["analysis_failures"] == 0 and last["analysed"] == agent.turns, last
 
 
-def test_a_conversation_that_moves_to_the_worker_keeps_its_drift_causes(emu) -> None:
+def test_a_conversation_that_moves_to_the_worker_keeps_its_drift_causes(agent_emu) -> None:
     """Without tools the template drops each previous answer's reasoning: every turn drifts, by a cause
     named token by token. The turns analysed on the loop, then the one that outgrows the bound and
     moves to the worker (with the previous render's ids: without them it read `unknown`), then the
     worker's: the same cause, the prediction equal to the engine's count."""
-    emu.reset()
-    with run_gateway(routes(emu.url)) as gw:
+    with run_gateway(agent_routes(agent_emu.url)) as gw:
         agent = Agent(gw, tools=False)
         agent.turn()
         while _aftermath(gw)["analysis_batches"] < 2:
@@ -73,7 +65,7 @@ def test_a_turn_that_ends_while_the_lane_is_busy_goes_to_the_worker() -> None:
     """A turn that ends while another of its lane is in flight leaves the event loop to the requests."""
     # 24 tokens at 4 a second: the long turn is in flight for ~6 s, while the worker, used for the
     # first time, loads its tokenizer (~0.5-2 s) and analyses the short one.
-    with run_emulator(**{**AGENT_EMULATOR, "decode_tps": 4}) as emu, run_gateway(routes(emu.url)) as gw, \
+    with run_emulator(**{**AGENT_EMULATOR, "decode_tps": 4}) as emu, run_gateway(agent_routes(emu.url)) as gw, \
             httpx.Client(base_url=gw.url, timeout=30) as client:
         def body(i: int, n: int) -> dict:
             return {"model": "ds", "messages": [{"role": "user", "content": f"Say hello, {i}."}], "max_tokens": n}
@@ -90,9 +82,8 @@ def test_a_turn_that_ends_while_the_lane_is_busy_goes_to_the_worker() -> None:
         assert done["analysis_inline"] == 1 and done["analysis_batches"] == 1 and done["analysis_failures"] == 0, done
 
 
-def test_the_bound_can_be_turned_off(emu) -> None:
-    emu.reset()
-    with run_gateway(routes(emu.url), env={"GATEWAY_ANALYSIS_INLINE_BYTES": "0"}) as gw:
+def test_the_bound_can_be_turned_off(agent_emu) -> None:
+    with run_gateway(agent_routes(agent_emu.url), env={"GATEWAY_ANALYSIS_INLINE_BYTES": "0"}) as gw:
         Agent(gw).cold_then_hits(1)
         done = _aftermath(gw)
         assert done["analysis_inline"] == 0 and done["analysis_batches"] == 2, done

@@ -17,7 +17,10 @@ from gateway.conversations.state import ConversationState
 from gateway.core.exchange import Exchange
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
-from tests.test_records_e2e import SENT, lane, metric_samples, post, records
+from tests.support.metrics import metric_samples
+from tests.support.records import SENT, post, records
+from tests.support.routes import emulator_lane, routes
+from tests.support.poll import until
 
 
 def _turn(cid: str, n: int) -> Exchange:
@@ -41,10 +44,10 @@ async def test_the_latest_turn_of_each_conversation_is_analysed_first() -> None:
     am.start()
     try:
         am.exchange_ended(_turn("A", 1), None)
-        await asyncio.sleep(0)  # the worker takes A1 and waits in its analysis
+        await asyncio.sleep(0)  # one turn of the loop, the scenario: the worker takes A1 and waits in its analysis
         for ex in (_turn("A", 2), _turn("B", 1), _turn("A", 3), _turn("C", 1), _turn("D", 1), _turn("C", 2)):
             am.exchange_ended(ex, None)
-        await asyncio.sleep(0.01)
+        await until(lambda: len(sunk) >= 3, what="the shed turns at the sinks")
         # A2 and C1 gave way to their conversations' newer turns; D1 found the queue full (A, B, C).
         assert sunk == {"A2": "superseded", "C1": "superseded", "D1": "queue_full"}
         assert (am.shed_superseded, am.shed_queue_full, am.skipped_analysis) == (2, 1, 3)
@@ -73,11 +76,11 @@ async def test_a_conversations_waiting_turns_are_analysed_together_in_order() ->
     am.start()
     try:
         am.exchange_ended(_turn("A", 1), None)
-        await asyncio.sleep(0)  # the worker takes A1 and waits in its analysis
+        await asyncio.sleep(0)  # one turn of the loop, the scenario: the worker takes A1 and waits in its analysis
         for ex in (_turn("A", 2), _turn("B", 1), _turn("A", 3), _turn("C", 1), _turn("D", 1), _turn("C", 2),
                    _turn("A", 4)):
             am.exchange_ended(ex, None)
-        await asyncio.sleep(0.01)
+        await until(lambda: len(sunk) >= 2, what="the shed turns at the sinks")
         # A2 gave way when A4 came (A3, A4 wait); C1, C2 wait together; D1 found the queue full (A, B, C).
         assert sunk == {"A2": "superseded", "D1": "queue_full"}
         assert (am.shed_superseded, am.shed_queue_full) == (1, 1)
@@ -107,16 +110,21 @@ async def test_past_max_coalesced_a_newer_turn_takes_the_oldest_ones_place() -> 
     am.start()
     try:
         am.exchange_ended(_turn("X", 1), None)
-        await asyncio.sleep(0)  # the worker takes X1 and waits in its analysis
+        await asyncio.sleep(0)  # one turn of the loop, the scenario: the worker takes X1 and waits in its analysis
         for ex in (_turn("A", 1), _turn("A", 2), _turn("B", 1), _turn("B", 2), _turn("A", 3)):
             am.exchange_ended(ex, None)
-        await asyncio.sleep(0.01)
+        await until(lambda: len(sunk) >= 2, what="the shed turns at the sinks")
         # A2 joined A1 (one coalesced turn: the limit); B2 then took B1's place, A3 A1's.
         assert sunk == {"B1": "superseded", "A1": "superseded"}
         gate.set()
         assert await am.drain(5)
         assert analysed == ["X1", "A2", "A3", "B2"]
-        assert am.queued_bytes == 0 and am.queued == 0 and am._coalesced == 0
+        assert am.queued_bytes == 0 and am.queued == 0
+        # Nothing is left counted as coalesced: a new conversation's second turn joins its first again.
+        for ex in (_turn("E", 1), _turn("E", 2)):
+            am.exchange_ended(ex, None)
+        assert await am.drain(5)
+        assert analysed[-2:] == ["E1", "E2"] and sunk["E1"] is None and sunk["E2"] is None, (analysed, sunk)
     finally:
         await am.stop()
 
@@ -139,10 +147,8 @@ async def test_a_slow_analysis_holds_back_only_the_sinks_of_turns_taken_after_it
     try:
         for ex in (_turn("A", 1), _turn("B", 1), _turn("C", 1), _turn("D", 1)):
             am.exchange_ended(ex, None)
-        for _ in range(50):  # the other worker goes on through B1, C1, D1 while A1's analysis waits
-            if len(analysed) == 3:
-                break
-            await asyncio.sleep(0.01)
+        # The other worker goes on through B1, C1, D1 while A1's analysis waits.
+        await until(lambda: len(analysed) == 3, what="B1, C1 and D1 analysed")
         assert analysed == ["B1", "C1", "D1"] and sunk == [], "analysed; their records wait for A1's"
         slow.set()
         assert await am.drain(5)
@@ -157,8 +163,8 @@ def _three_quick_turns_behind_a_big_one(env: dict[str, str]) -> tuple[list[str],
     tokenisation) while a small conversation sends three quick turns: their request ids, their
     records (written once analysed, or shed) and the shed counters."""
     with run_emulator(flavour="vllm", max_model_len=1 << 20) as emu:
-        with run_gateway({"gateway": {"max_request_bytes": 16 << 20}, "lanes": {"v": lane(emu.url)},
-                          "models": {"m": "v"}}, env=env) as gw:
+        with run_gateway(routes({"v": emulator_lane(emu.url)}, {"m": "v"}, max_request_bytes=16 << 20),
+                         env=env) as gw:
             big = [{"role": "user" if i % 2 == 0 else "assistant",
                     "content": " ".join(f"word{i}x{j}" for j in range(150))} for i in range(801)]
             assert post(gw.url, {"model": "m", "messages": big, "max_tokens": 2,

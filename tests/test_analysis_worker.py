@@ -17,6 +17,7 @@ from gateway.conversations.worker import BEHIND_JOBS, IN_FLIGHT, NICENESS, Analy
 from gateway.render.renderer import RenderOptions
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
+from tests.support.routes import lane, routes
 
 
 def test_frames_are_taken_whole_however_the_pipe_cuts_them() -> None:
@@ -35,9 +36,7 @@ def test_frames_are_taken_whole_however_the_pipe_cuts_them() -> None:
 
 def test_a_burst_of_concurrent_turns_is_analysed_by_one_living_worker() -> None:
     with run_emulator(flavour="vllm") as emu:
-        lane = {"engine": "vllm", "replicas": [emu.url], "upstream_model": "deepseek-v4-flash",
-                "qualification": "not_required", "render": {"template": "deepseek_v4.1"}}
-        with run_gateway({"lanes": {"l": lane}, "models": {"m": "l"}}) as gw:
+        with run_gateway(routes({"l": lane(emu.url, render={"template": "deepseek_v4.1"})}, {"m": "l"})) as gw:
 
             async def burst() -> list[int]:
                 async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
@@ -81,12 +80,12 @@ def test_batches_wait_in_the_pipe_while_the_worker_is_busy() -> None:
         process.start([options])  # the worker loads the tokenizer and template before its first answer
         try:
             first = asyncio.ensure_future(process.run(job(0)))
-            await asyncio.sleep(0)
-            await asyncio.sleep(0)
+            for _ in range(2):
+                await asyncio.sleep(0)  # two turns of the loop, the scenario: the job is sent, not yet answered
             assert process.batches == 1 and not first.done()
             rest = [asyncio.ensure_future(process.run(job(i))) for i in range(1, IN_FLIGHT + 2)]
-            await asyncio.sleep(0)
-            await asyncio.sleep(0)
+            for _ in range(2):
+                await asyncio.sleep(0)  # two turns of the loop, the scenario: sent at once, not after an answer
             assert process.batches == 2 and not first.done(), "sent while the first is unanswered"
             outcomes = await asyncio.wait_for(asyncio.gather(first, *rest), 60)
             assert [o.cache["rendered_prompt_tokens"] > 0 for o in outcomes] == [True] * len(outcomes)

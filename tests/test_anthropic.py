@@ -10,9 +10,10 @@ import json
 import httpx
 import pytest
 
-from tests.support.conversations import AGENT_EMULATOR, lane, wait_analysed
-from tests.support.emulator_proc import run_emulator
+from tests.support.conversations import wait_analysed
+from tests.support.emulator_proc import AGENT_EMULATOR, run_emulator
 from tests.support.gateway_proc import run_gateway
+from tests.support.routes import agent_lane, routes
 
 BASH = {"name": "Bash", "description": "Run a shell command.",
         "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}
@@ -23,9 +24,8 @@ SYSTEM = [{"type": "text", "text": "You are Claude Code, an agent. " + "Work car
 def gw():
     with run_emulator(**AGENT_EMULATOR, agent_tool_turns=1, answer_tokens=20) as emu, \
             run_emulator(**{**AGENT_EMULATOR, "flavour": "sglang"}, agent_tool_turns=1, answer_tokens=20) as other:
-        routes = {"lanes": {"ds": lane(emu.url), "sg": {**lane(other.url), "engine": "sglang"}},
-                  "models": {"claude-ds": "ds", "claude-sg": "sg"}}
-        with run_gateway(routes) as g:
+        with run_gateway(routes({"ds": agent_lane(emu.url), "sg": agent_lane(other.url, engine="sglang")},
+                                {"claude-ds": "ds", "claude-sg": "sg"})) as g:
             yield g
 
 

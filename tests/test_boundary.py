@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import hashlib
 import re
-import time
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-import yaml
 
 from gateway.server.access import Access
-from gateway.app import create_app
-from gateway.core.settings import Settings
 from tests.support.conversations import wait_analysed
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
+from tests.support.inprocess import make_app
+from tests.support.poll import wait_until
+from tests.support.records import recent
+from tests.support.routes import emulator_lane, routes
 
 ADMIN_KEY = "boundary-admin-key-0123456789"
 KEY_A = "sk-tenant-a-0123456789"
@@ -27,13 +27,8 @@ ENV = {"BOUNDARY_ADMIN_KEY": ADMIN_KEY}
 
 
 def _routes(emu_url: str, keyfile: str) -> dict:
-    return {
-        "gateway": {"client_keys": {"hashed_file": keyfile}, "admin_key_env": "BOUNDARY_ADMIN_KEY"},
-        "lanes": {"ds": {"engine": "vllm", "replicas": [emu_url], "upstream_model": "deepseek-v4-flash",
-                         "qualification": "not_required", "cache": {"block_size": 16},
-                         "render": {"template": "deepseek_v4.1"}}},
-        "models": {"ds": "ds"},
-    }
+    return routes({"ds": emulator_lane(emu_url, render={"template": "deepseek_v4.1"})},
+                  client_keys={"hashed_file": keyfile}, admin_key_env="BOUNDARY_ADMIN_KEY")
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +48,7 @@ def _table(cfg: dict, tmp: Path, monkeypatch) -> list:
     """The route table the app serves, built in process from the same routes.yaml."""
     for k, v in ENV.items():
         monkeypatch.setenv(k, v)
-    path = tmp / "routes-inproc.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    app = create_app(Settings(routes_path=path, data_dir=tmp / "inproc-data", watch_routes=False,
-                              analysis="thread"))
+    app = make_app(cfg, tmp, name="routes-inproc.yaml", data_dir=tmp / "inproc-data", analysis="thread")
     return app.gateway.endpoints()
 
 
@@ -144,12 +136,8 @@ def test_tenants_never_share_a_conversation_pin_or_turn(keyed) -> None:
 
 def _poll_tenants(gw, headers: dict, cids: set[str], timeout: float = 30.0) -> dict[str, str]:
     """conversation -> tenant from the records, once every conversation in `cids` has one."""
-    deadline = time.monotonic() + timeout
-    by_conv: dict[str, str] = {}
-    while time.monotonic() < deadline:
-        recs = httpx.get(gw.url + "/admin/api/records?limit=200", headers=headers).json()["records"]
-        by_conv = {r["conversation"]: r["tenant"] for r in recs if r["conversation"]}
-        if cids <= set(by_conv):
-            return by_conv
-        time.sleep(0.05)
-    raise AssertionError(f"records of {cids - set(by_conv)} not written after {timeout}s")
+    def every_one() -> dict[str, str] | None:
+        by_conv = {r["conversation"]: r["tenant"] for r in recent(gw, 200, headers) if r["conversation"]}
+        return by_conv if cids <= set(by_conv) else None
+
+    return wait_until(every_one, timeout, f"the records of {sorted(cids)}")

@@ -10,6 +10,7 @@ import yaml
 
 from gateway.cli.main import main
 from tests.support.emulator_proc import run_emulator
+from tests.support.routes import lane, routes
 
 
 @pytest.fixture(scope="module")
@@ -19,10 +20,10 @@ def emu():
 
 
 def check(capsys, tmp_path: Path, **lane_over) -> tuple[int, str, str, list[str]]:
-    lane = {"engine": "vllm", "replicas": [lane_over.pop("url")], "upstream_model": "served-model",
-            "limits": {"max_context_tokens": 32768}, "qualification": "not_required", **lane_over}
+    probed = lane(lane_over.pop("url"), **{"upstream_model": "served-model", "limits": {"max_context_tokens": 32768},
+                                           **lane_over})
     path = tmp_path / "routes.yaml"
-    path.write_text(yaml.safe_dump({"lanes": {"a": lane}, "models": {"m": "a"}}, sort_keys=False))
+    path.write_text(yaml.safe_dump(routes({"a": probed}, {"m": "a"}), sort_keys=False))
     code = main(["check", str(path), "--probe"])
     out, err = capsys.readouterr()
     return code, out, err, path.read_text().splitlines()

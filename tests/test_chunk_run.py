@@ -143,8 +143,11 @@ def test_a_copied_text_goes_event_by_event():
 
 
 def test_invalid_utf8_in_a_run_goes_event_by_event():
-    stream = _plain_stream(30).replace(b"w17 ", b"w\xff7 ")
-    _same([stream[:400], stream[400:], b""], (None, None, None))
+    valid = _plain_stream(30)
+    stream = valid.replace(b"w17 ", b"w\xff7 ")
+    in_runs = _same([valid[:400], valid[400:], b""], (None, None, None)).relayed
+    observer = _same([stream[:400], stream[400:], b""], (None, None, None))  # the same bytes either way
+    assert in_runs < 8 and observer.relayed > in_runs + 10, (in_runs, observer.relayed)  # one by one, not at once
 
 
 def test_runs_longer_than_the_window_and_texts_longer_than_it():

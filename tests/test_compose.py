@@ -17,7 +17,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -30,6 +29,7 @@ from gateway.emulator.config import EmulatorConfig
 from tests.support.chat import Conversation
 from tests.support.emulator_proc import free_port
 from tests.support.services import Service, run_service
+from tests.support.poll import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text(encoding="utf-8"))
@@ -203,14 +203,14 @@ def _start_order() -> list[str]:
 def _wait_healthy(net: Loopback, svc: Service, timeout: float = 60.0) -> None:
     test = SERVICES[svc.name]["healthcheck"]["test"]
     argv = net.argv(test[1:], svc.name) if test[0] == "CMD" else ["sh", "-c", net.value(test[1], svc.name)]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def healthy() -> bool:
         if svc.proc.poll() is not None:
             raise AssertionError(f"{svc.name} exited with {svc.proc.returncode}:\n{svc.log()[-3000:]}")
-        if subprocess.run(argv, capture_output=True, env=net.env(svc.name), timeout=10).returncode == 0:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{svc.name} not healthy within {timeout:g}s by its own healthcheck:\n{svc.log()[-3000:]}")
+        return subprocess.run(argv, capture_output=True, env=net.env(svc.name), timeout=10).returncode == 0
+
+    wait_until(healthy, timeout, f"{svc.name} healthy by its own healthcheck", interval=0.2,
+               detail=lambda: svc.log()[-3000:])
 
 
 @pytest.mark.packaging  # five processes with tokenizers: ~30-60 s on a loaded 2-core machine

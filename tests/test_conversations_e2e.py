@@ -9,40 +9,28 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import openai
-import pytest
 
-from tests.support.conversations import AGENT_EMULATOR, SYSTEM, TOOLS, Agent, lane, routes, wait_analysed  # noqa: F401
-from tests.support.emulator_proc import run_emulator
+from tests.support.conversations import SYSTEM, TOOLS, Agent
+from tests.support.emulator_proc import AGENT_EMULATOR, run_emulator
 from tests.support.gateway_proc import run_gateway
 from tests.support.latency_proxy import latency_proxy
+from tests.support.poll import wait_until
 from tests.support.redis_proc import run_redis
+from tests.support.routes import agent_routes
 
-@pytest.fixture(scope="module")
-def emu_proc():
-    with run_emulator(**AGENT_EMULATOR) as e:
-        yield e
-
-
-@pytest.fixture()
-def emu(emu_proc):
-    emu_proc.reset()  # an empty prefix cache: earlier tests' identical first turns would hit
-    return emu_proc
-
-
-def test_append_only_agent_hits_every_turn_and_predictions_match(emu):
-    with run_gateway(routes(emu.url)) as gw:
+def test_append_only_agent_hits_every_turn_and_predictions_match(agent_emu):
+    with run_gateway(agent_routes(agent_emu.url)) as gw:
         agent = Agent(gw)
         for cache in agent.cold_then_hits(7)[1:]:
             assert cache["render_matches_engine"], cache
 
 
-def test_non_streaming_turns_are_tracked_too(emu):
-    with run_gateway(routes(emu.url)) as gw:
+def test_non_streaming_turns_are_tracked_too(agent_emu):
+    with run_gateway(agent_routes(agent_emu.url)) as gw:
         agent = Agent(gw, stream=False)
         agent.turn()
         for _ in range(3):
@@ -50,8 +38,8 @@ def test_non_streaming_turns_are_tracked_too(emu):
             assert cache["verdict"] == "hit" and cache["predicted_cached_tokens"] == cache["reported_cached_tokens"], cache
 
 
-def test_effort_change_is_pinned(emu):
-    with run_gateway(routes(emu.url, effort_policy="pin")) as gw:
+def test_effort_change_is_pinned(agent_emu):
+    with run_gateway(agent_routes(agent_emu.url, effort_policy="pin")) as gw:
         agent = Agent(gw, reasoning_effort="high")
         h, _ = agent.turn()
         assert h["x-gateway-effort"] == "50"
@@ -61,8 +49,8 @@ def test_effort_change_is_pinned(emu):
         assert cache["verdict"] == "hit"
 
 
-def test_effort_change_under_warn_is_drift_and_the_engine_agrees(emu):
-    with run_gateway(routes(emu.url, effort_policy="warn")) as gw:
+def test_effort_change_under_warn_is_drift_and_the_engine_agrees(agent_emu):
+    with run_gateway(agent_routes(agent_emu.url, effort_policy="warn")) as gw:
         agent = Agent(gw, reasoning_effort="high")
         agent.turn()
         agent.turn()
@@ -80,8 +68,8 @@ def test_effort_change_under_warn_is_drift_and_the_engine_agrees(emu):
         assert table.returncode == 0 and "effort_changed" in table.stdout and agent.cid in table.stdout
 
 
-def test_repin_header_accepts_the_change(emu):
-    with run_gateway(routes(emu.url)) as gw:
+def test_repin_header_accepts_the_change(agent_emu):
+    with run_gateway(agent_routes(agent_emu.url)) as gw:
         agent = Agent(gw, reasoning_effort="high")
         agent.turn()
         h, cache = agent.turn(reasoning_effort="max", extra_headers={"X-Gateway-Repin": "1"})
@@ -91,8 +79,8 @@ def test_repin_header_accepts_the_change(emu):
         assert h["x-gateway-effort"] == "100" and cache["verdict"] == "hit"
 
 
-def test_chat_without_tools_drops_reasoning(emu):
-    with run_gateway(routes(emu.url)) as gw:
+def test_chat_without_tools_drops_reasoning(agent_emu):
+    with run_gateway(agent_routes(agent_emu.url)) as gw:
         agent = Agent(gw, tools=False)
         agent.turn()
         _, cache = agent.turn()
@@ -101,8 +89,8 @@ def test_chat_without_tools_drops_reasoning(emu):
         assert cache["predicted_cached_tokens"] == cache["reported_cached_tokens"]
 
 
-def test_client_stripping_reasoning_is_named(emu):
-    with run_gateway(routes(emu.url)) as gw:
+def test_client_stripping_reasoning_is_named(agent_emu):
+    with run_gateway(agent_routes(agent_emu.url)) as gw:
         agent = Agent(gw)
         agent.turn()
         agent.turn()
@@ -113,8 +101,8 @@ def test_client_stripping_reasoning_is_named(emu):
         assert cache["divergence_message_index"] == 2
 
 
-def test_explicit_key_wins_and_separates_agents(emu):
-    with run_gateway(routes(emu.url)) as gw:
+def test_explicit_key_wins_and_separates_agents(agent_emu):
+    with run_gateway(agent_routes(agent_emu.url)) as gw:
         a, b = Agent(gw, user="alice"), Agent(gw, user="bob")
         a.turn()
         b.turn()
@@ -123,8 +111,8 @@ def test_explicit_key_wins_and_separates_agents(emu):
         assert h["x-gateway-conversation"].endswith("via=user")
 
 
-def test_lineage_separates_agents_with_the_same_start(emu):
-    with run_gateway(routes(emu.url)) as gw:
+def test_lineage_separates_agents_with_the_same_start(agent_emu):
+    with run_gateway(agent_routes(agent_emu.url)) as gw:
         a, b = Agent(gw), Agent(gw)
         a.turn()
         b.messages[1]["content"] += " Use the second approach."
@@ -137,7 +125,7 @@ def test_lineage_separates_agents_with_the_same_start(emu):
 
 def test_small_cache_pool_gives_eviction_not_drift():
     with run_emulator(**AGENT_EMULATOR, cache_blocks=40) as emu:
-        with run_gateway(routes(emu.url)) as gw:
+        with run_gateway(agent_routes(emu.url)) as gw:
             agents = [Agent(gw, user=f"agent-{i}") for i in range(3)]
             for ag in agents:
                 ag.messages[1]["content"] += " " + ("padding text " * 60) + ag.kw["user"]
@@ -150,14 +138,15 @@ def test_small_cache_pool_gives_eviction_not_drift():
             assert "drift" not in verdicts
 
 
-def test_redis_shared_between_two_gateways(emu):
+def test_redis_shared_between_two_gateways(agent_emu):
     with run_redis() as port:
         env = {"GATEWAY_REDIS_URL": f"redis://127.0.0.1:{port}/0"}
-        _two_gateways_one_conversation(emu, env)
+        _two_gateways_one_conversation(agent_emu, env)
 
 
-def _two_gateways_one_conversation(emu, env: dict) -> None:
-    with run_gateway(routes(emu.url), env=env) as g1, run_gateway(routes(emu.url), env=env) as g2:
+def _two_gateways_one_conversation(agent_emu, env: dict) -> None:
+    cfg = agent_routes(agent_emu.url)
+    with run_gateway(cfg, env=env) as g1, run_gateway(cfg, env=env) as g2:
         agent = Agent(g1, reasoning_effort="high")
         agent.turn()
         agent.gw = g2
@@ -171,13 +160,14 @@ def _two_gateways_one_conversation(emu, env: dict) -> None:
         assert cache["verdict"] == "hit"
 
 
-def test_a_client_switching_gateways_the_moment_an_answer_ends_stays_in_its_conversation(emu):
+def test_a_client_switching_gateways_the_moment_an_answer_ends_stays_in_its_conversation(agent_emu):
     """The turn-end write (head and anchors) finishes before the answer's last byte: a client that
     sends its next turn to the other gateway as soon as the stream ends is found there, every turn,
     even when one gateway's store is far (its writes land 80 ms late)."""
+    cfg = agent_routes(agent_emu.url)
     with run_redis() as port, latency_proxy(port, 0.08) as far:
-        with run_gateway(routes(emu.url), env={"GATEWAY_REDIS_URL": f"redis://127.0.0.1:{far}/0"}) as g1, \
-                run_gateway(routes(emu.url), env={"GATEWAY_REDIS_URL": f"redis://127.0.0.1:{port}/0"}) as g2:
+        with run_gateway(cfg, env={"GATEWAY_REDIS_URL": f"redis://127.0.0.1:{far}/0"}) as g1, \
+                run_gateway(cfg, env={"GATEWAY_REDIS_URL": f"redis://127.0.0.1:{port}/0"}) as g2:
             messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Switch gateways."}]
             for turn in range(1, 9):
                 gw = (g1, g2)[turn % 2]
@@ -196,8 +186,8 @@ def test_a_client_switching_gateways_the_moment_an_answer_ends_stays_in_its_conv
                              {"role": "user", "content": f"Step {turn}."}]
 
 
-def test_conversation_state_is_small(emu):
-    with run_gateway(routes(emu.url)) as gw:
+def test_conversation_state_is_small(agent_emu):
+    with run_gateway(agent_routes(agent_emu.url)) as gw:
         agent = Agent(gw)
         for _ in range(4):
             agent.turn()
@@ -221,31 +211,30 @@ def test_render_cli_shows_what_the_engine_sees(tmp_path):
 
 def _analysis_worker(gw) -> int:
     """The pid of the gateway's analysis worker (a spawned child process)."""
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+    def spawned() -> int | None:
         for proc in Path("/proc").iterdir():
             if proc.name.isdigit() and _child_of(proc, gw.proc.pid):
                 with contextlib.suppress(OSError):
                     if b"spawn_main" in (proc / "cmdline").read_bytes():
                         return int(proc.name)
-        time.sleep(0.1)
-    raise AssertionError("the gateway has no analysis worker process")
+        return None
+
+    return wait_until(spawned, what="the gateway's analysis worker process", interval=0.1)
 
 
-def test_analysis_worker_death_is_noticed_at_once_and_a_new_worker_takes_over(emu):
+def test_analysis_worker_death_is_noticed_at_once_and_a_new_worker_takes_over(agent_emu):
     """The gateway hears the worker die from its process sentinel, not at the next job: a worker that
     dies idle costs no verdict (a job in its hands would fail as "analysis failed"). Every turn goes
     to the worker here: a tiny turn on a quiet lane would be analysed on the event loop (inline.py)."""
-    with run_gateway(routes(emu.url), env={"GATEWAY_ANALYSIS_INLINE_BYTES": "0"}) as gw:
+    with run_gateway(agent_routes(agent_emu.url), env={"GATEWAY_ANALYSIS_INLINE_BYTES": "0"}) as gw:
         agent = Agent(gw)
         assert agent.turn()[1]["verdict"] == "cold"
         assert agent.turn()[1]["verdict"] == "hit"
         worker = _analysis_worker(gw)
         os.kill(worker, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while httpx.get(gw.url + "/admin/api/overview").json()["aftermath"]["analysis_worker_deaths"] != 1:
-            assert time.monotonic() < deadline, "the worker's death was not noticed"
-            time.sleep(0.05)
+        # No job is sent meanwhile: only the process sentinel can tell the gateway.
+        wait_until(lambda: httpx.get(gw.url + "/admin/api/overview").json()["aftermath"]["analysis_worker_deaths"] == 1,
+                   what="the worker's death noticed without a job")
         assert "worker process died" in gw.log()
         assert "gateway_analysis_worker_deaths_total 1.0" in httpx.get(gw.url + "/metrics").text
         # A new worker analyses the next turn against the last stored state (turn 2's): a hit.
@@ -258,8 +247,8 @@ def test_analysis_worker_death_is_noticed_at_once_and_a_new_worker_takes_over(em
         assert _analysis_worker(gw) != worker and overview["analysis_worker_pid"] != worker
 
 
-def test_analysis_in_threads_when_asked(emu):
-    with run_gateway(routes(emu.url), env={"GATEWAY_ANALYSIS": "thread"}) as gw:
+def test_analysis_in_threads_when_asked(agent_emu):
+    with run_gateway(agent_routes(agent_emu.url), env={"GATEWAY_ANALYSIS": "thread"}) as gw:
         agent = Agent(gw)
         assert agent.turn()[1]["verdict"] == "cold"
         _, cache = agent.turn()
@@ -274,22 +263,20 @@ def _child_of(proc: Path, pid: int) -> bool:
         return False
 
 
-def test_analysis_worker_leaves_when_the_gateway_is_killed(emu):
+def test_analysis_worker_leaves_when_the_gateway_is_killed(agent_emu):
     before = set(Path("/dev/shm").glob("gateway-analysis-*"))  # a process of the same pid may have left one
-    with run_gateway(routes(emu.url)) as gw:
+    with run_gateway(agent_routes(agent_emu.url)) as gw:
         worker = _analysis_worker(gw)
         gw.proc.kill()
         gw.proc.wait(10)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and Path(f"/proc/{worker}").exists():
-            time.sleep(0.1)
-        assert not Path(f"/proc/{worker}").exists(), "the orphaned analysis worker is still running"
+        wait_until(lambda: not Path(f"/proc/{worker}").exists(), what="the orphaned analysis worker to leave",
+                   interval=0.1)
         assert not set(Path("/dev/shm").glob(f"gateway-analysis-{gw.proc.pid}-*")) - before, "the spool directory is left"
 
 
-def test_large_turns_go_to_the_worker_through_shared_memory_that_is_removed(emu):
+def test_large_turns_go_to_the_worker_through_shared_memory_that_is_removed(agent_emu):
     before = set(Path("/dev/shm").glob("gateway-analysis-*"))  # a process of the same pid may have left one
-    with run_gateway(routes(emu.url)) as gw:
+    with run_gateway(agent_routes(agent_emu.url)) as gw:
         # Answers end on their own (not cut at max_tokens): the emulator caches a cut answer's closing
         # tokens too, which a real engine never computed and the gateway rightly does not predict.
         agent = Agent(gw, max_tokens=72)  # 8 reasoning + 64 content (max_tokens counts reasoning)
@@ -304,10 +291,10 @@ def test_large_turns_go_to_the_worker_through_shared_memory_that_is_removed(emu)
     assert not spools[0].exists()  # removed when the gateway stopped
 
 
-def test_a_new_session_is_predicted_the_prefix_another_session_left_on_its_replica(emu):
+def test_a_new_session_is_predicted_the_prefix_another_session_left_on_its_replica(agent_emu):
     """The engine's cache is one prefix tree per replica over every prompt it served: a new session
     whose system prompt and tools equal another's is predicted the shared blocks on its first turn."""
-    with run_gateway(routes(emu.url)) as gw:
+    with run_gateway(agent_routes(agent_emu.url)) as gw:
         first = Agent(gw)
         first.messages[0]["content"] += " " + "Follow the repository's conventions. " * 80  # a long shared head
         first.cold_then_hits(1)
@@ -322,11 +309,11 @@ def test_a_new_session_is_predicted_the_prefix_another_session_left_on_its_repli
         assert cache["verdict"] == "hit" and cache["predicted_cached_tokens"] == cache["reported_cached_tokens"]
 
 
-def test_a_retried_turn_with_an_edited_answer_stays_in_its_conversation(emu):
+def test_a_retried_turn_with_an_edited_answer_stays_in_its_conversation(agent_emu):
     """A client that resends its turn with the relayed answer edited (Qwen Code dropping a buffered tool
     call) is found through an earlier answer it sent back: one conversation, the edit named, the
     prediction still exact."""
-    with run_gateway(routes(emu.url)) as gw:
+    with run_gateway(agent_routes(agent_emu.url)) as gw:
         agent = Agent(gw)
         agent.cold_then_hits(2)
         last = max(i for i, m in enumerate(agent.messages) if m["role"] == "assistant")
@@ -340,14 +327,18 @@ def test_a_retried_turn_with_an_edited_answer_stays_in_its_conversation(emu):
         assert agent.cid == cid and cache["verdict"] == "hit", cache
 
 
-def test_reasoning_only_answers_do_not_join_two_sessions(emu):
-    with run_gateway(routes(emu.url)) as gw:
+def test_reasoning_only_answers_do_not_join_two_sessions(agent_emu):
+    with run_gateway(agent_routes(agent_emu.url)) as gw:
         a, b = Agent(gw, tools=False), Agent(gw, tools=False)
         b.messages[1]["content"] += " Use the second approach."
         for agent, thought in ((a, "think about a"), (b, "think about b")):
             agent.turn()
             agent.messages[-2] = {"role": "assistant", "content": "", "reasoning_content": thought}
         assert lineage_digest(a.messages[-2]) != lineage_digest(b.messages[-2])
+        # Their next turns, each sending back its own reasoning-only answer, land in two conversations.
+        a.turn(wait=False)
+        b.turn(wait=False)
+        assert a.cid != b.cid
 
 
 def lineage_digest(message: dict) -> int:

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from gateway.cli.main import DEMO_AGENT_TOOL_TURNS, emulator_knobs
 from gateway.core.config import load_routes
-from tests.support.conversations import Agent, lane
+from tests.support.conversations import Agent
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import REPO, run_gateway
+from tests.support.routes import agent_routes
 
 SHELL = [{"type": "function", "function": {
     "name": "run_shell_command", "description": "Run a shell command.",
@@ -22,8 +23,7 @@ def test_an_agent_session_runs_on_the_demo_lane_as_it_comes() -> None:
     knobs = emulator_knobs(demo, None)
     assert knobs["max_model_len"] >= 1 << 20
     with run_emulator(**knobs) as emu, \
-            run_gateway({"lanes": {"ds": lane(emu.url, limits={"max_context_tokens": 1 << 20})},
-                         "models": {"ds": "ds"}}) as gw:
+            run_gateway(agent_routes(emu.url, limits={"max_context_tokens": 1 << 20})) as gw:
         agent = Agent(gw, max_tokens=64000)  # what Qwen Code asks
         agent.tools = SHELL
         caches = agent.cold_then_hits(2 * (DEMO_AGENT_TOOL_TURNS + 1) - 1)

@@ -9,12 +9,12 @@ import pytest
 from gateway.core.config import DEFAULT_EFFORT_MAP, ConfigError, Lane, parse_routes
 from gateway.conversations import effort
 from gateway.core.errors import GatewayError
-from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
+from tests.support.routes import lane, lane_config, routes
 
 
 def _lane(**render) -> Lane:
-    return Lane(replicas=["http://127.0.0.1:1"], upstream_model="m", render=render)
+    return lane_config(render=render)
 
 
 def test_default_map_has_every_openai_word():
@@ -82,21 +82,21 @@ def test_forwarded_as_the_number_to_vllm_and_an_engine_word_or_the_number_to_sgl
         effort.apply_to_body(body, vllm, True, number)
         assert "reasoning_effort" not in body and body["chat_template_kwargs"]["reasoning_effort"] == number
     # SGLang reads the top-level value: the engine's own word when one names the number, else the number.
-    sglang = Lane(engine="sglang", replicas=["http://127.0.0.1:1"], upstream_model="m")
+    sglang = lane_config(engine="sglang")
     for number, sent in ((75, "xhigh"), (50, "high"), (25, "low"), (33, 33)):
         body = {"reasoning_effort": "medium"}
         effort.apply_to_body(body, sglang, True, number)
         assert body["reasoning_effort"] == sent
 
 
+def _routes(url: str, **extra) -> dict:
+    return routes({"ds": lane(url, render={"template": "deepseek_v4.1"}, **extra)})
+
+
 @pytest.fixture(scope="module")
-def gw():
-    with run_emulator(flavour="vllm", tokenizer="dsv41", default_thinking=True) as emu:
-        routes = {"lanes": {"ds": {"engine": "vllm", "replicas": [emu.url], "upstream_model": "deepseek-v4-flash",
-                                   "qualification": "not_required", "render": {"template": "deepseek_v4.1"}}},
-                  "models": {"ds": "ds"}}
-        with run_gateway(routes) as g:
-            yield g
+def gw(agent_emulator):
+    with run_gateway(_routes(agent_emulator.url)) as g:
+        yield g
 
 
 @pytest.mark.parametrize("word", ["none", "minimal", "low", "medium", "high", "xhigh", "max"])
@@ -117,17 +117,12 @@ def test_invalid_word_is_a_400_listing_the_accepted_ones(gw):
     assert err["param"] == "reasoning_effort" and "medium" in err["message"] and "1-100" in err["message"]
 
 
-def test_policy_off_still_translates_words_the_engine_refuses():
-    with run_emulator(flavour="vllm", tokenizer="dsv41", default_thinking=True) as emu:
-        routes = {"lanes": {"ds": {"engine": "vllm", "replicas": [emu.url], "upstream_model": "deepseek-v4-flash",
-                                   "qualification": "not_required", "effort_policy": "off",
-                                   "render": {"template": "deepseek_v4.1"}}},
-                  "models": {"ds": "ds"}}
-        with run_gateway(routes) as g:
-            for word in ("medium", "minimal", "high"):
-                r = httpx.post(g.base_url + "/chat/completions", json={
-                    "model": "ds", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
-                    "reasoning_effort": word})
-                assert r.status_code == 200, (word, r.text)
-            sent = emu.stats()["recent"][-3]["body"]  # medium went as the number vLLM's template renders
-            assert "reasoning_effort" not in sent and sent["chat_template_kwargs"]["reasoning_effort"] == 50
+def test_policy_off_still_translates_words_the_engine_refuses(agent_emulator):
+    with run_gateway(_routes(agent_emulator.url, effort_policy="off")) as g:
+        for word in ("medium", "minimal", "high"):
+            r = httpx.post(g.base_url + "/chat/completions", json={
+                "model": "ds", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+                "reasoning_effort": word})
+            assert r.status_code == 200, (word, r.text)
+        sent = agent_emulator.stats()["recent"][-3]["body"]  # medium went as the number vLLM's template renders
+        assert "reasoning_effort" not in sent and sent["chat_template_kwargs"]["reasoning_effort"] == 50

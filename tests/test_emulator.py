@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from tests.support.emulator_proc import EmulatorProc, run_emulator
+from tests.support.poll import until
 
 MODEL = "deepseek-v4-flash"
 WEATHER_TOOL = {
@@ -566,19 +567,15 @@ async def _abandon(emu: EmulatorProc, body: dict[str, Any], headers: dict[str, s
     while seen < read_chunks:
         line = await reader.readline()
         seen += line.startswith(b"data: ")
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # the scenario: the client stays a moment longer, then drops the connection
     dropped = time.time()
     writer.transport.abort()
     return dropped
 
 
 async def _wait_cancel(emu: EmulatorProc, rid: str) -> dict[str, Any]:
-    for _ in range(100):
-        found = [c for c in emu.stats()["cancelled"] if c["request_id"] == rid]
-        if found:
-            return found[0]
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"cancel of {rid} not recorded")
+    return await until(lambda: next((c for c in emu.stats()["cancelled"] if c["request_id"] == rid), None),
+                       what=f"the cancel of {rid} recorded", interval=0.02)
 
 
 async def test_cancel_while_waiting_for_first_token(emu: EmulatorProc) -> None:

@@ -21,7 +21,8 @@ import pytest
 
 from tests.support.engine_proc import EngineProc, engine_lane
 from tests.support.gateway_proc import run_gateway
-from tests.test_engine_cache import Agent, assert_first_turn, report, wait_record
+from tests.support.conversations import wait_record
+from tests.support.engine_agent import Agent, assert_first_turn, report
 
 pytestmark = pytest.mark.engine
 
@@ -49,7 +50,8 @@ def reserialise(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class ReserialisingAgent(Agent):
-    """test_engine_cache's agent, sending its history re-serialised (it keeps the original itself)."""
+    """The engine agent (tests/support/engine_agent.py), sending its history re-serialised (it keeps the
+    original itself)."""
 
     def turn(self, next_user: str | None = None, **kw: Any) -> dict[str, Any]:
         history = self.messages

@@ -18,7 +18,7 @@ import pytest
 
 from tests.support.engine_proc import EngineProc, engine_lane
 from tests.support.gateway_proc import run_gateway
-from tests.test_engine_cache import filler, wait_turn
+from tests.support.engine_agent import filler, wait_turn
 
 pytestmark = pytest.mark.engine
 

@@ -6,19 +6,18 @@ emulator over loopback."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 
-from gateway.app import create_app
 from gateway.pipeline.flow import Pipeline
 from gateway.server.security import Caller
-from gateway.core.settings import Settings
 from tests.support.emulator_proc import run_emulator
+from tests.support.inprocess import make_app
+from tests.support.poll import until
+from tests.support.routes import lane, routes
 
 pytestmark = pytest.mark.asyncio
 
@@ -49,13 +48,8 @@ def emulator():
 
 @pytest.fixture
 async def gateway(emulator, tmp_path: Path):
-    cfg = {"lanes": {"ds": {"engine": "vllm", "replicas": [emulator.url], "upstream_model": "deepseek-v4-flash",
-                            "qualification": "not_required", "render": {"template": "deepseek_v4.1"},
-                            "limits": {"max_images": 4}}},
-           "models": {"ds": "ds"}}
-    path = tmp_path / "routes.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    app = create_app(Settings(routes_path=path, data_dir=tmp_path / "data", watch_routes=False, analysis="thread"))
+    cfg = routes({"ds": lane(emulator.url, render={"template": "deepseek_v4.1"}, limits={"max_images": 4})})
+    app = make_app(cfg, tmp_path, analysis="thread")
     gw = app.gateway
     await gw.start()
     try:
@@ -83,15 +77,12 @@ def body(stream: bool) -> dict[str, Any]:
 async def settled(gw) -> None:
     """Poll until every counter is back at zero and no upstream connection is held (or fail, naming it)."""
     lane = gw.runtime.snapshot.lanes["ds"]
-    deadline = time.monotonic() + 5
-    state: tuple = ()
-    while time.monotonic() < deadline:
-        held = lane.upstream.connections_held()
-        state = (lane.inflight, [r.inflight for r in lane.upstream.replicas], held)
-        if state == (0, [0], 0):
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"(lane in flight, replica in flight, connections held) = {state}")
+
+    def state() -> tuple:
+        return lane.inflight, [r.inflight for r in lane.upstream.replicas], lane.upstream.connections_held()
+
+    await until(lambda: state() == (0, [0], 0), what="(lane in flight, replica in flight, connections held) at zero",
+                interval=0.01, detail=lambda: f"still {state()}")
 
 
 def pipelines(gw) -> dict[str, Pipeline]:

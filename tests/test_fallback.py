@@ -2,48 +2,42 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import openai
 import pytest
 
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
+from tests.support.poll import wait_until
+from tests.support.records import record_of
+from tests.support.routes import lane, routes
 
 DS = {"template": "deepseek_v4.1"}
 
 
 def _lane(url: str, **extra) -> dict:
-    return {"replicas": [url], "upstream_model": "deepseek-v4-flash", "qualification": "not_required",
-            "render": DS, **extra}
+    return lane(url, **{"render": DS, **extra})
 
 
 @pytest.fixture(scope="module")
 def gw():
     with run_emulator(flavour="vllm", tokenizer="dsv41") as emu:
-        routes = {
-            "lanes": {
-                "unqualified": _lane(emu.url, qualification="required"),
-                "dead": _lane("http://127.0.0.1:9", breaker={"failures": 1, "cool_down_s": 60,
-                                                            "probe_interval_s": 0.1}, timeouts={"connect": 0.2}),
-                "same": _lane(emu.url),
-                "other": _lane(emu.url, render={"template": None}, effort_policy="off"),
-            },
-            "models": {
-                "refused": {"lane": "unqualified", "fallbacks": ["same"]},
-                "down": {"lane": "dead", "fallbacks": ["other"]},
-                "nowhere": {"lane": "dead", "fallbacks": ["unqualified"]},
-                "plain": "unqualified",
-            },
+        lanes = {
+            "unqualified": _lane(emu.url, qualification="required"),
+            "dead": _lane("http://127.0.0.1:9", breaker={"failures": 1, "cool_down_s": 60, "probe_interval_s": 0.1},
+                          timeouts={"connect": 0.2}),
+            "same": _lane(emu.url),
+            "other": _lane(emu.url, render={"template": None}, effort_policy="off"),
         }
-        with run_gateway(routes) as g:
-            deadline = time.monotonic() + 15  # the active probe opens the dead lane's breaker
-            while time.monotonic() < deadline:
-                health = httpx.get(g.url + "/admin/api/health").json()
-                if health["lanes"]["dead"][0]["state"] == "open":
-                    break
-                time.sleep(0.05)
+        models = {
+            "refused": {"lane": "unqualified", "fallbacks": ["same"]},
+            "down": {"lane": "dead", "fallbacks": ["other"]},
+            "nowhere": {"lane": "dead", "fallbacks": ["unqualified"]},
+            "plain": "unqualified",
+        }
+        with run_gateway(routes(lanes, models)) as g:
+            wait_until(lambda: httpx.get(g.url + "/admin/api/health").json()["lanes"]["dead"][0]["state"] == "open",
+                       what="the active probe to open the dead lane's breaker")
             yield g
 
 
@@ -80,14 +74,5 @@ def test_when_no_lane_can_serve_the_primary_answers(gw):
 
 def test_fallback_is_recorded(gw):
     raw = _ask(gw, "refused")
-    rid = raw.headers["x-request-id"]
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        r = httpx.get(gw.url + "/admin/api/records", params={"limit": 50})
-        if r.status_code == 200:
-            recs = [x for x in r.json().get("records", []) if x.get("request_id") == rid]
-            if recs:
-                assert recs[0]["fallback_from"] == "unqualified" and recs[0]["lane"] == "same"
-                return
-        time.sleep(0.1)
-    pytest.fail("the record of the fallback request never appeared")
+    rec = record_of(gw, raw.headers["x-request-id"])
+    assert rec["fallback_from"] == "unqualified" and rec["lane"] == "same", rec

@@ -26,25 +26,26 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from gateway.core.config import Lane
 from gateway.upstream.replicas import Replica, Upstream
 from tests.support.emulator_proc import run_emulator
 from tests.support.redis_proc import run_redis
 from tests.support.gateway_proc import free_port, run_gateway
+from tests.support.poll import until, wait_until
+from tests.support.records import record_of
+from tests.support.routes import lane as base_lane
+from tests.support.routes import lane_config
+from tests.support.routes import routes as base_routes
 
 ADMIN = "fault-tests-admin-key-0123456789"
 
 
 def lane(urls: str | list[str], **extra) -> dict:
-    base = {"engine": "vllm", "replicas": urls if isinstance(urls, list) else [urls],
-            "upstream_model": "deepseek-v4-flash", "qualification": "not_required",
-            "timeouts": {"connect": 1, "first_byte": 5, "idle": 5}}
-    base.update(extra)
-    return base
+    return base_lane(urls, **{"timeouts": {"connect": 1, "first_byte": 5, "idle": 5}, **extra})
 
 
 def routes(lanes: dict, models: dict) -> dict:
-    return {"gateway": {"admin_key_env": "FAULT_ADMIN_KEY"}, "lanes": lanes, "models": models}
+    """With an admin key: the tests read replicas' health and records through the admin API."""
+    return base_routes(lanes, models, admin_key_env="FAULT_ADMIN_KEY")
 
 
 ENV = {"FAULT_ADMIN_KEY": ADMIN}
@@ -117,6 +118,10 @@ class Load:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """No new requests; returns once every worker's last one has ended."""
         self._stop.set()
         for t in self._threads:
             t.join(40)
@@ -132,22 +137,20 @@ def admin_get(gw, path: str) -> dict:
     return r.json()
 
 
-def wait_record(gw, request_id: str, timeout: float = 10.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for rec in admin_get(gw, "/admin/api/records?limit=200")["records"]:
-            if rec["request_id"] == request_id:
-                return rec
-        time.sleep(0.1)
-    raise AssertionError(f"no record of {request_id} within {timeout}s")
+def wait_record(gw, request_id: str) -> dict:
+    return record_of(gw, request_id, headers={"Authorization": f"Bearer {ADMIN}"})
+
+
+def replica_health(gw) -> dict[str, dict]:
+    """URL -> the replica's breaker state, as GET /admin/api/health shows it (computed when read)."""
+    return {r["url"]: r for r in admin_get(gw, "/admin/api/health")["lanes"]["l"]}
 
 
 # -- the breaker, without processes ---------------------------------------------------------------
 
 
 def _upstream(failures: int = 2, cool_down_s: float = 0.05) -> Upstream:
-    return Upstream.for_lane(Lane(replicas=["http://127.0.0.1:9"], upstream_model="m",
-                                  breaker={"failures": failures, "cool_down_s": cool_down_s}))
+    return Upstream.for_lane(lane_config(breaker={"failures": failures, "cool_down_s": cool_down_s}))
 
 
 def test_breaker_opens_half_opens_with_one_probe_and_closes() -> None:
@@ -160,14 +163,14 @@ def test_breaker_opens_half_opens_with_one_probe_and_closes() -> None:
     up.record_failure(rep, "x")
     assert rep.state(time.monotonic()) == "open" and not rep.available(time.monotonic())
     assert not rep.acquire(time.monotonic()) and rep.opened == 1
-    time.sleep(0.06)
+    wait_until(lambda: rep.state(time.monotonic()) == "half_open", what="the cool-down to end", interval=0.005)
     now = time.monotonic()
     assert rep.state(now) == "half_open" and rep.available(now)
     assert rep.acquire(now)  # the probe
     assert not rep.acquire(now) and not rep.available(now) and rep.state(now) == "open"
     up.record_failure(rep, "probe failed")  # one failed probe re-opens at once
     assert rep.state(time.monotonic()) == "open" and not rep.probing and rep.opened == 2
-    time.sleep(0.06)
+    wait_until(lambda: rep.state(time.monotonic()) == "half_open", what="the cool-down to end", interval=0.005)
     assert rep.acquire(time.monotonic())
     up.record_success(rep)
     assert rep.state(time.monotonic()) == "closed" and rep.consecutive_failures == 0
@@ -204,11 +207,8 @@ def test_engine_killed_midstream_others_unaffected() -> None:
             threads += [threading.Thread(target=run, args=(f"other-{i}", "mb", 60)) for i in range(3)]
             for t in threads:
                 t.start()
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:  # the doomed stream is under way
-                if any(r.get("chunks_sent", 0) >= 3 for r in doomed.stats()["recent"]):
-                    break
-                time.sleep(0.02)
+            wait_until(lambda: any(r.get("chunks_sent", 0) >= 3 for r in doomed.stats()["recent"]),
+                       what="the doomed stream under way", interval=0.02)
             doomed.proc.send_signal(signal.SIGKILL)
             for t in threads:
                 t.join(30)
@@ -258,17 +258,16 @@ def test_one_of_two_replicas_down_zero_failures_and_rejoin() -> None:
                                 breaker={"failures": 2, "cool_down_s": 0.5})}, {"m": "l"})
         with run_gateway(cfg, env=ENV) as gw:
             with Load(gw.url, "m", workers=12) as load:
-                time.sleep(2.5)
+                time.sleep(2.5)  # the scenario: traffic with B down for a while (its breaker opens and cools)
                 with run_emulator(flavour="vllm", decode_tps=400, port=port_b) as b:
-                    time.sleep(3.0)  # B rejoins: half-open probe, then closed
+                    # B rejoins: half-open probe, then closed, then its share of the traffic.
+                    wait_until(lambda: b.stats()["requests"] > 20, what="replica B to rejoin once it came back")
                     served_by_b = b.stats()["requests"]
                     before_stop = load.total
-                    load._stop.set()
-                    for t in load._threads:
-                        t.join(40)
+                    load.stop()
             assert load.failures == [], load.failures[:5]
             assert before_stop > 100, load.outcomes
-            assert served_by_b > 20, "replica B rejoined once it came back"
+            assert served_by_b > 20
             ov = admin_get(gw, "/admin/api/overview?probe=0")
             reps = {r["url"]: r for r in ov["lanes"][0]["replicas"]}
             assert reps[f"http://127.0.0.1:{port_b}"]["failures"] >= 2
@@ -303,14 +302,13 @@ def test_half_open_lets_exactly_one_probe_through() -> None:
             emu.configure(fail_rate=0.0, stall_before_first_byte_s=3.0)
             r = httpx.post(url, json=body("m", False))
             assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_replica"
-            time.sleep(2.1)  # cool-down over: half-open
+            wait_until(lambda: replica_health(gw)[emu.url]["state"] == "half_open", what="the cool-down to end")
             before = emu.stats()["requests"]
             probe: dict = {}
             t = threading.Thread(target=lambda: probe.update(r=httpx.post(url, json=body("m", False), timeout=20)))
             t.start()
-            deadline = time.monotonic() + 5  # until the probe reached the engine (which stalls 3 s)
-            while emu.stats()["requests"] == before and time.monotonic() < deadline:
-                time.sleep(0.02)
+            # Until the probe reached the engine (which stalls 3 s, so it is still in flight).
+            wait_until(lambda: emu.stats()["requests"] > before, what="the probe at the engine", interval=0.02)
             for _ in range(3):
                 r = httpx.post(url, json=body("m", False))
                 assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_replica"
@@ -335,20 +333,15 @@ def test_active_probe_finds_a_dead_replica_before_traffic_does() -> None:
                 ov = admin_get(gw, "/admin/api/overview?probe=0")
                 return {r["url"]: r for r in ov["lanes"][0]["replicas"]}[url]
 
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and not replica(dead)["breaker_open"]:
-                time.sleep(0.05)
-            assert replica(dead)["breaker_open"] and "health probe /health" in replica(dead)["last_error"]
+            wait_until(lambda: replica(dead)["breaker_open"], what="the active probe to open the dead one's breaker")
+            assert "health probe /health" in replica(dead)["last_error"]
             for i in range(6):
                 r = httpx.post(gw.url + "/v1/chat/completions", json=body("m", False),
                                headers={"X-Request-Id": f"probe-test-{i}"})
                 assert r.status_code == 200
             assert wait_record(gw, "probe-test-5")["retries"] == 0, "no request paid for the dead replica"
             with run_emulator(flavour="vllm", port=port_b) as b:
-                deadline = time.monotonic() + 5
-                while time.monotonic() < deadline and replica(dead)["breaker_open"]:
-                    time.sleep(0.05)
-                assert not replica(dead)["breaker_open"], "a passed probe ends the cool-down"
+                wait_until(lambda: not replica(dead)["breaker_open"], what="a passed probe to end the cool-down")
                 for _ in range(6):
                     assert httpx.post(gw.url + "/v1/chat/completions", json=body("m", False)).status_code == 200
                 assert b.stats()["requests"] >= 2
@@ -366,39 +359,22 @@ def _redis_up(port: int) -> bool:
         return False
 
 
-def _start_redis(port: int) -> subprocess.Popen:
-    proc = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
-                             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not _redis_up(port):
-        time.sleep(0.05)
-    return proc
-
-
 def test_redis_stopped_and_restarted_during_traffic() -> None:
     """The gateway's own Redis (started here, never the machine's) goes away under traffic and comes back."""
     with run_redis() as port, run_emulator(flavour="vllm", decode_tps=400) as emu:
         cfg = routes({"l": lane(emu.url)}, {"m": "l"})
-        restarted: subprocess.Popen | None = None
         with run_gateway(cfg, env={**ENV, "GATEWAY_REDIS_URL": f"redis://127.0.0.1:{port}/0"}) as gw:
-            try:
-                with Load(gw.url, "m", workers=12) as load:
-                    time.sleep(1.5)
-                    at_stop = load.total
-                    _redis(port, "shutdown", "nosave")
-                    down_at = time.monotonic()
-                    while _redis_up(port) and time.monotonic() - down_at < 5:
-                        time.sleep(0.02)
-                    assert not _redis_up(port)
-                    time.sleep(2.0)
-                    during = load.total - at_stop
-                    restarted = _start_redis(port)
+            with Load(gw.url, "m", workers=12) as load:
+                time.sleep(1.5)  # the scenario: traffic with Redis up
+                at_stop = load.total
+                _redis(port, "shutdown", "nosave")
+                wait_until(lambda: not _redis_up(port), what="Redis to go away", interval=0.02)
+                time.sleep(2.0)  # the scenario: traffic while Redis is away
+                during = load.total - at_stop
+                with run_redis(port):  # back on the same port
                     assert _redis_up(port)
-                    time.sleep(2.0)
-            finally:
-                if restarted is not None:
-                    restarted.terminate()
-                    restarted.wait(10)
+                    time.sleep(2.0)  # the scenario: traffic once Redis is back
+                    load.stop()
             assert load.failures == [], load.failures[:5]
             assert during > 50, "traffic went on while Redis was away"
             assert load.total > 150
@@ -422,21 +398,20 @@ def test_broken_routes_during_traffic_keep_the_old_config() -> None:
         cfg = routes({"l": lane(emu.url)}, {"m": "l"})
         with run_gateway(cfg, env=ENV) as gw:
             with Load(gw.url, "m", workers=8) as load:
-                time.sleep(0.8)
+                time.sleep(0.8)  # the scenario: traffic on the good config first
                 version = admin_get(gw, "/readyz")["config"]["version"]
                 for text in BROKEN_ROUTES:
+                    tried = admin_get(gw, "/readyz")["config"]["last_reload_at"]
                     gw.write_routes(text)
-                    time.sleep(0.4)
+                    wait_until(lambda: admin_get(gw, "/readyz")["config"]["last_reload_at"] != tried,
+                               what=f"a reload attempt of {text[:30]!r}")
                 ready = admin_get(gw, "/readyz")["config"]
                 assert ready["version"] == version, "no broken file was applied"
                 assert ready["last_reload_error"]
                 gw.write_routes({**cfg, "models": {"m": "l", "m2": "l"}})
-                deadline = time.monotonic() + 5
-                while time.monotonic() < deadline:
-                    if admin_get(gw, "/readyz")["config"]["version"] > version:
-                        break
-                    time.sleep(0.05)
-                time.sleep(0.5)
+                wait_until(lambda: admin_get(gw, "/readyz")["config"]["version"] > version,
+                           what="the good file that followed applied")
+                time.sleep(0.5)  # the scenario: traffic on the new config
             assert load.failures == [], load.failures[:5]
             assert load.total > 50
             r = httpx.post(gw.url + "/v1/chat/completions", json=body("m2", False))
@@ -452,7 +427,7 @@ def _disconnect_mid_stream(gw_url: str, payload: dict) -> float:
                   b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
         got = s.recv(65536)
         assert got.startswith(b"HTTP/1.1 200"), got[:200]
-        time.sleep(0.15)
+        time.sleep(0.15)  # the scenario: the client reads a moment longer, then hangs up mid-stream
         s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x00" * 8)  # plain close, no lingering
         closed_at = time.time()
     return closed_at
@@ -466,22 +441,15 @@ def test_client_disconnect_reaches_the_engine_within_100ms() -> None:
             for i in range(5):
                 before = emu.stats()["cancelled_count"]
                 closed_at = _disconnect_mid_stream(gw.url, body("m", True, 2000, f"cancel me {i}"))
-                deadline = time.monotonic() + 3
+                wait_until(lambda: emu.stats()["cancelled_count"] > before, what="the engine to see the cancellation",
+                           interval=0.01)
                 stats = emu.stats()
-                while time.monotonic() < deadline and stats["cancelled_count"] == before:
-                    time.sleep(0.01)
-                    stats = emu.stats()
                 assert stats["cancelled_count"] == before + 1
                 delays.append(stats["cancelled"][-1]["at"] - closed_at)
             assert max(delays) < 0.1, delays
             # The gateway's records say the client left (records are written just after the end).
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline:
-                recs = admin_get(gw, "/admin/api/records?limit=20")["records"]
-                if sum(1 for r in recs if r["cancelled"]) >= 5:
-                    break
-                time.sleep(0.1)
-            assert sum(1 for r in recs if r["cancelled"]) >= 5
+            wait_until(lambda: sum(1 for r in admin_get(gw, "/admin/api/records?limit=20")["records"]
+                                   if r["cancelled"]) >= 5, what="the 5 cancelled requests' records")
             print("cancel delays (s):", [round(d, 4) for d in delays])
 
 
@@ -495,15 +463,10 @@ def test_client_disconnect_while_waiting_for_first_byte() -> None:
             with socket.create_connection(("127.0.0.1", port)) as s:
                 s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                           b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
-                deadline = time.monotonic() + 5
-                while time.monotonic() < deadline and emu.stats()["active"] == 0:
-                    time.sleep(0.01)
+                wait_until(lambda: emu.stats()["active"], what="the request at the engine", interval=0.01)
                 closed_at = time.time()
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and emu.stats()["active"]:
-                time.sleep(0.01)
+            wait_until(lambda: emu.stats()["active"] == 0, what="the engine to stop working on it", interval=0.01)
             stats = emu.stats()
-            assert stats["active"] == 0, "the engine stopped working on it"
             assert stats["cancelled_count"] == 1 and stats["cancelled"][-1]["stage"] == "prefill"
             assert stats["cancelled"][-1]["at"] - closed_at < 0.1
 
@@ -531,7 +494,7 @@ async def test_503_from_a_replica_hands_over_to_the_next() -> None:
         await web.TCPSite(runner, "127.0.0.1", port).start()
         runners.append(runner)
         urls.append(f"http://127.0.0.1:{port}")
-    up = Upstream.for_lane(Lane(replicas=urls, upstream_model="m", breaker={"failures": 2, "cool_down_s": 60}))
+    up = Upstream.for_lane(lane_config(replicas=urls, breaker={"failures": 2, "cool_down_s": 60}))
     retried = []
     try:
         rep, resp = await up.send(up.replicas, "/v1/chat/completions", b"{}", "rid", on_retry=retried.append)
@@ -569,7 +532,7 @@ async def test_aftermath_queue_is_bounded_in_bytes() -> None:
             ex = Exchange(request_id=f"r{i}", path="/v1/chat/completions")
             ex.body_bytes = 1_000_000  # agent turns of a megabyte each
             am.exchange_ended(ex, None)
-        await asyncio.sleep(0.05)
+        await until(lambda: len(sunk) == am.skipped_analysis, what="the skipped exchanges at the sinks")
         assert am.skipped_analysis >= 19, "beyond the byte budget, analysis is skipped"
         assert am.queued_bytes <= 10 * (1_000_000 + EXCHANGE_OVERHEAD_BYTES)
         assert len(sunk) == am.skipped_analysis, "skipped exchanges still reach the sinks (records)"

@@ -20,11 +20,10 @@ async def test_quiet_waits_for_the_release_and_a_hold_releases_once() -> None:
     hold = fb.hold()
     other = fb.hold()
     waiter = asyncio.create_task(fb.quiet())
-    await asyncio.sleep(0.01)
-    hold.release()
+    await asyncio.sleep(0.01)  # the scenario: the waiter has time to (wrongly) finish before the releases
     hold.release()  # a second release of the same hold changes nothing
     assert fb.held == 1
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # the scenario: time for the waiter to (wrongly) finish
     assert not waiter.done(), "another request is still held"
     other.release()
     await asyncio.wait_for(waiter, 1)

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
+from tests.support.routes import lane, routes
 
 KEY = "sk-fuzz-client-key-5b1e"
 ADMIN = "fuzz-admin-key-0123456789abcdef"
@@ -46,15 +47,11 @@ def emu():
 
 @pytest.fixture(scope="module")
 def gw(emu):
-    lane = {"engine": "vllm", "replicas": [emu.url], "upstream_model": "deepseek-v4-flash",
-            "qualification": "not_required", "timeouts": {"connect": 2, "first_byte": 10, "idle": 5},
-            "breaker": {"failures": 1000},
-            "limits": {"max_output_tokens": 256, "max_context_tokens": 4096}}
-    routes = {"gateway": {"max_request_bytes": MAX_BODY, "client_keys": {"env": "FUZZ_CLIENT_KEYS"},
-                          "admin_key_env": "FUZZ_ADMIN_KEY"},
-              "lanes": {"l": lane, "raw": {**lane, "render": {"template": None}}},
-              "models": {"m": "l", "raw-m": "raw"}}
-    with run_gateway(routes, env={"FUZZ_CLIENT_KEYS": KEY, "FUZZ_ADMIN_KEY": ADMIN}) as g:
+    fuzzed = lane(emu.url, timeouts={"connect": 2, "first_byte": 10, "idle": 5}, breaker={"failures": 1000},
+                  limits={"max_output_tokens": 256, "max_context_tokens": 4096})
+    cfg = routes({"l": fuzzed, "raw": {**fuzzed, "render": {"template": None}}}, {"m": "l", "raw-m": "raw"},
+                 max_request_bytes=MAX_BODY, client_keys={"env": "FUZZ_CLIENT_KEYS"}, admin_key_env="FUZZ_ADMIN_KEY")
+    with run_gateway(cfg, env={"FUZZ_CLIENT_KEYS": KEY, "FUZZ_ADMIN_KEY": ADMIN}) as g:
         yield g
 
 

@@ -14,11 +14,13 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tests.support.emulator_proc import run_emulator
+from tests.support.emulator_proc import LIMITED_EMULATOR
 from tests.support.gateway_proc import run_gateway
+from tests.support.routes import lane as base_lane
+from tests.support.routes import routes
 
 PH = "<｜deepseek_image｜>"
-WINDOW = 4096
+WINDOW = LIMITED_EMULATOR["max_model_len"]
 LIMITS = {"max_images": 4, "max_top_logprobs": 32, "max_context_tokens": WINDOW, "placeholder_tokens": [PH],
           "max_messages": 12, "max_request_bytes": 200_000}
 ENGINE_REFUSALS = ("At most 4 image", "Requested sample logprobs", "deepseek_image", "maximum context length")
@@ -26,32 +28,20 @@ LIMIT_CODES = {"too_many_images", "top_logprobs_too_large", "invalid_placeholder
                "too_many_messages", "request_too_large"}
 
 
-@pytest.fixture(scope="module")
-def emu():
-    with run_emulator(flavour="vllm", tokenizer="dsv41", max_images=4, max_top_logprobs=32,
-                      max_model_len=WINDOW) as e:
-        yield e
-
-
 def lane(url: str, **extra) -> dict:
-    return {"engine": "vllm", "replicas": [url], "upstream_model": "deepseek-v4-flash",
-            "qualification": "not_required", "timeouts": {"connect": 2, "first_byte": 20, "idle": 10},
-            **extra}
+    return base_lane(url, timeouts={"connect": 2, "first_byte": 20, "idle": 10}, **extra)
 
 
 @pytest.fixture(scope="module")
-def gw(emu):
-    routes = {
-        "lanes": {
-            "strict": lane(emu.url, limits=LIMITS),
-            "lenient": lane(emu.url, limits={**LIMITS, "images_policy": "drop_oldest", "top_logprobs_policy": "clamp",
-                                             "placeholder_policy": "escape"}),
-            "notemplate": lane(emu.url, limits=LIMITS, render={"template": None}),
-            "nolimits": lane(emu.url),
-        },
-        "models": {"strict": "strict", "lenient": "lenient", "notemplate": "notemplate", "nolimits": "nolimits"},
+def gw(limited_emu):
+    lanes = {
+        "strict": lane(limited_emu.url, limits=LIMITS),
+        "lenient": lane(limited_emu.url, limits={**LIMITS, "images_policy": "drop_oldest",
+                                                 "top_logprobs_policy": "clamp", "placeholder_policy": "escape"}),
+        "notemplate": lane(limited_emu.url, limits=LIMITS, render={"template": None}),
+        "nolimits": lane(limited_emu.url),
     }
-    with run_gateway(routes) as g:
+    with run_gateway(routes(lanes)) as g:
         yield g
 
 

@@ -14,21 +14,15 @@ import pytest
 
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import free_port, run_gateway
+from tests.support.poll import wait_until
+from tests.support.routes import UPSTREAM_MODEL, routes
+from tests.support.routes import lane as base_lane
 
 
-def lane(url: str | list[str], model: str = "deepseek-v4-flash", **extra) -> dict:
-    replicas = url if isinstance(url, list) else [url]
-    base = {"engine": "vllm", "replicas": replicas, "upstream_model": model, "qualification": "not_required",
-            "timeouts": {"connect": 1, "first_byte": 3, "idle": 2},
-            "breaker": {"failures": 1000}}  # these tests inject faults one after another
-    base.update(extra)
-    return base
-
-
-@pytest.fixture(scope="module")
-def emu():
-    with run_emulator(flavour="vllm", default_thinking=True, tokenizer="dsv41") as e:
-        yield e
+def lane(url: str | list[str], model: str = UPSTREAM_MODEL, **extra) -> dict:
+    """Short timeouts; a breaker that never opens: these tests inject faults one after another."""
+    return base_lane(url, **{"upstream_model": model, "timeouts": {"connect": 1, "first_byte": 3, "idle": 2},
+                             "breaker": {"failures": 1000}, **extra})
 
 
 @pytest.fixture(scope="module")
@@ -38,13 +32,9 @@ def emu_b():
 
 
 @pytest.fixture(scope="module")
-def gw(emu, emu_b):
-    routes = {
-        "gateway": {"max_request_bytes": 200_000},
-        "lanes": {"a": lane(emu.url), "b": lane(emu_b.url, model="other-model", engine="sglang")},
-        "models": {"public-a": "a", "public-b": "b"},
-    }
-    with run_gateway(routes) as g:
+def gw(agent_emulator, emu_b):
+    lanes = {"a": lane(agent_emulator.url), "b": lane(emu_b.url, model="other-model", engine="sglang")}
+    with run_gateway(routes(lanes, {"public-a": "a", "public-b": "b"}, max_request_bytes=200_000)) as g:
         yield g
 
 
@@ -57,7 +47,7 @@ def chat(content: str = "Hello there", **kw) -> dict:
     return {"model": "public-a", "messages": [{"role": "user", "content": content}], **kw}
 
 
-def test_non_streaming(client, emu):
+def test_non_streaming(client, agent_emulator):
     r = client.chat.completions.create(**chat(max_tokens=13))  # 8 reasoning + 5 content
     assert r.choices[0].message.content
     assert r.usage.prompt_tokens > 0
@@ -99,11 +89,11 @@ def test_models_lists_public_names(client):
     assert sorted(m.id for m in client.models.list()) == ["public-a", "public-b"]
 
 
-def test_request_id_propagated(gw, emu):
+def test_request_id_propagated(gw, agent_emulator):
     r = httpx.post(gw.url + "/v1/chat/completions", json=chat(max_tokens=2), headers={"X-Request-Id": "rid-123"})
     assert r.headers["x-request-id"] == "rid-123"
     assert any(req.get("request_id") == "rid-123" or "rid-123" in json.dumps(req)
-               for req in emu.stats().get("recent", emu.stats().get("requests_recent", [])))
+               for req in agent_emulator.stats().get("recent", agent_emulator.stats().get("requests_recent", [])))
 
 
 def _error(resp: httpx.Response, status: int) -> dict:
@@ -147,46 +137,46 @@ def test_oversized_body_is_413(gw):
     assert _error(r, 413)["code"] == "request_too_large"
 
 
-def test_upstream_error_is_relayed_in_openai_shape(gw, emu):
-    emu.configure(fail_rate=1.0)
+def test_upstream_error_is_relayed_in_openai_shape(gw, agent_emulator):
+    agent_emulator.configure(fail_rate=1.0)
     try:
         r = httpx.post(gw.url + "/v1/chat/completions", json=chat())
         err = _error(r, 502)  # the engine's 500: the gateway itself did not fail
         assert err["message"]
     finally:
-        emu.configure(fail_rate=0.0)
+        agent_emulator.configure(fail_rate=0.0)
 
 
 def test_upstream_down_is_502():
     port = free_port()  # nothing listens there
-    routes = {"lanes": {"a": lane(f"http://127.0.0.1:{port}")}, "models": {"m": "a"}}
-    with run_gateway(routes) as g:
+    with run_gateway(routes({"a": lane(f"http://127.0.0.1:{port}")}, {"m": "a"})) as g:
         r = httpx.post(g.url + "/v1/chat/completions", json={**chat(), "model": "m"})
         assert _error(r, 502)["code"] == "upstream_unavailable"
 
 
-def test_failover_to_next_replica(emu):
+def test_failover_to_next_replica(agent_emulator):
     dead = f"http://127.0.0.1:{free_port()}"
-    routes = {"lanes": {"a": lane([dead, emu.url], routing="round_robin")}, "models": {"m": "a"}}
-    with run_gateway(routes) as g:
-        for _ in range(4):
+    with run_gateway(routes({"a": lane([dead, agent_emulator.url], routing="round_robin")}, {"m": "a"})) as g:
+        before = agent_emulator.stats()["requests"]
+        for _ in range(4):  # round robin: half of them are dealt the dead replica first
             r = httpx.post(g.url + "/v1/chat/completions", json={**chat(max_tokens=2), "model": "m"})
             assert r.status_code == 200
+        assert agent_emulator.stats()["requests"] - before == 4  # every one answered by the next replica
 
 
-def test_stall_before_first_byte_is_504(gw, emu):
-    emu.configure(stall_before_first_byte_s=6)
+def test_stall_before_first_byte_is_504(gw, agent_emulator):
+    agent_emulator.configure(stall_before_first_byte_s=6)
     try:
         t0 = time.monotonic()
         r = httpx.post(gw.url + "/v1/chat/completions", json=chat(stream=True), timeout=20)
         assert _error(r, 504)["code"] == "upstream_timeout"
         assert time.monotonic() - t0 < 5.5
     finally:
-        emu.configure(stall_before_first_byte_s=0)
+        agent_emulator.configure(stall_before_first_byte_s=0)
 
 
-def test_midstream_stall_ends_with_error_event(gw, emu):
-    emu.configure(stall_after_chunks=2, stall_s=6)
+def test_midstream_stall_ends_with_error_event(gw, agent_emulator):
+    agent_emulator.configure(stall_after_chunks=2, stall_s=6)
     try:
         with httpx.stream("POST", gw.url + "/v1/chat/completions", json=chat(stream=True, max_tokens=10),
                           timeout=20) as r:
@@ -194,11 +184,11 @@ def test_midstream_stall_ends_with_error_event(gw, emu):
         assert events[-1] == "data: [DONE]"
         assert json.loads(events[-2][5:])["error"]["code"] == "upstream_idle_timeout"
     finally:
-        emu.configure(stall_after_chunks=None, stall_s=0)
+        agent_emulator.configure(stall_after_chunks=None, stall_s=0)
 
 
-def test_upstream_dies_midstream(gw, emu):
-    emu.configure(die_after_chunks=3, decode_tps=50)  # paced, so the death comes after the first byte
+def test_upstream_dies_midstream(gw, agent_emulator):
+    agent_emulator.configure(die_after_chunks=3, decode_tps=50)  # paced, so the death comes after the first byte
     try:
         r = httpx.post(gw.url + "/v1/chat/completions", json=chat(stream=True, max_tokens=10))
         events = [line for line in r.text.splitlines() if line.startswith("data:")]
@@ -206,28 +196,25 @@ def test_upstream_dies_midstream(gw, emu):
         assert events[-1] == "data: [DONE]"
         assert json.loads(events[-2][5:])["error"]["code"] == "upstream_disconnected"
     finally:
-        emu.configure(die_after_chunks=None, decode_tps=0)
+        agent_emulator.configure(die_after_chunks=None, decode_tps=0)
 
 
-def test_client_disconnect_cancels_upstream(gw, emu):
-    emu.configure(decode_tps=20)
+def test_client_disconnect_cancels_upstream(gw, agent_emulator):
+    agent_emulator.configure(decode_tps=20)
     try:
-        before = len(emu.stats()["cancelled"])
+        before = len(agent_emulator.stats()["cancelled"])
         with socket.create_connection(("127.0.0.1", int(gw.url.rsplit(":", 1)[1]))) as s:
             body = json.dumps(chat(stream=True, max_tokens=200)).encode()
             s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                       b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
             s.recv(4096)  # headers and the first events: the stream is running
-            time.sleep(0.2)
+            time.sleep(0.2)  # the scenario: the client reads a moment longer, then leaves mid-stream
         closed_at = time.time()
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline and len(emu.stats()["cancelled"]) == before:
-            time.sleep(0.02)
-        cancelled = emu.stats()["cancelled"]
-        assert len(cancelled) > before
+        cancelled = wait_until(lambda: len(agent_emulator.stats()["cancelled"]) > before and agent_emulator.stats()["cancelled"],
+                               what="the engine to see the cancellation", interval=0.02)
         assert cancelled[-1]["at"] - closed_at < 0.5
     finally:
-        emu.configure(decode_tps=0)
+        agent_emulator.configure(decode_tps=0)
 
 
 def _served_by(emu, g, model: str) -> bool:
@@ -239,12 +226,11 @@ def _served_by(emu, g, model: str) -> bool:
     return any(x["request_id"] == rid for x in emu.stats()["recent"])
 
 
-def test_hot_reload_keeps_streams_and_switches_lanes(emu, emu_b):
-    routes = {"lanes": {"a": lane(emu.url), "b": lane(emu_b.url, model="other-model", engine="sglang")},
-              "models": {"m": "a"}}
-    emu.configure(decode_tps=40)
+def test_hot_reload_keeps_streams_and_switches_lanes(agent_emulator, emu_b):
+    cfg = routes({"a": lane(agent_emulator.url), "b": lane(emu_b.url, model="other-model", engine="sglang")}, {"m": "a"})
+    agent_emulator.configure(decode_tps=40)
     try:
-        with run_gateway(routes) as g:
+        with run_gateway(cfg) as g:
             result: dict = {"events": []}
             streaming = threading.Event()
 
@@ -260,43 +246,32 @@ def test_hot_reload_keeps_streams_and_switches_lanes(emu, emu_b):
             t = threading.Thread(target=long_stream)
             t.start()
             assert streaming.wait(10), "the stream started"
-            g.write_routes({**routes, "models": {"m": "b"}})  # move the alias while the stream runs
-            deadline = time.monotonic() + 5
-            on_b = False
-            while time.monotonic() < deadline and not on_b:
-                on_b = _served_by(emu_b, g, "m")
-                time.sleep(0.1)
-            assert on_b, "new requests must reach the new lane"
+            g.write_routes({**cfg, "models": {"m": "b"}})  # move the alias while the stream runs
+            wait_until(lambda: _served_by(emu_b, g, "m"), what="new requests to reach the new lane", interval=0.1)
             t.join(30)
             events = result["events"]
             assert events[-1] == "data: [DONE]"
             assert not any('"error"' in e for e in events)
             content = [json.loads(e[5:]) for e in events[:-1]]
             assert all(c["model"] == "m" for c in content), "the client's own model name, throughout"
-            assert [r for r in emu.stats()["recent"] if r["request_id"] == result["rid"]], "the stream stayed on its lane"
+            assert [r for r in agent_emulator.stats()["recent"] if r["request_id"] == result["rid"]], "the stream stayed on its lane"
 
             # A broken edit changes nothing, and says why.
             g.write_routes("lanes: {a: {replicas: [not-a-url]}}\nmodels: {m: a}\n")
-            time.sleep(1.0)
+            wait_until(lambda: "replicas" in (httpx.get(g.url + "/readyz").json()["config"]["last_reload_error"] or ""),
+                       what="the broken edit's reload error in /readyz")
             assert _served_by(emu_b, g, "m")
-            ready = httpx.get(g.url + "/readyz").json()
-            assert "replicas" in (ready["config"]["last_reload_error"] or "")
     finally:
-        emu.configure(decode_tps=0)
+        agent_emulator.configure(decode_tps=0)
 
 
-def test_sighup_reloads(emu):
-    routes = {"lanes": {"a": lane(emu.url)}, "models": {"m": "a"}}
-    with run_gateway(routes, env={"GATEWAY_WATCH_ROUTES": "0"}) as g:
-        g.write_routes({**routes, "models": {"m": "a", "m2": "a"}})
+def test_sighup_reloads(agent_emulator):
+    cfg = routes({"a": lane(agent_emulator.url)}, {"m": "a"})
+    with run_gateway(cfg, env={"GATEWAY_WATCH_ROUTES": "0"}) as g:
+        g.write_routes({**cfg, "models": {"m": "a", "m2": "a"}})
         g.sighup()
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            ids = [m["id"] for m in httpx.get(g.url + "/v1/models").json()["data"]]
-            if "m2" in ids:
-                break
-            time.sleep(0.05)
-        assert "m2" in ids
+        wait_until(lambda: "m2" in [m["id"] for m in httpx.get(g.url + "/v1/models").json()["data"]],
+                   what="the reloaded routes' new model in /v1/models")
 
 
 def test_readyz_reports_lanes(gw):

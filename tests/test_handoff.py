@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from gateway.pipeline.body_parts import Parts
 from gateway.conversations import handoff
 from gateway.conversations.handoff import BodyRing, InRing
-from tests.support.conversations import AGENT_EMULATOR, Agent, routes
-from tests.support.emulator_proc import run_emulator
+from tests.support.conversations import Agent
 from tests.support.gateway_proc import run_gateway
+from tests.support.routes import agent_routes
 
 RING = 4096
 
@@ -79,16 +79,9 @@ def test_what_a_job_carries() -> None:
         handoff._maps.pop(ring.path).close()
 
 
-@pytest.fixture(scope="module")
-def emu():
-    with run_emulator(**AGENT_EMULATOR) as e:
-        yield e
-
-
 @pytest.mark.parametrize("ring_mb", ["32", "0.01"])  # the ring, and a ring too small: every body pickled
-def test_a_large_conversation_is_analysed_through_the_ring_or_without_it(emu, ring_mb: str) -> None:
-    emu.reset()
-    with run_gateway(routes(emu.url), env={"GATEWAY_ANALYSIS_RING_MB": ring_mb}) as gw:
+def test_a_large_conversation_is_analysed_through_the_ring_or_without_it(agent_emu, ring_mb: str) -> None:
+    with run_gateway(agent_routes(agent_emu.url), env={"GATEWAY_ANALYSIS_RING_MB": ring_mb}) as gw:
         agent = Agent(gw)
         agent.messages[0]["content"] += " Keep this in mind." * 5000  # ~95 KB: above handoff.MIN_BYTES
         agent.cold_then_hits(3)

@@ -18,9 +18,10 @@ import httpx
 import openai
 import pytest
 
-from tests.support.conversations import AGENT_EMULATOR, wait_analysed, wait_record
+from tests.support.conversations import wait_analysed, wait_record
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
+from tests.support.routes import lane, routes
 
 ALL_KINDS = ["arguments", "reasoning", "content", "tool_result_order", "reasoning_field"]
 TOOLS = [{"type": "function", "function": {
@@ -32,18 +33,15 @@ Drift = Callable[[list[dict[str, Any]]], None]
 _TAGS = itertools.count()  # each client's own system prompt: no two clients share cached blocks
 
 
-def lane(url: str, engine: str = "vllm", **extra: Any) -> dict:
-    base = {"engine": engine, "replicas": [url], "upstream_model": "deepseek-v4-flash",
-            "qualification": "not_required", "cache": {"block_size": 1 if engine == "sglang" else 16},
-            "render": {"template": "deepseek_v4.1"}}
-    base.update(extra)
-    return base
+def heal_lane(url: str, engine: str = "vllm", **extra: Any) -> dict:
+    """A lane on the template's own effort map, predicting in the engine's blocks (SGLang's are 1 token)."""
+    return lane(url, **{"engine": engine, "cache": {"block_size": 1 if engine == "sglang" else 16},
+                        "render": {"template": "deepseek_v4.1"}, **extra})
 
 
-def routes(url: str, engine: str = "vllm", **extra: Any) -> dict:
-    return {"lanes": {"ds": lane(url, engine, heal=ALL_KINDS, **extra),
-                      "plain": lane(url, engine, **extra)},
-            "models": {"ds": "ds", "plain": "plain"}}
+def heal_routes(url: str, engine: str = "vllm", **extra: Any) -> dict:
+    """Lane "ds" heals every kind, lane "plain" none; both on the same engine."""
+    return routes({"ds": heal_lane(url, engine, heal=ALL_KINDS, **extra), "plain": heal_lane(url, engine, **extra)})
 
 
 class Client:
@@ -144,18 +142,6 @@ def healed_kinds(headers: dict) -> list[str]:
     return sorted({item.split("@")[0] for item in value.split(",") if "@" in item})
 
 
-@pytest.fixture(scope="module")
-def emu_proc():
-    with run_emulator(**AGENT_EMULATOR) as e:
-        yield e
-
-
-@pytest.fixture()
-def emu(emu_proc):
-    emu_proc.reset()
-    return emu_proc
-
-
 def assert_hit(cache: dict) -> None:
     assert cache["verdict"] == "hit", cache
     assert cache["predicted_cached_tokens"] == cache["reported_cached_tokens"] > 0, cache
@@ -167,8 +153,8 @@ def records_of(gw, cid: str, turn: int) -> dict:
 
 # -- every kind -------------------------------------------------------------------------------------
 
-def test_sorted_arguments_and_stripped_reasoning_are_healed_into_hits(emu):
-    with run_gateway(routes(emu.url)) as gw:
+def test_sorted_arguments_and_stripped_reasoning_are_healed_into_hits(agent_emu):
+    with run_gateway(heal_routes(agent_emu.url)) as gw:
         agent = Client(gw, drift=both(sort_arguments, strip_reasoning))
         agent.turn()
         for turn in range(2, 6):
@@ -186,11 +172,11 @@ def test_sorted_arguments_and_stripped_reasoning_are_healed_into_hits(emu):
         assert re.search(r'gateway_heals_total\{kind="reasoning",lane="ds"\} 10\.0', metrics)
 
 
-def test_long_bodies_read_through_the_history_memo_are_healed_too(emu):
+def test_long_bodies_read_through_the_history_memo_are_healed_too(agent_emu):
     """Past 64 KB the pipeline reuses the previous turn's parsed history and forwards the client's own
     bytes while the body holds the list it parsed: the repairs go in a new list, so they are forwarded."""
     notes = " ".join(f"note {i}: the parser keeps the column of every token it reads." for i in range(1300))
-    with run_gateway(routes(emu.url)) as gw:
+    with run_gateway(heal_routes(agent_emu.url)) as gw:
         agent = Client(gw, drift=both(sort_arguments, strip_reasoning),
                        opening=[{"role": "user", "content": f"Project notes: {notes}"}])
         agent.turn()
@@ -202,8 +188,8 @@ def test_long_bodies_read_through_the_history_memo_are_healed_too(emu):
             assert len(headers["x-gateway-healed"].split(",")) == 2 * (turn - 1)
 
 
-def test_the_same_client_without_healing_drifts_as_documented(emu):
-    with run_gateway(routes(emu.url)) as gw:
+def test_the_same_client_without_healing_drifts_as_documented(agent_emu):
+    with run_gateway(heal_routes(agent_emu.url)) as gw:
         agent = Client(gw, model="plain", drift=sort_arguments)
         agent.turn()
         headers, cache = agent.turn()
@@ -216,8 +202,8 @@ def test_the_same_client_without_healing_drifts_as_documented(emu):
         assert cache["verdict"] == "drift" and cache["cause"] == "client_stripped_reasoning", cache
 
 
-def test_opt_out_header_sends_the_request_as_is(emu):
-    with run_gateway(routes(emu.url)) as gw:
+def test_opt_out_header_sends_the_request_as_is(agent_emu):
+    with run_gateway(heal_routes(agent_emu.url)) as gw:
         agent = Client(gw, drift=sort_arguments)
         agent.turn()
         headers, cache = agent.turn(headers={"X-Gateway-Heal": "off"})
@@ -225,8 +211,8 @@ def test_opt_out_header_sends_the_request_as_is(emu):
         assert cache["verdict"] == "drift", cache
 
 
-def test_padded_content_is_healed(emu):
-    with run_gateway(routes(emu.url)) as gw:
+def test_padded_content_is_healed(agent_emu):
+    with run_gateway(heal_routes(agent_emu.url)) as gw:
         # The content edit changes the lineage digest; the client's own key finds the conversation.
         agent = Client(gw, drift=pad_content, user="content-agent")
         agent.turn()
@@ -236,7 +222,7 @@ def test_padded_content_is_healed(emu):
             assert healed_kinds(headers) == ["content"]
 
 
-def test_tool_results_reordered_without_ids_are_put_back(emu):
+def test_tool_results_reordered_without_ids_are_put_back(agent_emu):
     opening = [
         {"role": "user", "content": "Read both files."},
         {"role": "assistant", "content": "", "tool_calls": [
@@ -249,7 +235,7 @@ def test_tool_results_reordered_without_ids_are_put_back(emu):
     def reorder(messages: list[dict]) -> None:
         messages[3], messages[4] = messages[4], messages[3]
 
-    with run_gateway(routes(emu.url)) as gw:
+    with run_gateway(heal_routes(agent_emu.url)) as gw:
         agent = Client(gw, opening=opening)
         agent.turn()
         agent.drift = reorder
@@ -266,7 +252,7 @@ def test_tool_results_reordered_without_ids_are_put_back(emu):
 
 def test_renamed_reasoning_field_is_put_back_on_sglang():
     with run_emulator(flavour="sglang", tokenizer="dsv41", default_thinking=True) as emu, \
-            run_gateway(routes(emu.url, engine="sglang")) as gw:
+            run_gateway(heal_routes(emu.url, engine="sglang")) as gw:
         agent = Client(gw, field="reasoning_content", drift=rename_reasoning)
         agent.turn()
         headers, cache = agent.turn()
@@ -311,8 +297,8 @@ def other_call_id(messages: list[dict]) -> None:
 
 @pytest.mark.parametrize("drift", [change_arguments, edit_reasoning, other_call_id],
                          ids=["arguments_changed", "reasoning_edited", "call_id_changed"])
-def test_edits_that_change_meaning_are_not_healed(emu, drift):
-    with run_gateway(routes(emu.url)) as gw:
+def test_edits_that_change_meaning_are_not_healed(agent_emu, drift):
+    with run_gateway(heal_routes(agent_emu.url)) as gw:
         # The client's key keeps the conversation whatever the edit does to its lineage.
         agent = Client(gw, drift=drift, user=drift.__name__)
         agent.turn()
@@ -322,15 +308,15 @@ def test_edits_that_change_meaning_are_not_healed(emu, drift):
         assert cache["predicted_cached_tokens"] == cache["reported_cached_tokens"]
 
 
-def test_edited_content_is_not_healed(emu):
-    with run_gateway(routes(emu.url)) as gw:
+def test_edited_content_is_not_healed(agent_emu):
+    with run_gateway(heal_routes(agent_emu.url)) as gw:
         agent = Client(gw, drift=edit_content, user="edited-content")
         agent.turn()
         headers, cache = agent.turn()
         assert "x-gateway-healed" not in headers and cache["verdict"] == "drift", cache
 
 
-def test_ambiguous_tool_results_are_left_in_the_clients_order(emu):
+def test_ambiguous_tool_results_are_left_in_the_clients_order(agent_emu):
     opening = [
         {"role": "user", "content": "Read both files."},
         {"role": "assistant", "content": "", "tool_calls": [
@@ -343,7 +329,7 @@ def test_ambiguous_tool_results_are_left_in_the_clients_order(emu):
     def reorder(messages: list[dict]) -> None:
         messages[3], messages[4] = messages[4], messages[3]
 
-    with run_gateway(routes(emu.url)) as gw:
+    with run_gateway(heal_routes(agent_emu.url)) as gw:
         agent = Client(gw, opening=opening)
         agent.turn()
         agent.drift = reorder
@@ -351,8 +337,8 @@ def test_ambiguous_tool_results_are_left_in_the_clients_order(emu):
         assert "x-gateway-healed" not in headers
 
 
-def test_reasoning_the_template_drops_is_left_alone(emu):
-    with run_gateway(routes(emu.url)) as gw:
+def test_reasoning_the_template_drops_is_left_alone(agent_emu):
+    with run_gateway(heal_routes(agent_emu.url)) as gw:
         # No tools, drop_thinking on: the template drops earlier reasoning whatever the client sends.
         agent = Client(gw, tools=False, drift=strip_reasoning)
         agent.turn()
@@ -362,8 +348,8 @@ def test_reasoning_the_template_drops_is_left_alone(emu):
         assert cache["verdict"] == "drift" and cache["cause"] == "reasoning_dropped_by_template", cache
 
 
-def test_a_new_conversation_is_not_healed(emu):
-    with run_gateway(routes(emu.url)) as gw:
+def test_a_new_conversation_is_not_healed(agent_emu):
+    with run_gateway(heal_routes(agent_emu.url)) as gw:
         agent = Client(gw, drift=sort_arguments)
         agent.turn()
         # The same history under a key the gateway has never seen: no state at hand.
@@ -374,8 +360,8 @@ def test_a_new_conversation_is_not_healed(emu):
         assert cache["predicted_cached_tokens"] == cache["reported_cached_tokens"], cache
 
 
-def test_reasoning_echoed_as_vllm_streams_it_is_moved_to_the_field_the_template_reads(emu):
-    with run_gateway(routes(emu.url)) as gw:
+def test_reasoning_echoed_as_vllm_streams_it_is_moved_to_the_field_the_template_reads(agent_emu):
+    with run_gateway(heal_routes(agent_emu.url)) as gw:
         agent = Client(gw, field="reasoning")  # what vLLM streamed, echoed back as is
         agent.turn()
         headers, cache = agent.turn()

@@ -13,7 +13,6 @@ from types import SimpleNamespace
 import orjson
 import pytest
 
-from gateway.core.config import Lane
 from gateway.conversations.effort import EffortChoice
 from gateway.conversations.identity import lineage
 from gateway.conversations.found import Found
@@ -23,6 +22,7 @@ from gateway.heal.base import Relayed, heal_digest
 from gateway.heal.book import RelayedBook
 from gateway.heal.policy import HEALED_HEADER, TAIL, HealPolicy
 from gateway.store.memory import MemoryStore
+from tests.support.routes import lane_config
 
 KINDS = ["arguments", "reasoning", "content", "tool_result_order", "reasoning_field"]
 TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
@@ -57,7 +57,7 @@ def strip(m: dict) -> dict:
     return {k: v for k, v in m.items() if k != "reasoning_content"}
 
 
-LANE = SimpleNamespace(name="ds", config=Lane(replicas=["http://127.0.0.1:1"], upstream_model="m", heal=KINDS))
+LANE = SimpleNamespace(name="ds", config=lane_config(heal=KINDS))
 
 
 def exchange(body: dict, cid: str = "c1") -> Exchange:

@@ -17,6 +17,7 @@ from gateway.heal.reasoning import Reasoning, keeps_reasoning
 from gateway.heal.reasoning_field import ReasoningField
 from gateway.heal.saved import tokens_saved
 from gateway.heal.tool_result_order import ToolResultOrder, id_less_groups
+from tests.support.poll import until
 
 ARGS = '{"path": "a.py", "start_line": 1, "end_line": 9}'
 RELAYED = Relayed("Reading it.", "I should read a.py first.", (("call_1", "read_file", ARGS),))
@@ -61,7 +62,7 @@ def test_arguments_refuses_another_meaning(tool_calls):
 
 def test_arguments_without_client_ids_match_by_place():
     updates = Arguments().plan(msg(tool_calls=calls(json.dumps(json.loads(ARGS), sort_keys=True), cid=None)), RELAYED)
-    assert updates is not None
+    assert updates is not None and updates["tool_calls"][0]["function"]["arguments"] == ARGS, updates  # the relayed
 
 
 def test_arguments_as_relayed_need_nothing():
@@ -173,10 +174,9 @@ def test_config_kinds_are_checked():
 
 
 async def test_turn_end_keeps_the_relayed_message_and_anchors_its_trimmed_content():
-    import asyncio
     from types import SimpleNamespace
 
-    from gateway.core.config import Lane
+    from tests.support.routes import lane_config
     from gateway.conversations.identity import anchor_keys, message_digest
     from gateway.conversations.state import ConversationState
     from gateway.core.exchange import Exchange
@@ -187,21 +187,24 @@ async def test_turn_end_keeps_the_relayed_message_and_anchors_its_trimmed_conten
     store = MemoryStore()
     book = RelayedBook(store, 60)
     end = HealTurnEnd(book, store, 60)
-    lane = SimpleNamespace(name="ds", config=Lane(replicas=["http://127.0.0.1:1"], upstream_model="m",
-                                                   heal=["content"]))
+    lane = SimpleNamespace(name="ds", config=lane_config(heal=["content"]))
     ex = Exchange("r1", status=200, tenant="acme", body={"messages": [{"role": "user", "content": "hi"}]})
     ex.conversation = SimpleNamespace(state=ConversationState("c1", "lineage", turn=2), is_new=False)
     ex.generated.content.append("Done.  \n")
     ex.generated.reasoning.append("Think.")
     end.exchange_ended(ex, lane)
-    for _ in range(50):
-        await asyncio.sleep(0)
     relayed = {"role": "assistant", "content": "Done.  \n"}
+    trimmed = anchor_keys(message_digest({"role": "assistant", "content": "Done."}), 1, "acme")
+
+    async def written() -> bool:  # the turn end writes in the background
+        return await store.get(f"rel:acme:{heal_digest(relayed):016x}") is not None and \
+            await store.mget(trimmed) == [b"c1|3", b"c1|3"]
+
+    await until(written, what="the relayed answer and its anchors written")
     found = await book.lookup("acme", [heal_digest(relayed)])
     assert found[heal_digest(relayed)] == Relayed("Done.  \n", "Think.", ())
     assert await book.lookup("other-tenant", [heal_digest(relayed)]) == {}  # never across tenants
     assert await store.get(f"rel:acme:{heal_digest(relayed):016x}") is not None
-    trimmed = anchor_keys(message_digest({"role": "assistant", "content": "Done."}), 1, "acme")
     assert await store.mget(trimmed) == [b"c1|3", b"c1|3"]
 
 

@@ -16,8 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.pipeline.history_memo import MIN_BYTES, HistoryMemo, Parsed
-
-FILLER = "lorem ipsum dolor sit amet, é中文 \"quoted\" \\ back ] } [ { " * 40
+from tests.support.agent_bodies import FILLER, agent_body, body_message, dump_styled
 
 
 def _read(memo: HistoryMemo, raw: bytes) -> Parsed:
@@ -27,58 +26,23 @@ def _read(memo: HistoryMemo, raw: bytes) -> Parsed:
     return parsed
 
 
-def _message(i: int) -> dict:
-    role = ("user", "assistant", "tool")[i % 3]
-    m: dict = {"role": role, "content": f"[{i}] {FILLER}"}
-    if role == "assistant":
-        m["tool_calls"] = [{"id": f"c{i}", "type": "function",
-                            "function": {"name": "read", "arguments": json.dumps({"path": f"/f{i}", "messages": [1]})}}]
-    if role == "tool":
-        m["tool_call_id"] = f"c{i - 1}"
-    return m
-
-
-def _dump(body: dict, style: int) -> bytes:
-    if style == 0:
-        return orjson.dumps(body)
-    if style == 1:
-        return json.dumps(body).encode()  # ", " and ": ", ASCII escapes
-    if style == 2:
-        return json.dumps(body, ensure_ascii=False, indent=1).encode()
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def _body(n: int, layout: int, extra: dict | None = None) -> dict:
-    messages = [{"role": "system", "content": "You are an agent. " + FILLER}] + [_message(i) for i in range(1, n)]
-    tools = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object", "properties": {
-        "messages": {"type": "array"}}}}}]
-    if layout == 0:  # the OpenAI SDK's order: messages first
-        body = {"messages": messages, "model": "m", "max_tokens": 16, "tools": tools}
-    elif layout == 1:
-        body = {"model": "m", "tools": tools, "messages": messages}
-    else:
-        body = {"model": "m", "metadata": {"messages": [{"a": 1}]}, "messages": messages, "stream": False}
-    body.update(extra or {})
-    return body
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(style=st.integers(0, 3), layout=st.integers(0, 2), n=st.integers(40, 80),
        steps=st.lists(st.sampled_from(["append", "append2", "same", "edit_middle", "edit_last", "edit_before",
                                        "edit_after", "dup_messages", "broken"]), min_size=1, max_size=6))
 def test_every_body_reads_as_the_whole_parse(style: int, layout: int, n: int, steps: list[str]) -> None:
     memo = HistoryMemo()
-    body = _body(n, layout)
-    raw = _dump(body, style)
+    body = agent_body(n, layout)
+    raw = dump_styled(body, style)
     assert len(raw) >= MIN_BYTES
     assert _read(memo, raw).data == orjson.loads(raw)
     for step in steps:
         body = json.loads(json.dumps(body))
         expect_hit = step in ("append", "append2", "same", "edit_after")
         if step == "append":
-            body["messages"].append(_message(len(body["messages"])))
+            body["messages"].append(body_message(len(body["messages"])))
         elif step == "append2":
-            body["messages"] += [_message(len(body["messages"])), _message(len(body["messages"]) + 1)]
+            body["messages"] += [body_message(len(body["messages"])), body_message(len(body["messages"]) + 1)]
         elif step == "edit_middle":
             body["messages"][len(body["messages"]) // 2]["content"] += " edited"
         elif step == "edit_last":
@@ -88,7 +52,7 @@ def test_every_body_reads_as_the_whole_parse(style: int, layout: int, n: int, st
             expect_hit = layout == 0  # model comes after the messages there
         elif step == "edit_after":
             body["max_tokens"] = 99
-        raw = _dump(body, style)
+        raw = dump_styled(body, style)
         if step == "dup_messages":
             raw = raw.rstrip()[:-1] + b', "messages": [{"role": "user", "content": "only me"}]}'
             expect_hit = False
@@ -118,10 +82,10 @@ def test_small_bodies_are_just_parsed() -> None:
 def test_memory_is_bounded_and_a_conversation_keeps_one_entry() -> None:
     memo = HistoryMemo(max_bytes=3 * 200_000)
     for conv in range(6):
-        body = _body(60, 0, {"user": f"agent-{conv}"})
+        body = agent_body(60, 0, {"user": f"agent-{conv}"})
         body["messages"][0]["content"] += str(conv)  # another system prompt: another head
         for _ in range(3):
-            body["messages"].append(_message(len(body["messages"])))
+            body["messages"].append(body_message(len(body["messages"])))
             _read(memo, orjson.dumps(body))
     assert memo.bytes <= memo.max_bytes
     assert len(memo._entries) <= 3
@@ -129,16 +93,16 @@ def test_memory_is_bounded_and_a_conversation_keeps_one_entry() -> None:
 
 def test_shared_history_is_not_modified_by_a_copy_on_write_policy() -> None:
     memo = HistoryMemo()
-    body = _body(60, 0)
+    body = agent_body(60, 0)
     _read(memo, orjson.dumps(body))
-    body["messages"].append(_message(60))
+    body["messages"].append(body_message(60))
     parsed = _read(memo, orjson.dumps(body))
     data = parsed.data
     messages = list(data["messages"])  # as the limits and healing do
     messages[3] = {**messages[3], "content": "rewritten"}
     data["messages"] = messages
     assert HistoryMemo.serialise(parsed, data) is None  # serialised the ordinary way, not the raw bytes
-    body["messages"].append(_message(61))
+    body["messages"].append(body_message(61))
     again = _read(memo, orjson.dumps(body))
     assert again.data["messages"][3]["content"] != "rewritten"
 
@@ -147,7 +111,7 @@ def test_the_limits_scan_of_a_known_history_plus_the_new_messages_is_the_whole_s
     from gateway.limits.scan import joined, scan_chat
 
     tokens = ("<｜User｜>", "<think>", "[0]")
-    body = _body(70, 1)
+    body = agent_body(70, 1)
     body["messages"][5]["content"] = [{"type": "text", "text": "look <think>"},
                                       {"type": "image_url", "image_url": {"url": "data:,x"}}]
     body["messages"][9]["reasoning_content"] = "hmm <｜User｜>"
@@ -164,11 +128,10 @@ def test_through_the_gateway_a_refused_turn_is_never_taken_as_checked() -> None:
 
     from tests.support.emulator_proc import run_emulator
     from tests.support.gateway_proc import run_gateway
+    from tests.support.routes import lane, routes
 
     with run_emulator(flavour="vllm") as emu:
-        lane = {"engine": "vllm", "replicas": [emu.url], "upstream_model": "deepseek-v4-flash",
-                "qualification": "not_required"}
-        with run_gateway({"lanes": {"l": lane}, "models": {"m": "l"}}) as gw:
+        with run_gateway(routes({"l": lane(emu.url)}, {"m": "l"})) as gw:
             url = gw.url + "/v1/chat/completions"
             body = {"model": "m", "max_tokens": 4, "messages": [
                 {"role": "system", "content": FILLER * 3}, *({"role": "user" if i % 2 else "assistant",

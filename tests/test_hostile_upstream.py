@@ -12,7 +12,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import time
 import zlib
 
 import brotli
@@ -24,6 +23,8 @@ from hypothesis import strategies as st
 from gateway.relay.wellformed import chunk_problem, completion_problem
 from tests.support.gateway_proc import run_gateway
 from tests.support.scripted_upstream import Script, http_response, scripted_upstream
+from tests.support.routes import lane, routes
+from tests.support.poll import wait_until
 
 SECRET = "lane-upstream-key-7f3a9c21b5d04e68aa1"
 ADMIN = "hostile-tests-admin-key-0123456789"
@@ -38,22 +39,15 @@ def upstream():
 
 @pytest.fixture(scope="module")
 def gateway(upstream):
-    routes = {
-        "gateway": {"admin_key_env": "HOSTILE_ADMIN_KEY"},
-        "lanes": {"hostile": {
-            "engine": "vllm", "replicas": [upstream.url], "upstream_model": "m",
-            "qualification": "not_required", "api_key_env": "HOSTILE_UPSTREAM_KEY",
-            "render": {"template": None},
-            # Generous first byte, short idle; a breaker that never opens (every example must reach it).
-            "timeouts": {"connect": 1, "first_byte": 5, "idle": 2},
-            "breaker": {"failures": 1000000000, "cool_down_s": 0.01},
-        }},
-        "models": {"m": "hostile", "m-sg": "hostile-sg"},
-    }
+    hostile = lane(upstream.url, upstream_model="m", api_key_env="HOSTILE_UPSTREAM_KEY", render={"template": None},
+                   # Generous first byte, short idle; a breaker that never opens (every example must reach it).
+                   timeouts={"connect": 1, "first_byte": 5, "idle": 2},
+                   breaker={"failures": 1000000000, "cool_down_s": 0.01})
     # The same upstream as an SGLang lane: Anthropic Messages go to it translated to chat completions.
-    routes["lanes"]["hostile-sg"] = {**routes["lanes"]["hostile"], "engine": "sglang"}
+    cfg = routes({"hostile": hostile, "hostile-sg": {**hostile, "engine": "sglang"}},
+                 {"m": "hostile", "m-sg": "hostile-sg"}, admin_key_env="HOSTILE_ADMIN_KEY")
     env = {"HOSTILE_ADMIN_KEY": ADMIN, "HOSTILE_UPSTREAM_KEY": SECRET}
-    with run_gateway(routes, env=env) as gw:
+    with run_gateway(cfg, env=env) as gw:
         yield gw
 
 
@@ -528,14 +522,12 @@ def test_the_gateway_still_serves_and_kept_no_secret(upstream, client, gateway):
     assert seen.headers.get("accept-encoding") == "identity"
     assert seen.headers.get("authorization") == f"Bearer {SECRET}"
     headers = {"Authorization": f"Bearer {ADMIN}"}
-    deadline = time.monotonic() + 10
-    while True:
+
+    def inflight() -> list[int]:
         lanes = client.get("/admin/api/overview?probe=0", headers=headers).json()["lanes"]
-        inflight = [lanes[0]["inflight"]] + [r["inflight"] for r in lanes[0]["replicas"]]
-        if inflight == [0, 0] or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert inflight == [0, 0]
+        return [lanes[0]["inflight"]] + [r["inflight"] for r in lanes[0]["replicas"]]
+
+    wait_until(lambda: inflight() == [0, 0], what="nothing in flight", detail=lambda: inflight())
     records = client.get("/admin/api/records?limit=5000", headers=headers)
     assert records.status_code == 200 and SECRET not in records.text and SECRET[:12] not in records.text
     log = gateway.log()

@@ -16,6 +16,7 @@ import pytest
 from gateway.qualify.records import DirStore, InvalidRecordId
 from tests.support.gateway_proc import run_gateway
 from tests.support.scripted_upstream import Script, http_response, scripted_upstream
+from tests.support.routes import lane, routes
 
 ADMIN = "inputs-tests-admin-key-0123456789"
 AUTH = {"Authorization": f"Bearer {ADMIN}", "X-Gateway-Qualify": ADMIN}
@@ -68,16 +69,12 @@ def upstream():
 @pytest.fixture(scope="module")
 def gateway(upstream, tmp_path_factory):
     records = tmp_path_factory.mktemp("qualifications")
-    routes = {
-        "gateway": {"admin_key_env": "INPUTS_ADMIN_KEY",
-                    "http": {"header_timeout_s": DEADLINE_S, "body_timeout_s": DEADLINE_S},
-                    "cors": {"allow_origins": ["https://app.example"]}},
-        "lanes": {"l": {"engine": "vllm", "replicas": [upstream.url], "upstream_model": "m",
-                        "qualification": "not_required", "timeouts": {"connect": 1, "first_byte": 5, "idle": 2}}},
-        "models": {"m": "l"},
-    }
+    cfg = routes({"l": lane(upstream.url, upstream_model="m", timeouts={"connect": 1, "first_byte": 5, "idle": 2})},
+                 {"m": "l"}, admin_key_env="INPUTS_ADMIN_KEY",
+                 http={"header_timeout_s": DEADLINE_S, "body_timeout_s": DEADLINE_S},
+                 cors={"allow_origins": ["https://app.example"]})
     env = {"INPUTS_ADMIN_KEY": ADMIN, "GATEWAY_QUALIFICATIONS": str(records)}
-    with run_gateway(routes, env=env) as gw:
+    with run_gateway(cfg, env=env) as gw:
         gw.records_dir = records  # type: ignore[attr-defined]
         yield gw
 

@@ -22,6 +22,7 @@ from gateway.kvevents.pressure import Pressure
 from gateway.kvevents.subscriber import Subscriber
 from gateway.kvevents.verdict import Question, explain
 from tests.support.kv_publisher import Publisher, cleared, encode, golden_payload, removed, stored
+from tests.support.poll import until
 
 BS = 4
 
@@ -228,14 +229,6 @@ def test_forecast_warns_when_two_conversations_do_not_fit():
 # -- the stream ------------------------------------------------------------------------------------------
 
 
-async def until(cond, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 @pytest.fixture
 def publisher():
     pub = Publisher(topic="kv")
@@ -248,10 +241,13 @@ async def _subscribed(pub: Publisher) -> Subscriber:
     sub.start()
     await until(lambda: sub.state == "live", what="connected")
     # PUB/SUB joins late: publish a probe until one arrives (it is replayed if missed, as in production).
-    deadline = time.monotonic() + 10
-    while sub.last_seq is None and time.monotonic() < deadline:
-        pub.publish([])
-        await asyncio.sleep(0.05)
+
+    def probed() -> bool:
+        if sub.last_seq is None:
+            pub.publish([])
+        return sub.last_seq is not None
+
+    await until(probed, what="a probe to arrive", interval=0.05)
     return sub
 
 
@@ -414,9 +410,14 @@ async def test_an_address_that_cannot_be_bound_is_an_error_state_not_a_dead_task
 async def test_rehoming_prefers_the_pool_with_room():
     from gateway.core.config import parse_routes
     from gateway.kvevents.service import KVEventsService
-    from gateway.routing.conversation_affinity import ConversationAffinity
+    from types import SimpleNamespace
+
+    from gateway.core.exchange import Exchange
     from gateway.core.runtime import Runtime
     from gateway.routing import make_policy
+    from gateway.routing.conversation_affinity import ConversationAffinity
+    from gateway.routing.load import LoadBoard
+    from gateway.routing.shared import RoutingShared
 
     pubs = [Publisher(topic="kv"), Publisher(topic="kv"), Publisher(topic="kv")]
     urls = ["http://127.0.0.1:9001", "http://127.0.0.1:9002", "http://127.0.0.1:9003"]
@@ -438,15 +439,18 @@ async def test_rehoming_prefers_the_pool_with_room():
         service.replicas[("l", urls[0])].pressure.turn("moving", 3_000, now)
         assert service.room("l", urls[1]) < 3_000 <= service.room("l", urls[2])
         policy = ConversationAffinity()
+        policy.bind(RoutingShared(None, LoadBoard(None)), "l", config.lanes["l"].affinity)
         policy.shared.kv = service
-        policy.lane = "l"
-        policy.settings = config.lanes["l"].affinity
         replicas = runtime.snapshot.lanes["l"].upstream.replicas
-        state = type("S", (), {"id": "moving", "last": None})()
-        extra: dict = {}
+        # The conversation's home, replica 1, is overloaded: it is re-homed.
+        replicas[0].inflight = 10
+        ex = Exchange("r")
+        ex.conversation = SimpleNamespace(state=SimpleNamespace(id="moving", turn=3, replica=urls[0], last=None),
+                                          is_new=False)
         # Least loaded alone would pick replica 2 (listed first, equally idle): the pool with room wins.
-        chosen = policy._rehome(replicas[1:], lambda cands: cands[0], state, extra)
-        assert chosen.url == urls[2] and extra["room"]["needed"] == 3_000
+        chosen = policy.order(replicas, ex)[0]
+        assert chosen.url == urls[2] and ex.routing["reason"] == "rehomed_overload", ex.routing
+        assert ex.routing["room"]["needed"] == 3_000, ex.routing
     finally:
         await service.stop()
         for p in pubs:
@@ -500,8 +504,13 @@ def test_any_payload_decodes_or_is_refused_and_any_decoded_batch_applies(payload
     try:
         batch = decode_batch(payload)
     except BadPayload:
-        return
-    ReplicaIndex().apply(batch, 1.0)
+        return  # refused, as a whole
+    assert isinstance(batch, Batch) and batch.bad >= 0 and batch.skipped >= 0
+    index = ReplicaIndex()
+    index.apply(batch, 1.0)
+    books = index.counters()
+    # Applied: a fresh index holds no more blocks than the batch stored, and never fewer than none.
+    assert 0 <= books["held_blocks"] <= books["stored_blocks"] and books["held_tokens"] >= 0, books
 
 
 async def test_a_hostile_publisher_never_stops_the_subscriber(publisher):
@@ -548,7 +557,7 @@ async def test_a_huge_batch_is_applied_in_slices(publisher):
             nonlocal ticks
             while not stop:
                 ticks += 1
-                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # one turn of the loop: the ticker counts them
 
         task = asyncio.create_task(ticker())
         before = sub.events

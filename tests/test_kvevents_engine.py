@@ -10,7 +10,6 @@ warned about a conversation before its first miss. Figures go to tests/artifacts
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import httpx
@@ -18,7 +17,9 @@ import pytest
 
 from tests.support.engine_proc import KV_TOPIC, REPO, EngineProc, engine_lane
 from tests.support.gateway_proc import run_gateway
-from tests.test_engine_cache import Agent, filler
+from tests.support.engine_agent import Agent, filler
+from tests.support.poll import wait_until
+from tests.support.records import recent
 
 pytestmark = pytest.mark.engine
 
@@ -34,28 +35,25 @@ def kv_routes(engine: EngineProc) -> dict[str, Any]:
     return {"lanes": {"vllm-cpu-kv": lane}, "models": {"ds": "vllm-cpu-kv"}}
 
 
-def record(gw, cid: str, turn: int, timeout: float = 20.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        rows = httpx.get(f"{gw.url}/admin/api/records", params={"conversation": cid, "limit": 50}).json()["records"]
-        for row in rows:
-            if row.get("turn") == turn and row.get("kv"):
-                row = dict(row)
-                row["kv"] = json.loads(row["kv"]) if isinstance(row["kv"], str) else row["kv"]
-                return row
-        time.sleep(0.05)
-    raise AssertionError(f"no record with a kv verdict for turn {turn} of {cid}\n{gw.log()[-3000:]}")
+def record(gw, cid: str, turn: int) -> dict[str, Any]:
+    """The record of `turn` of `cid` once it has its KV verdict (decoded)."""
+    def judged() -> dict[str, Any] | None:
+        row = next((r for r in recent(gw, conversation=cid) if r.get("turn") == turn and r.get("kv")), None)
+        if row is None:
+            return None
+        return {**row, "kv": json.loads(row["kv"]) if isinstance(row["kv"], str) else row["kv"]}
+
+    return wait_until(judged, what=f"a record with a kv verdict for turn {turn} of {cid}",
+                      detail=lambda: gw.log()[-3000:])
 
 
 def test_two_conversations_that_do_not_fit_the_pool(engine):
     with run_gateway(kv_routes(engine)) as gw:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:  # subscribed and the pool size read from the engine's /metrics
+        def ready() -> dict[str, Any] | None:  # subscribed, and the pool size read from the engine's /metrics
             view = httpx.get(f"{gw.url}/admin/api/kv").json()["replicas"][0]
-            if view["stream"]["state"] == "live" and view["pool_tokens"]:
-                break
-            time.sleep(0.1)
-        assert view["stream"]["state"] == "live", view
+            return view if view["stream"]["state"] == "live" and view["pool_tokens"] else None
+
+        view = wait_until(ready, what="the KV stream live and the pool known", interval=0.1)
         pool = (engine.pool_blocks - 1) * engine.block_size
         assert view["pool_tokens"] == pool and view["pool_source"] == "engine"
 
@@ -103,11 +101,8 @@ def test_a_cache_reset_in_the_step_that_schedules_the_next_turn(engine):
     batch ahead of the turn's own stores. The record must say cache_cleared, and the index must agree
     with the engine then and afterwards."""
     with run_gateway(kv_routes(engine)) as gw:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if httpx.get(f"{gw.url}/admin/api/kv").json()["replicas"][0]["stream"]["state"] == "live":
-                break
-            time.sleep(0.1)
+        wait_until(lambda: httpx.get(f"{gw.url}/admin/api/kv").json()["replicas"][0]["stream"]["state"] == "live",
+                   what="the KV stream live", interval=0.1)
         ag = Agent(gw, "kv-reset", user="kv-reset", opening="\n" + filler("kv-reset", 30))
         ag.turn(next_user="Go on.\n" + filler("reset1", 5))
         ag.turn(next_user="And then?\n" + filler("reset2", 5))

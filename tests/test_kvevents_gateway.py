@@ -8,24 +8,15 @@ import contextlib
 import json
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
-from tests.support.emulator_proc import run_emulator
-from tests.support.gateway_proc import free_port, run_gateway
+from tests.support.emulator_proc import KV_EMULATOR, run_emulator, run_kv_emulator
+from tests.support.gateway_proc import run_gateway
 from tests.support.kv_publisher import Publisher, stored
-
-
-def until(fn, timeout: float = 15.0, what: str = ""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out: {what}")
+from tests.support.poll import wait_until
+from tests.support.routes import emulator_lane, kv_lane, routes
 
 
 @pytest.fixture
@@ -37,21 +28,18 @@ def publisher():
 
 def test_stream_state_is_visible_and_loss_degrades(publisher):
     with run_emulator(flavour="vllm", tokenizer="dsv41", block_size=16) as emu:
-        lane = {"engine": "vllm", "replicas": [emu.url], "upstream_model": "deepseek-v4-flash",
-                "qualification": "not_required", "cache": {"block_size": 16},
-                "kv_events": {"replicas": {emu.url: {"endpoint": publisher.endpoint, "replay": publisher.replay_endpoint,
-                                                     "topic": "kv", "pool_tokens": 4096}}}}
-        with run_gateway({"lanes": {"ds": lane}, "models": {"ds": "ds"}}) as gw:
+        kv = {"endpoint": publisher.endpoint, "replay": publisher.replay_endpoint, "topic": "kv", "pool_tokens": 4096}
+        with run_gateway(routes({"ds": emulator_lane(emu.url, kv_events={"replicas": {emu.url: kv}})})) as gw:
             def replica():
                 return httpx.get(f"{gw.url}/admin/api/kv").json()["replicas"][0]
 
-            until(lambda: replica()["stream"]["state"] == "live", what="live")
+            wait_until(lambda: replica()["stream"]["state"] == "live", what="live")
 
             def applied():
                 publisher.publish([stored([b"h1", b"h2"], None, list(range(32)), 16)])
                 return replica()["held_tokens"] == 32
 
-            until(applied, what="events applied")
+            wait_until(applied, what="events applied")
             r = replica()
             assert r["pool_tokens"] == 4096 and r["pool_source"] == "config" and r["occupancy"] == round(32 / 4096, 4)
             assert r["index"]["held_blocks"] == 2 and r["index"]["approx_bytes"] > 0
@@ -60,7 +48,7 @@ def test_stream_state_is_visible_and_loss_degrades(publisher):
             assert f'gateway_kv_held_tokens{{lane="ds",replica="{emu.url}"}} 32.0' in metrics
 
             publisher.close()  # the engine goes away
-            until(lambda: replica()["stream"]["state"] == "lost", what="lost")
+            wait_until(lambda: replica()["stream"]["state"] == "lost", what="lost")
             metrics = httpx.get(f"{gw.url}/metrics").text
             assert f'gateway_kv_stream_up{{lane="ds",replica="{emu.url}"}} 0.0' in metrics
             # Requests still work, with today's count-based verdicts and a note saying why.
@@ -72,7 +60,7 @@ def test_stream_state_is_visible_and_loss_degrades(publisher):
                 rows = httpx.get(f"{gw.url}/admin/api/records", params={"limit": 5}).json()["records"]
                 return next((row["kv"] for row in rows if row.get("kv")), None)
 
-            note = until(kv_note, what="a record with the kv note")
+            note = wait_until(kv_note, what="a record with the kv note")
             assert '"stream":"lost"' in note and "counts only" in note
             stats = subprocess.run([sys.executable, "-m", "gateway.cli", "stats", "--url", gw.url],
                                    capture_output=True, text=True, timeout=60)
@@ -80,26 +68,16 @@ def test_stream_state_is_visible_and_loss_degrades(publisher):
             assert "KV pools" in stats.stdout and "! stream lost" in stats.stdout, stats.stdout
 
             publisher.bind()  # back on the same ports
-            until(lambda: replica()["stream"]["state"] == "live", what="live again")
+            wait_until(lambda: replica()["stream"]["state"] == "live", what="live again")
             assert replica()["stream"]["disconnects"] >= 1
 
 
 def test_emulated_replica_publishes_events_and_verdicts_name_the_displacer():
     """The emulator publishes its prefix cache's events as vLLM does; two conversations that do not fit its
     pool together take turns: the index matches its cached-token reports and evictions name the other one."""
-    from tests.support.gateway_proc import free_port
-
-    port, replay = free_port(), free_port()
-    knobs = dict(flavour="vllm", tokenizer="dsv41", block_size=16, cache_blocks=160, output_tokens=8,
-                 reasoning_tokens=0, kv_events_port=port, kv_events_replay_port=replay)
-    with run_emulator(**knobs) as emu:
-        lane = {"engine": "vllm", "replicas": [emu.url], "upstream_model": "deepseek-v4-flash",
-                "qualification": "not_required", "cache": {"block_size": 16},
-                "render": {"template": "deepseek_v4.1", "thinking": False},
-                "kv_events": {"replicas": {emu.url: {"endpoint": f"tcp://127.0.0.1:{port}",
-                                                     "replay": f"tcp://127.0.0.1:{replay}", "pool_tokens": 160 * 16}}}}
-        with run_gateway({"lanes": {"ds": lane}, "models": {"ds": "ds"}}) as gw:
-            until(lambda: httpx.get(f"{gw.url}/admin/api/kv").json()["replicas"][0]["stream"]["state"] == "live",
+    with run_kv_emulator(**KV_EMULATOR, cache_blocks=160) as (emu, kv):
+        with run_gateway(routes({"ds": kv_lane(emu.url, {emu.url: {**kv, "pool_tokens": 160 * 16}})})) as gw:
+            wait_until(lambda: httpx.get(f"{gw.url}/admin/api/kv").json()["replicas"][0]["stream"]["state"] == "live",
                   what="live")
             history = {name: [{"role": "system", "content": f"[{name}] " + " ".join(f"w{name}{i}" for i in range(300))}]
                        for name in ("a", "b")}
@@ -118,7 +96,7 @@ def test_emulated_replica_publishes_events_and_verdicts_name_the_displacer():
                         rows_ = httpx.get(f"{gw.url}/admin/api/records", params={"conversation": cid}).json()["records"]
                         return next((x for x in rows_ if x["turn"] == turn and x.get("kv")), None)
 
-                    row = until(rec, what=f"record of {name} turn {turn}")
+                    row = wait_until(rec, what=f"record of {name} turn {turn}")
                     rows.append((name, cid, row, json.loads(row["kv"])))
             names = {cid: name for name, cid, _, _ in rows}
             for name, cid, row, kv in rows:
@@ -136,22 +114,14 @@ def _two_pools(gateway: dict | None = None, env: dict[str, str] | None = None):
     with contextlib.ExitStack() as stack:
         emus, kv = [], {}
         for _ in range(2):
-            port, replay = free_port(), free_port()
-            emu = stack.enter_context(run_emulator(flavour="vllm", tokenizer="dsv41", block_size=16, output_tokens=8,
-                                                   reasoning_tokens=0, kv_events_port=port,
-                                                   kv_events_replay_port=replay))
+            emu, published = stack.enter_context(run_kv_emulator(**KV_EMULATOR))
             emus.append(emu)
-            kv[emu.url] = {"endpoint": f"tcp://127.0.0.1:{port}", "replay": f"tcp://127.0.0.1:{replay}",
-                           "pool_tokens": 1 << 20}
-        lane = {"engine": "vllm", "replicas": [e.url for e in emus], "upstream_model": "deepseek-v4-flash",
-                "qualification": "not_required", "cache": {"block_size": 16},
-                "render": {"template": "deepseek_v4.1", "thinking": False},
-                "routing": "conversation_affinity", "affinity": {"prefix_source": "kv_events"},
-                "kv_events": {"replicas": kv}}
-        routes = {"lanes": {"ds": lane}, "models": {"ds": "ds"}, **({"gateway": gateway} if gateway else {})}
-        with run_gateway(routes, env=env) as gw:
+            kv[emu.url] = {**published, "pool_tokens": 1 << 20}
+        lane = kv_lane([e.url for e in emus], kv, routing="conversation_affinity",
+                       affinity={"prefix_source": "kv_events"})
+        with run_gateway(routes({"ds": lane}, **(gateway or {})), env=env) as gw:
             admin = {"Authorization": f"Bearer {env['KV_ADMIN']}"} if env else {}
-            until(lambda: all(r["stream"]["state"] == "live"
+            wait_until(lambda: all(r["stream"]["state"] == "live"
                               for r in httpx.get(f"{gw.url}/admin/api/kv", headers=admin).json()["replicas"]),
                   what="live")
             yield gw, emus, admin
@@ -180,10 +150,10 @@ def test_routing_reveals_nothing_across_tenants():
 
         a, b = "sk-tenant-a-0123456789", "sk-tenant-b-0123456789"
         _, first = ask(a, "a-1", SHARED)
-        until(lambda: analysed(first), what="tenant A's turn analysed")
+        wait_until(lambda: analysed(first), what="tenant A's turn analysed")
         reason, other = ask(b, "b-1", SHARED)
         assert reason == "least_loaded"
-        until(lambda: analysed(other), what="tenant B's turn analysed")
+        wait_until(lambda: analysed(other), what="tenant B's turn analysed")
         reason, _ = ask(a, "a-2", SHARED + [{"role": "assistant", "content": "Done."},
                                           {"role": "user", "content": "And the tests?"}])
         assert reason == "prefix"
@@ -211,14 +181,14 @@ def test_routing_follows_what_the_pools_actually_hold():
             return any(x.get("kv") for x in rows)
 
         _, home, answer = ask("first", shared)
-        until(lambda: analysed("first"), what="first turn analysed")
+        wait_until(lambda: analysed("first"), what="first turn analysed")
         follow = shared + [answer, {"role": "user", "content": "Now a different question."}]
         reason, replica, _ = ask("second", follow)
         assert (reason, replica) == ("prefix", home)
-        until(lambda: analysed("second"), what="second analysed")
+        wait_until(lambda: analysed("second"), what="second analysed")
 
         httpx.post(f"{emus[home].url}/emulator/reset", timeout=10)  # that pool lets everything go
-        until(lambda: next(r for r in httpx.get(f"{gw.url}/admin/api/kv").json()["replicas"]
+        wait_until(lambda: next(r for r in httpx.get(f"{gw.url}/admin/api/kv").json()["replicas"]
                            if r["replica"] == emus[home].url)["held_tokens"] == 0, what="cleared")
         reason, _, _ = ask("third", shared + [answer, {"role": "user", "content": "Yet another question."}])
         assert reason == "least_loaded"

@@ -17,10 +17,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gateway.core.config import Lane
 from gateway.core.exchange import Exchange
 from gateway.limits import LimitsPolicy
 from gateway.core.runtime import LaneRuntime
+from tests.support.routes import lane_config
 
 TOOL = Path("/work/shared/tools/make_agent_corpus.py")
 PH = "<｜deepseek_image｜>"
@@ -37,8 +37,7 @@ def corpus(tmp_path_factory) -> bytes:
 
 
 def lane(**limits) -> LaneRuntime:
-    cfg = Lane.model_validate({"replicas": ["http://127.0.0.1:9"], "upstream_model": "m", "limits": limits})
-    return LaneRuntime("l", cfg, None, None)  # type: ignore[arg-type]
+    return LaneRuntime("l", lane_config(limits=limits), None, None)  # type: ignore[arg-type]
 
 
 def measure(raw: bytes, ln: LaneRuntime, n: int = 25, mutate=None) -> tuple[tuple[float, float], Exchange, dict, dict]:

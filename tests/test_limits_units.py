@@ -10,7 +10,7 @@ import threading
 import orjson
 import pytest
 
-from gateway.core.config import ConfigError, Lane, Limits, parse_routes
+from gateway.core.config import ConfigError, Limits, parse_routes
 from gateway.core.errors import GatewayError
 from gateway.core.exchange import Exchange
 from gateway.limits import LIMITS_HEADER, LimitsPolicy
@@ -19,13 +19,13 @@ from gateway.limits.placeholders import JOINER
 from gateway.limits.scan import scan_chat
 from gateway.limits.tokens import MAX_TOKEN_BYTES, bounds, count_prompt
 from gateway.core.runtime import LaneRuntime
+from tests.support.routes import lane_config
 
 PH = "<｜deepseek_image｜>"
 
 
 def make_lane(render_template: str | None = None, **limits) -> LaneRuntime:
-    cfg = Lane.model_validate({"replicas": ["http://127.0.0.1:9"], "upstream_model": "m", "limits": limits,
-                               "render": {"template": render_template}})
+    cfg = lane_config(limits=limits, render={"template": render_template})
     return LaneRuntime("lane", cfg, None, None)  # type: ignore[arg-type]
 
 
@@ -155,7 +155,10 @@ async def test_top_logprobs_openai_rules_on_every_lane(kw, code):
 
 
 async def test_top_logprobs_zero_with_logprobs_is_fine():
-    await run(make_lane(max_top_logprobs=0), lp_body(logprobs=True, top_logprobs=0))
+    body = lp_body(logprobs=True, top_logprobs=0)
+    ex = await run(make_lane(max_top_logprobs=0), body)  # not refused (run() raises if it is)
+    assert body["top_logprobs"] == 0 and body["logprobs"] is True, body  # forwarded as sent
+    assert ex.limits_fired == [], ex.limits_fired
 
 
 # -- placeholders -----------------------------------------------------------------------------------
@@ -319,7 +322,7 @@ async def test_event_loop_keeps_running_during_exact_count():
     class Slow(FakeRenderer):
         def render(self, body):
             import time
-            time.sleep(0.3)
+            time.sleep(0.3)  # the scenario: a slow render, holding its thread
             return super().render(body)
 
     lane.renderer = Slow(100)
@@ -328,7 +331,7 @@ async def test_event_loop_keeps_running_during_exact_count():
     async def ticker():
         nonlocal ticks
         while True:
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # the scenario: a tick every 10 ms while the loop is free
             ticks += 1
 
     t = asyncio.create_task(ticker())
@@ -355,7 +358,7 @@ def test_bounds_bracket_the_real_count():
         b = bounds(facts, has_tools=False)
         n = len(enc.encode_ordinary(s))
         assert b.low <= n <= b.high, (s[:20], b, n)
-    assert MAX_TOKEN_BYTES >= max(len(t) for t in enc._mergeable_ranks)
+    assert MAX_TOKEN_BYTES >= max(len(t) for t in enc.token_byte_values())
 
 
 async def test_count_prompt_cl100k_matches_tiktoken():
@@ -465,7 +468,7 @@ async def test_slow_exact_count_times_out_and_forwards(monkeypatch):
     class Slow(FakeRenderer):
         def render(self, body):
             import time
-            time.sleep(0.3)
+            time.sleep(0.3)  # the scenario: a slow render, holding its thread
             body["messages"].append("late")  # its own copy: the request's body is not touched
             done.set()
             return super().render(body)

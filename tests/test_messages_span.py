@@ -16,7 +16,7 @@ from gateway.pipeline import messages_span
 from gateway.pipeline.body_parts import Parts
 from gateway.pipeline.history_memo import MIN_BYTES, HistoryMemo
 
-from .test_history_memo import _body, _dump, _message
+from tests.support.agent_bodies import agent_body, body_message, dump_styled
 
 
 def _check(raw: bytes) -> tuple[int, int] | None:
@@ -45,7 +45,7 @@ def _check(raw: bytes) -> tuple[int, int] | None:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(style=st.integers(0, 3), layout=st.integers(0, 2), n=st.integers(40, 70))
 def test_the_formats_clients_write_are_split(style: int, layout: int, n: int) -> None:
-    raw = _dump(_body(n, layout), style)
+    raw = dump_styled(agent_body(n, layout), style)
     assert _check(raw) is not None
 
 
@@ -54,7 +54,7 @@ def test_the_formats_clients_write_are_split(style: int, layout: int, n: int) ->
        junk=st.sampled_from([b"]", b"}", b"[", b"{", b'"', b"\\", b",", b'"role":', b'"messages":[]',
                              b"],", b"]}", b' "a"', b"\\\\", b'\\"']))
 def test_a_mutated_tail_is_split_exactly_or_not_at_all(style: int, layout: int, seed: int, junk: bytes) -> None:
-    raw = _dump(_body(40, layout), style)
+    raw = dump_styled(agent_body(40, layout), style)
     rng = random.Random(seed)
     at = len(raw) - rng.randrange(1, 3000)  # somewhere in the last messages or the fields after them
     mutated = raw[:at] + junk + raw[at:]
@@ -69,29 +69,29 @@ def test_a_mutated_tail_is_split_exactly_or_not_at_all(style: int, layout: int, 
     b', "\\u006dessages": 0}',
 ])
 def test_a_later_messages_key_is_never_overruled(tail: bytes) -> None:
-    raw = _dump(_body(40, 2), 0).rstrip()[:-1] + tail
+    raw = dump_styled(agent_body(40, 2), 0).rstrip()[:-1] + tail
     assert _check(raw) is None
     assert messages_span.split(raw) is None or messages_span.split(raw)[0] == orjson.loads(raw)
 
 
 def test_an_earlier_messages_key_is_overruled_as_the_whole_parse_does() -> None:
-    body = _body(40, 0)
-    raw = b'{"messages": [{"role": "user", "content": "old"}], ' + _dump(body, 0)[1:]
+    body = agent_body(40, 0)
+    raw = b'{"messages": [{"role": "user", "content": "old"}], ' + dump_styled(body, 0)[1:]
     assert orjson.loads(raw)["messages"] == body["messages"]
     _check(raw)
 
 
 def test_tools_after_the_messages_are_skipped_and_a_role_in_a_string_misleads_nothing() -> None:
-    body = _body(40, 0)
+    body = agent_body(40, 0)
     body["tools"] = body["tools"] * 30 + [{"type": "function", "function": {"name": "x", "description":
                                            '"role": [{"role": "user"}] \\" ] } "role":'}}]
     body["messages"][-1]["content"] = '], "role": "x"}] {"role": ['
     for style in range(4):
-        assert _check(_dump(body, style)) is not None
+        assert _check(dump_styled(body, style)) is not None
 
 
 def test_not_an_object_or_broken_or_trailing_bytes_is_the_whole_parse() -> None:
-    raw = _dump(_body(40, 1), 0)
+    raw = dump_styled(agent_body(40, 1), 0)
     for bad in (b"[" + raw + b"]", raw + b"x", raw[:-1], raw + b"}", raw[:-1] + b',}', raw + b' {"a":1}'):
         assert _check(bad) is None
 
@@ -102,9 +102,9 @@ def test_nesting_reads_as_the_whole_parse_up_to_where_orjson_writes(depth: int) 
     the whole parse and serialise; deeper, the messages are forwarded as the client wrote them (as
     the memo's later turns already were) instead of refused, and at exactly 1,025 they are read
     where the whole parse refuses them (messages_span.py's docstring)."""
-    body = _body(40, 0)
+    body = agent_body(40, 0)
     deep = b"[" * (depth - 3) + b"1" + b"]" * (depth - 3)  # in the body: {messages: [{x: deep}]}
-    raw = _dump(body, 0).replace(b'"role":"system"', b'"x":' + deep + b',"role":"system"', 1)
+    raw = dump_styled(body, 0).replace(b'"role":"system"', b'"x":' + deep + b',"role":"system"', 1)
     assert len(raw) >= MIN_BYTES
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(10_000)  # comparing 1,000 levels of lists
@@ -132,7 +132,7 @@ def test_nesting_reads_as_the_whole_parse_up_to_where_orjson_writes(depth: int) 
 
 def test_a_key_given_twice_or_a_rewritten_field_is_never_forwarded_as_the_client_wrote_it() -> None:
     memo = HistoryMemo()
-    raw = _dump(_body(40, 1), 3)
+    raw = dump_styled(agent_body(40, 1), 3)
     twice = raw.replace(b'"model":"m"', b'"model":"x","model":"m"', 1)
     for body, same in ((raw, True), (twice, False)):
         parsed = memo.parse(body)
@@ -153,7 +153,7 @@ def test_a_key_given_twice_or_a_rewritten_field_is_never_forwarded_as_the_client
 
 def test_a_first_seen_body_forwards_its_own_bytes_and_is_filed_settled() -> None:
     memo = HistoryMemo()
-    body = _body(60, 0)
+    body = agent_body(60, 0)
     raw = json.dumps(body, indent=2).encode()
     parsed = memo.parse(raw)
     assert parsed.fresh is not None and parsed.fresh is parsed.pending
@@ -161,7 +161,7 @@ def test_a_first_seen_body_forwards_its_own_bytes_and_is_filed_settled() -> None
     assert forwarded is not None and raw[parsed.fresh.open - 1:parsed.fresh.cut] in forwarded
     assert orjson.loads(forwarded) == orjson.loads(raw)
     memo.settle(parsed)
-    body["messages"].append(_message(60))
+    body["messages"].append(body_message(60))
     again = memo.parse(json.dumps(body, indent=2).encode())
     assert again.known == 60 and again.data == body
 
@@ -172,7 +172,7 @@ def test_a_long_last_message_full_of_escaped_quotes_is_read_in_linear_time() -> 
     import time
 
     for size in (3_000, 12_000, 1_000_000):
-        body = _body(40, 0)
+        body = agent_body(40, 0)
         body["messages"].append({"role": "tool", "tool_call_id": "c1", "content": 'x\\"]}{"' * (size // 6)})
         raw = orjson.dumps(body)
         t = time.process_time()

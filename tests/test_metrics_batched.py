@@ -8,7 +8,6 @@ read; and BoundedLabel's memo must name every value as the regular expression do
 
 from __future__ import annotations
 
-import asyncio
 import math
 import re
 
@@ -17,8 +16,9 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from gateway.observe.metrics import DURATION_BUCKETS, GAP_BUCKETS, BoundedLabel, Metrics, _Observed
-from tests.test_metrics_units import samples
-from tests.test_records_units import exchange
+from tests.support.metrics import samples
+from tests.support.exchanges import exchange
+from tests.support.poll import until
 
 values = st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=64),
                    st.sampled_from([0.0, 0.1, 0.5, 1.0, 2.0, 600.0, 1800.0, -1.0]))
@@ -65,9 +65,8 @@ async def test_with_a_loop_requests_reach_the_registry_at_the_flush() -> None:
     assert samples(reg)[("gateway_requests_total", lane)] == 0, "waits for the flush"
     m.flush()  # what a scrape (MetricsExport.route) does first
     assert samples(reg)[("gateway_requests_total", lane)] == 3
-    m.observe(exchange())
-    await asyncio.sleep(0)
-    assert m._flush_due, "a timer is armed"
+    m.observe(exchange())  # with a loop: a timer flushes it within FLUSH_S, no scrape needed
+    await until(lambda: samples(reg)[("gateway_requests_total", lane)] == 4, what="the timer's flush")
 
 
 def _reference(limit: int):

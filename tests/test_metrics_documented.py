@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import re
 from contextlib import ExitStack
-from typing import Any
 
 import httpx
 
-from tests.support.emulator_proc import run_emulator
-from tests.support.gateway_proc import REPO, free_port, run_gateway
+from tests.support.emulator_proc import KV_EMULATOR, run_kv_emulator
+from tests.support.gateway_proc import REPO, run_gateway
 from tests.support.poll import wait_until
 from tests.support.postgres_proc import fresh_database
 from tests.support.redis_proc import run_redis
+from tests.support.routes import kv_lane, routes
 
 DOC = REPO / "docs" / "operating" / "metrics.md"
 SUFFIXES = ("_bucket", "_count", "_sum")
@@ -46,14 +46,6 @@ def exported(text: str) -> tuple[dict[str, set[frozenset[str]]], list[str]]:
     return fams, samples
 
 
-def lane(emu_url: str, kv_port: int, replay: int) -> dict[str, Any]:
-    return {"engine": "vllm", "replicas": [emu_url], "upstream_model": "deepseek-v4-flash",
-            "qualification": "not_required", "cache": {"block_size": 16},
-            "render": {"template": "deepseek_v4.1", "thinking": False},
-            "kv_events": {"replicas": {emu_url: {"endpoint": f"tcp://127.0.0.1:{kv_port}",
-                                                 "replay": f"tcp://127.0.0.1:{replay}", "pool_tokens": 160 * 16}}}}
-
-
 def scrape(gw_url: str) -> str:
     for i in range(2):
         r = httpx.post(f"{gw_url}/v1/chat/completions", timeout=30,
@@ -67,17 +59,14 @@ def scrape(gw_url: str) -> str:
 def test_metrics_are_what_the_docs_say() -> None:
     doc = documented()
     assert len(doc) >= 50
-    kv, replay = free_port(), free_port()
     with ExitStack() as stack:
-        emu = stack.enter_context(run_emulator(flavour="vllm", tokenizer="dsv41", block_size=16, cache_blocks=160,
-                                               output_tokens=8, reasoning_tokens=0, kv_events_port=kv,
-                                               kv_events_replay_port=replay))
-        routes = {"lanes": {"ds": lane(emu.url, kv, replay)}, "models": {"ds": "ds"}}
-        with run_gateway(routes) as gw:
+        emu, kv = stack.enter_context(run_kv_emulator(**KV_EMULATOR, cache_blocks=160))
+        lanes = {"ds": kv_lane(emu.url, {emu.url: {**kv, "pool_tokens": 160 * 16}})}
+        with run_gateway(routes(lanes)) as gw:
             sqlite_text = scrape(gw.url)
         pg = stack.enter_context(fresh_database())
         redis_port = stack.enter_context(run_redis())
-        with run_gateway({**routes, "gateway": {"records": {"postgres": pg}}},
+        with run_gateway(routes(lanes, records={"postgres": pg}),
                          env={"GATEWAY_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0"}) as gw:
             fleet_text = scrape(gw.url)
     for text in (sqlite_text, fleet_text):

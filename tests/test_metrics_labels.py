@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
+from tests.support.routes import lane, routes
+from tests.support.poll import wait_until
 
 
 def _samples(gw) -> list:
@@ -18,10 +18,7 @@ def _samples(gw) -> list:
 
 def test_labels_primed_bounded_and_never_empty():
     with run_emulator(flavour="vllm") as emu:
-        routes = {"lanes": {"a": {"replicas": [emu.url], "upstream_model": "deepseek-v4-flash",
-                                  "qualification": "not_required"}},
-                  "models": {"pub": "a"}}
-        with run_gateway(routes) as gw:
+        with run_gateway(routes({"a": lane(emu.url)}, {"pub": "a"})) as gw:
             fresh = _samples(gw)
             by = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in fresh}
             assert by[("gateway_requests_total", (("lane", "a"), ("status_class", "5xx")))] == 0
@@ -35,18 +32,18 @@ def test_labels_primed_bounded_and_never_empty():
             for i in range(3):  # arbitrary names must not become label values
                 httpx.post(gw.base_url + "/chat/completions",
                            json={"model": f"junk-{i}", "messages": [{"role": "user", "content": "x"}]})
-            deadline = time.monotonic() + 30  # the first request's analysis starts the analysis worker
-            while time.monotonic() < deadline:
-                after = _samples(gw)
-                by = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in after}
-                if by.get(("gateway_model_requests_total",
-                           (("lane", "none"), ("model", "unknown"), ("status_class", "4xx")))) == 3 and \
-                        by.get(("gateway_model_requests_total", (("lane", "a"), ("model", "pub"), ("status_class", "2xx")))):
-                    break
-                time.sleep(0.1)
-            assert by[("gateway_model_requests_total", (("lane", "a"), ("model", "pub"), ("status_class", "2xx")))] == 1
-            assert by[("gateway_model_requests_total",
-                       (("lane", "none"), ("model", "unknown"), ("status_class", "4xx")))] == 3
+            pub_ok = ("gateway_model_requests_total", (("lane", "a"), ("model", "pub"), ("status_class", "2xx")))
+            unknown = ("gateway_model_requests_total",
+                       (("lane", "none"), ("model", "unknown"), ("status_class", "4xx")))
+
+            def counted() -> dict | None:
+                by = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in _samples(gw)}
+                return by if by.get(unknown) == 3 and by.get(pub_ok) else None
+
+            # The first request's analysis starts the analysis worker: its count may take a while.
+            by = wait_until(counted, what="both requests counted in /metrics", interval=0.1)
+            after = _samples(gw)
+            assert by[pub_ok] == 1 and by[unknown] == 3
             assert not any("junk" in str(s.labels) for s in after)
             empty = [(s.name, s.labels) for s in after if any(v == "" for v in s.labels.values())]
             assert not empty, empty

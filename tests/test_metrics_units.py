@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client import CollectorRegistry
 
 from gateway.observe.metrics import BoundedLabel, Metrics, status_class
-from tests.test_records_units import exchange
-
-
-def samples(registry: CollectorRegistry) -> dict[tuple, float]:
-    out = {}
-    for fam in text_string_to_metric_families(generate_latest(registry).decode()):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
+from tests.support.exchanges import exchange
+from tests.support.metrics import samples
 
 
 def test_one_exchange_feeds_counters_and_histograms() -> None:

@@ -9,24 +9,18 @@ import pytest
 from gateway.core.config import ConfigError, parse_routes
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
+from tests.support.routes import lane, routes
 
 
 @pytest.fixture(scope="module")
 def gw():
     with run_emulator(flavour="vllm", max_model_len=131072, model_root="deepseek-ai/DeepSeek-V4-Flash") as emu:
-        routes = {
-            "lanes": {
-                "engine-limit": {"replicas": [emu.url], "upstream_model": "deepseek-v4-flash",
-                                 "qualification": "not_required"},
-                "lane-limit": {"replicas": [emu.url], "upstream_model": "deepseek-v4-flash",
-                               "qualification": "not_required", "limits": {"max_context_tokens": 32768}},
-                "dead": {"replicas": ["http://127.0.0.1:9"], "upstream_model": "ghost",
-                         "qualification": "not_required", "timeouts": {"connect": 0.2}},
-            },
-            "models": {"public": {"lane": "engine-limit", "fallbacks": ["lane-limit"], "owned_by": "acme"},
-                       "small": "lane-limit", "ghost": "dead"},
-        }
-        with run_gateway(routes) as g:
+        lanes = {"engine-limit": lane(emu.url),
+                 "lane-limit": lane(emu.url, limits={"max_context_tokens": 32768}),
+                 "dead": lane("http://127.0.0.1:9", upstream_model="ghost", timeouts={"connect": 0.2})}
+        models = {"public": {"lane": "engine-limit", "fallbacks": ["lane-limit"], "owned_by": "acme"},
+                  "small": "lane-limit", "ghost": "dead"}
+        with run_gateway(routes(lanes, models)) as g:
             yield g
 
 

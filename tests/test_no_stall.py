@@ -14,6 +14,7 @@ import orjson
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
 from tests.support.poll import wait_until
+from tests.support.routes import lane, routes
 
 STREAM_TOKENS = 400
 DECODE_TPS = 100.0  # a chunk every 10 ms
@@ -53,14 +54,10 @@ def _streams_beside(url: str, heavy: list[dict] | None) -> float:
 def test_huge_prompts_do_not_stall_other_streams() -> None:
     with run_emulator(flavour="vllm", decode_tps=DECODE_TPS, output_tokens=STREAM_TOKENS) as streams, \
             run_emulator(flavour="vllm", tokenizer="dsv41", output_tokens=4, max_model_len=1 << 21) as heavy:
-        routes = {"lanes": {
-            "streams": {"engine": "vllm", "replicas": [streams.url], "upstream_model": "deepseek-v4-flash",
-                        "qualification": "not_required"},
-            "heavy": {"engine": "vllm", "replicas": [heavy.url], "upstream_model": "deepseek-v4-flash",
-                      "qualification": "not_required", "render": {"template": "deepseek_v4.1"},
-                      "limits": {"max_context_tokens": 1 << 20, "max_request_bytes": 64 << 20}},
-        }, "models": {"streams": "streams", "heavy": "heavy"}}
-        with run_gateway(routes) as gw:
+        lanes = {"streams": lane(streams.url),
+                 "heavy": lane(heavy.url, render={"template": "deepseek_v4.1"},
+                               limits={"max_context_tokens": 1 << 20, "max_request_bytes": 64 << 20})}
+        with run_gateway(routes(lanes)) as gw:
             words = " ".join(f"w{i % 9973}x{i % 31}" for i in range(1_200_000))  # ~11 MB of varied words
             huge = [
                 {"model": "heavy", "max_tokens": 4, "messages": [{"role": "user", "content": words}]},
@@ -93,11 +90,9 @@ def test_memory_comes_back_after_huge_prompts() -> None:
     from gateway.render.cache import DEFAULT_BUDGET_BYTES
 
     with run_emulator(flavour="vllm", tokenizer="dsv41", output_tokens=4, max_model_len=1 << 23) as heavy:
-        routes = {"lanes": {"heavy": {
-            "engine": "vllm", "replicas": [heavy.url], "upstream_model": "deepseek-v4-flash",
-            "qualification": "not_required", "render": {"template": "deepseek_v4.1"},
-            "limits": {"max_context_tokens": 1 << 22, "max_request_bytes": 64 << 20}}}, "models": {"heavy": "heavy"}}
-        with run_gateway(routes) as gw:
+        lanes = {"heavy": lane(heavy.url, render={"template": "deepseek_v4.1"},
+                               limits={"max_context_tokens": 1 << 22, "max_request_bytes": 64 << 20})}
+        with run_gateway(routes(lanes)) as gw:
             pid = gw.proc.pid
             small = {"model": "heavy", "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]}
             assert httpx.post(gw.url + "/v1/chat/completions", json=small, timeout=60).status_code == 200

@@ -14,6 +14,7 @@ import pytest
 
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
+from tests.support.routes import lane, routes
 from tests.support.scripted_upstream import Script, http_response, scripted_upstream
 
 OK = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
@@ -23,19 +24,19 @@ BODY = {"messages": [{"role": "user", "content": "a"}], "max_tokens": 4}
 
 
 def _lane(replicas: list[str], **extra) -> dict:
-    return {"engine": "vllm", "replicas": replicas, "upstream_model": "m", "qualification": "not_required",
-            "routing": "round_robin", "timeouts": {"connect": 1, "first_byte": 5, "idle": 2},
-            "breaker": {"failures": 1000000, "cool_down_s": 0.01}, **extra}
+    """Round robin; a breaker that never keeps a replica out: each request sees the replica it is dealt."""
+    return lane(replicas, **{"upstream_model": "m", "routing": "round_robin",
+                             "timeouts": {"connect": 1, "first_byte": 5, "idle": 2},
+                             "breaker": {"failures": 1000000, "cool_down_s": 0.01}, **extra})
 
 
 def test_failover_on_500_is_per_lane_and_before_the_first_byte_only() -> None:
     with scripted_upstream() as broken, scripted_upstream() as good:
         broken.script = Script([http_response(500, b'{"error": {"message": "boom"}}')])
         good.script = Script([http_response(200, OK, [("Content-Type", "application/json")])])
-        routes = {"lanes": {"fo": _lane([broken.url, good.url], failover_on=["connect", 500, 502, 503]),
-                            "plain": _lane([broken.url, good.url])},
-                  "models": {"fo": "fo", "plain": "plain"}}
-        with run_gateway(routes) as gw, httpx.Client(base_url=gw.url, timeout=10) as client:
+        cfg = routes({"fo": _lane([broken.url, good.url], failover_on=["connect", 500, 502, 503]),
+                      "plain": _lane([broken.url, good.url])})
+        with run_gateway(cfg) as gw, httpx.Client(base_url=gw.url, timeout=10) as client:
             fo = [client.post("/v1/chat/completions", json={**BODY, "model": "fo"}).status_code for _ in range(6)]
             plain = [client.post("/v1/chat/completions", json={**BODY, "model": "plain"}).status_code
                      for _ in range(6)]
@@ -69,7 +70,7 @@ async def _run_pool(url: str, seconds: float, concurrency: int) -> tuple[int, li
     async def worker(n: int) -> None:
         nonlocal done
         rng = random.Random(n)
-        await asyncio.sleep(rng.uniform(0, 2))
+        await asyncio.sleep(rng.uniform(0, 2))  # the scenario: clients start at different times
         while time.monotonic() < deadline:
             for _ in range(rng.randint(1, 3)):
                 stream = rng.random() < 0.5
@@ -81,7 +82,7 @@ async def _run_pool(url: str, seconds: float, concurrency: int) -> tuple[int, li
                 except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                     errors.append(f"{type(exc).__name__}: {exc}")
                 done += 1
-            await asyncio.sleep(rng.uniform(PAUSE_LO, PAUSE_HI))
+            await asyncio.sleep(rng.uniform(PAUSE_LO, PAUSE_HI))  # the scenario: an idle pause near the keep-alive
 
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30)) as session:
         await asyncio.gather(*(worker(n) for n in range(concurrency)))
@@ -114,8 +115,7 @@ def test_no_connection_errors_at_c64_with_idle_pauses() -> None:
     """Also: a connection idle for longer than uvicorn's default keep-alive (5 s) and httpx's pool
     expiry (5 s) is still open: the client's pool, not the gateway, decides when it closes."""
     with run_emulator(decode_tps=2000) as emu:
-        routes = {"lanes": {"l": _lane([emu.url])}, "models": {"m": "l"}}
-        with run_gateway(routes) as gw:
+        with run_gateway(routes({"l": _lane([emu.url])}, {"m": "l"})) as gw:
             host, port = gw.url.removeprefix("http://").split(":")
 
             async def both():

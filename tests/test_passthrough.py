@@ -2,29 +2,24 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import openai
 import pytest
 
-from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
+from tests.support.records import record_of
+from tests.support.routes import lane, routes
 
 KEY = "client-key-passthrough"
 ADMIN = "admin-key-passthrough-0123456789"
 
 
 @pytest.fixture(scope="module")
-def gw():
-    with run_emulator(flavour="vllm", tokenizer="dsv41", default_thinking=True) as emu:
-        routes = {"gateway": {"client_keys": {"env": "PT_KEYS"}, "admin_key_env": "PT_ADMIN"},
-                  "lanes": {"ds": {"replicas": [emu.url], "upstream_model": "deepseek-v4-flash",
-                                   "qualification": "not_required", "reasoning_field": "reasoning_content"}},
-                  "models": {"public-ds": "ds"}}
-        with run_gateway(routes, env={"PT_KEYS": KEY, "PT_ADMIN": ADMIN}) as g:
-            g.emu = emu  # type: ignore[attr-defined]
-            yield g
+def gw(agent_emulator):
+    keyed = routes({"ds": lane(agent_emulator.url, reasoning_field="reasoning_content")}, {"public-ds": "ds"},
+                   client_keys={"env": "PT_KEYS"}, admin_key_env="PT_ADMIN")
+    with run_gateway(keyed, env={"PT_KEYS": KEY, "PT_ADMIN": ADMIN}) as g:
+        yield g
 
 
 @pytest.fixture()
@@ -32,13 +27,13 @@ def client(gw):
     return openai.OpenAI(base_url=gw.base_url, api_key=KEY, max_retries=0, timeout=30)
 
 
-def test_responses_create(gw, client):
+def test_responses_create(agent_emulator, client):
     r = client.responses.create(model="public-ds", input="Say hello.", instructions="Be brief.",
                                 max_output_tokens=16, reasoning={"effort": "medium"})
     assert r.model == "public-ds" and r.status in ("completed", "incomplete")
     assert r.output_text
     assert r.usage.input_tokens > 0 and r.usage.output_tokens > 0
-    seen = gw.emu.stats()["recent"][-1]  # type: ignore[attr-defined]
+    seen = agent_emulator.stats()["recent"][-1]
     assert seen["path"] == "/v1/responses" and seen["body"]["model"] == "deepseek-v4-flash"
 
 
@@ -56,17 +51,8 @@ def test_responses_records_and_access(gw, client):
     raw = client.responses.with_raw_response.create(model="public-ds", input="hi", max_output_tokens=4,
                                                     extra_headers={"X-Request-Id": "resp-rec-1"})
     assert raw.http_response.status_code == 200
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        r = httpx.get(gw.url + "/admin/api/records", params={"limit": 50}, headers={"X-Admin-Key": ADMIN})
-        recs = [x for x in r.json().get("records", []) if x.get("request_id") == "resp-rec-1"] \
-            if r.status_code == 200 else []
-        if recs:
-            rec = recs[0]
-            assert rec["path"] == "/v1/responses" and rec["lane"] == "ds" and rec["prompt_tokens"] > 0
-            return
-        time.sleep(0.1)
-    pytest.fail("no record for the Responses request")
+    rec = record_of(gw, "resp-rec-1", headers={"X-Admin-Key": ADMIN})
+    assert rec["path"] == "/v1/responses" and rec["lane"] == "ds" and rec["prompt_tokens"] > 0
 
 
 def test_embeddings(client):
@@ -134,12 +120,10 @@ def test_responses_against_the_real_engine():
         assert emb.status_code == 200 and emb.json()["count"] > 0
 
 
-def test_responses_obey_the_lane_output_limit():
-    with run_emulator(flavour="vllm") as emu:
-        routes = {"lanes": {"l": {"replicas": [emu.url], "upstream_model": "m", "qualification": "not_required",
-                                  "limits": {"max_output_tokens": 64}}}, "models": {"m": "l"}}
-        with run_gateway(routes) as g:
-            r = httpx.post(g.base_url + "/responses", json={"model": "m", "input": "x", "max_output_tokens": 10**9})
-            assert r.status_code == 400 and r.json()["error"]["param"] == "max_output_tokens"
-            r = httpx.post(g.base_url + "/responses", json={"model": "m", "input": "x", "max_output_tokens": 8})
-            assert r.status_code == 200
+def test_responses_obey_the_lane_output_limit(agent_emulator):
+    with run_gateway(routes({"l": lane(agent_emulator.url, upstream_model="m", limits={"max_output_tokens": 64})},
+                            {"m": "l"})) as g:
+        r = httpx.post(g.base_url + "/responses", json={"model": "m", "input": "x", "max_output_tokens": 10**9})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_output_tokens"
+        r = httpx.post(g.base_url + "/responses", json={"model": "m", "input": "x", "max_output_tokens": 8})
+        assert r.status_code == 200

@@ -16,10 +16,10 @@ from typing import Iterator
 import yaml
 
 from tests.support.gateway_proc import REPO, free_port, wait_http
+from tests.support.routes import lane, routes
 
 WARNING = "serving without the gateway's HTTP protocol"
-ROUTES = {"lanes": {"a": {"replicas": ["http://127.0.0.1:9"], "upstream_model": "m",
-                          "qualification": "not_required"}}, "models": {"m": "a"}}
+ROUTES = routes({"a": lane("http://127.0.0.1:9", upstream_model="m")}, {"m": "a"})
 
 
 @contextmanager

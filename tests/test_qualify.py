@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -21,6 +20,7 @@ from gateway.qualify.runner import Baseline, QualifyOptions, qualify
 from gateway.qualify.suite import parse_shapes
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
+from tests.support.poll import wait_until
 
 MODEL = "deepseek-v4-flash"
 
@@ -217,13 +217,13 @@ def _get(url: str, headers: dict[str, str] | None = None) -> Any:
         return json.loads(exc.read())
 
 
-def _wait_state(gw_url: str, lane: str, state: str, timeout: float = 15.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = _get(gw_url + "/qualify/state", {"X-Gateway-Qualify": "sesame"})["lanes"][lane]
-        if got["state"] == state or time.monotonic() > deadline:
-            return got
-        time.sleep(0.1)
+def _wait_state(gw_url: str, lane: str, state: str) -> dict[str, Any]:
+    """The lane's qualification state once it is `state` (the gateway re-reads the records every 0.2 s)."""
+    def got() -> dict[str, Any] | None:
+        now = _get(gw_url + "/qualify/state", {"X-Gateway-Qualify": "sesame"})["lanes"][lane]
+        return now if now["state"] == state else None
+
+    return wait_until(got, what=f"lane {lane} {state}", interval=0.1)
 
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
@@ -284,10 +284,9 @@ def test_unqualified_lane_is_refused_until_qualified_or_overridden(tmp_path: Pat
             assert state["override"] == "hotfix, INC-42" and "limits" in state["reason"]
             status, headers, body = _post(gw.url + "/v1/chat/completions", CHAT)
             assert status == 200 and headers.get("x-gateway-lane-override") == "hotfix, INC-42"
-            deadline = time.monotonic() + 5  # /readyz caches its lane report for 2 s
-            while (_get(gw.url + "/readyz")["lanes"]["cand"]["qualification"]["state"] != "overridden"
-                   and time.monotonic() < deadline):
-                time.sleep(0.2)
+            # /readyz caches its lane report for 2 s.
+            wait_until(lambda: _get(gw.url + "/readyz")["lanes"]["cand"]["qualification"]["state"] == "overridden",
+                       what="/readyz to report the override", interval=0.2)
             ready = _get(gw.url + "/readyz")["lanes"]["cand"]["qualification"]
             assert ready["state"] == "overridden" and ready["override"] == "hotfix, INC-42"
 

@@ -4,9 +4,6 @@ record stores (directory, Redis), and the CLI's status views."""
 from __future__ import annotations
 
 import json
-import shutil
-import socket
-import subprocess
 import time
 from pathlib import Path
 
@@ -164,35 +161,6 @@ def test_directory_store_signature_changes_on_save(tmp_path: Path) -> None:
     assert store.signature() != before
     assert store.load(rid)["id"] == rid
     assert store.load("../../etc/passwd") is None
-
-
-@pytest.fixture
-def redis_url():
-    exe = shutil.which("redis-server")
-    if exe is None:
-        pytest.skip("redis-server not installed")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([exe, "--port", str(port), "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        import redis
-
-        client = redis.Redis(port=port)
-        deadline = time.monotonic() + 5
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=5)
 
 
 def test_redis_store_layers_over_the_shipped_directory(tmp_path: Path, redis_url: str) -> None:

@@ -20,6 +20,8 @@ from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
 from tests.support.poll import wait_until
 from tests.support.redis_proc import run_redis
+from tests.support.routes import lane
+from tests.support.routes import routes as base_routes
 
 KEYS = {"RL_KEYS": "sk-team-a-0123456789,sk-team-b-0123456789", "RL_ADMIN": "rl-admin-0123456789abcdef"}
 A, B = "sk-team-a-0123456789", "sk-team-b-0123456789"
@@ -27,9 +29,8 @@ ADMIN = {"Authorization": f"Bearer {KEYS['RL_ADMIN']}"}
 
 
 def routes(url: str, rules: list[dict]) -> dict:
-    return {"gateway": {"client_keys": {"env": "RL_KEYS"}, "admin_key_env": "RL_ADMIN", "rate_limits": rules},
-            "lanes": {"l": {"replicas": [url], "upstream_model": "m", "qualification": "not_required"}},
-            "models": {"m": "l"}}
+    return base_routes({"l": lane(url, upstream_model="m")}, {"m": "l"}, client_keys={"env": "RL_KEYS"},
+                       admin_key_env="RL_ADMIN", rate_limits=rules)
 
 
 def ask(url: str, key: str, **extra) -> httpx.Response:

@@ -14,85 +14,22 @@ import json
 import statistics
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections import defaultdict
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import REPO, free_port, run_gateway
+from tests.support.metrics import metric_samples
+from tests.support.poll import wait_until
+from tests.support.records import SENT, agent_turns, get_json, post, prompt_of, records, sent_since
 from tests.support.redis_proc import run_redis
+from tests.support.routes import emulator_lane, routes
 
 TTFT_MS = 400.0
 PREFILL_TPS = 4000.0
 DECODE_TPS = 50.0
-TOOLS = [{"type": "function", "function": {"name": "run", "description": "run a shell command",
-                                           "parameters": {"type": "object",
-                                                          "properties": {"cmd": {"type": "string"}}}}}]
-
-
-def lane(url: str, **extra: Any) -> dict[str, Any]:
-    base = {"engine": "vllm", "replicas": [url], "upstream_model": "deepseek-v4-flash",
-            "qualification": "not_required", "cache": {"block_size": 16}}
-    base.update(extra)
-    return base
-
-
-SENT: dict[str, list[str]] = defaultdict(list)  # gateway URL -> request ids sent to it, in order
-
-
-def post(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-    rid = f"t-{time.time_ns()}"
-    SENT[url].append(rid)
-    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json", "X-Request-Id": rid, **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 - loopback
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
-def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=30) as resp:  # noqa: S310 - loopback
-        return json.loads(resp.read())
-
-
-def records(gw_url: str, ids: list[str] | None = None, timeout: float = 30.0) -> list[dict[str, Any]]:
-    """Every record (oldest first), once those of `ids` (default: all sent so far) exist.
-
-    Records appear after the response: analysis, then the batched writer.
-    """
-    want = set(SENT[gw_url] if ids is None else ids)
-    deadline = time.monotonic() + timeout
-    while True:
-        recs = get_json(f"{gw_url}/admin/api/records?limit=5000")["records"]
-        if want <= {r["request_id"] for r in recs} or time.monotonic() > deadline:
-            return list(reversed(recs))
-        time.sleep(0.1)
-
-
-def sent_since(gw_url: str, mark: int) -> list[str]:
-    return SENT[gw_url][mark:]
-
-
-def metric_samples(gw_url: str) -> dict[str, dict[tuple, float]]:
-    with urllib.request.urlopen(gw_url + "/metrics", timeout=10) as resp:  # noqa: S310
-        text = resp.read().decode()
-    out: dict[str, dict[tuple, float]] = defaultdict(dict)
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[s.name][tuple(sorted(s.labels.items()))] = s.value
-    return out
-
-
-def prompt_of(i: int, words: int = 700) -> list[dict[str, Any]]:
-    text = " ".join(f"w{i}x{j}" for j in range(words))
-    return [{"role": "user", "content": text}]
 
 
 # -- accuracy -----------------------------------------------------------------------------------
@@ -102,9 +39,8 @@ def timed():
     knobs = dict(flavour="vllm", ttft_ms=TTFT_MS, prefill_tps=PREFILL_TPS, decode_tps=DECODE_TPS,
                  default_thinking=True, reasoning_tokens=12)
     with run_emulator(**knobs) as emu:
-        routes = {"lanes": {"timed": lane(emu.url, limits={"max_top_logprobs": 5})},
-                  "models": {"timed-model": "timed"}}
-        with run_gateway(routes) as gw:
+        with run_gateway(routes({"timed": emulator_lane(emu.url, limits={"max_top_logprobs": 5})},
+                                {"timed-model": "timed"})) as gw:
             yield emu, gw
 
 
@@ -155,8 +91,13 @@ def test_counters_in_metrics_agree_with_stored_records(timed) -> None:
     assert status == 404
     recs = records(gw.url)
     assert {r["request_id"] for r in recs} == set(SENT[gw.url])
-    time.sleep(0.3)  # the metrics sink runs in the same aftermath pass as the records sink
-    m = metric_samples(gw.url)
+
+    def counted() -> dict | None:
+        # The metrics sink runs in the same aftermath pass as the records sink, after it.
+        m = metric_samples(gw.url)
+        return m if sum(m["gateway_requests_total"].values()) == len(recs) else None
+
+    m = wait_until(counted, what="every recorded request counted in /metrics")
 
     def by(key: str, value_of) -> dict[tuple, float]:
         out: dict[tuple, float] = defaultdict(float)
@@ -215,36 +156,10 @@ def test_gateway_stats_cli_from_file_and_from_url(timed) -> None:
 
 # -- a scripted agent conversation -------------------------------------------------------------
 
-def agent_turns(gw_url: str, emu, conversation: str, settle: bool = False) -> list[dict[str, Any]]:
-    """Five turns: cold, append-only (hit), edited system prompt (drift), append-only (hit), cache
-    flushed on the engine (eviction). Returns the records of this conversation, oldest first."""
-    system = f"You are a careful coding agent ({conversation})."
-    msgs: list[dict[str, Any]] = [{"role": "system", "content": system},
-                                  {"role": "user", "content": "Write a function that adds two numbers."}]
-    headers = {"X-Conversation-Id": conversation}
-    mark = len(SENT[gw_url])
-    for step in range(5):
-        if step == 2:  # a client that stamps the date into its system prompt
-            msgs[0] = {"role": "system", "content": system + " Today is 2025-01-01."}
-        if step == 4:
-            emu.reset(config=False)  # the engine lost its prefix cache
-        status, raw = post(gw_url, {"model": "agent", "messages": msgs, "tools": TOOLS}, headers)
-        assert status == 200, raw
-        msg = json.loads(raw)["choices"][0]["message"]
-        msg.setdefault("reasoning_content", msg.get("reasoning"))  # vLLM says `reasoning`; send it back as clients do
-        keep = {k: v for k, v in msg.items() if k in ("role", "content", "reasoning_content", "tool_calls") and v}
-        msgs = msgs + [keep, {"role": "user", "content": f"Now step {step + 1}, please."}]
-        if settle:  # wait for this turn's analysis before sending the next
-            records(gw_url)
-    ids = sent_since(gw_url, mark)
-    return [r for r in records(gw_url, timeout=60) if r["request_id"] in ids]
-
-
 @pytest.fixture(scope="module")
 def agent():
     with run_emulator(flavour="vllm", tokenizer="dsv41", default_thinking=True, reasoning_tokens=6) as emu:
-        routes = {"lanes": {"agent-lane": lane(emu.url)}, "models": {"agent": "agent-lane"}}
-        with run_gateway(routes) as gw:
+        with run_gateway(routes({"agent-lane": emulator_lane(emu.url)}, {"agent": "agent-lane"})) as gw:
             yield emu, gw
 
 
@@ -304,14 +219,12 @@ def test_records_reach_a_bounded_redis_stream(redis_port: int) -> None:
     client.delete("gateway:records")
     env = {"GATEWAY_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", "GATEWAY_RECORDS_STREAM_MAXLEN": "1000"}
     with run_emulator(flavour="sglang") as emu:
-        with run_gateway({"lanes": {"r": lane(emu.url, engine="sglang")}, "models": {"m": "r"}}, env=env) as gw:
+        with run_gateway(routes({"r": emulator_lane(emu.url, engine="sglang")}, {"m": "r"}), env=env) as gw:
             mark = len(SENT[gw.url])
             for i in range(5):
                 assert post(gw.url, {"model": "m", "messages": prompt_of(i, 10), "max_tokens": 3})[0] == 200
             recs = records(gw.url, sent_since(gw.url, mark))
-            deadline = time.monotonic() + 10
-            while client.xlen("gateway:records") < 5 and time.monotonic() < deadline:
-                time.sleep(0.1)
+            wait_until(lambda: client.xlen("gateway:records") >= 5, what="the records in the Redis stream")
             entries = client.xrange("gateway:records")
     assert len(entries) == 5
     stream_ids = [json.loads(fields[b"r"])["request_id"] for _, fields in entries]
@@ -322,18 +235,13 @@ def test_a_dead_redis_never_fails_a_request() -> None:
     dead = free_port()  # nothing listens here
     env = {"GATEWAY_REDIS_URL": f"redis://127.0.0.1:{dead}/0"}
     with run_emulator(flavour="vllm") as emu:
-        with run_gateway({"lanes": {"r": lane(emu.url)}, "models": {"m": "r"}}, env=env) as gw:
+        with run_gateway(routes({"r": emulator_lane(emu.url)}, {"m": "r"}), env=env) as gw:
             mark = len(SENT[gw.url])
             for i in range(3):
                 assert post(gw.url, {"model": "m", "messages": prompt_of(i, 10), "max_tokens": 3})[0] == 200
             assert len(records(gw.url, sent_since(gw.url, mark))) == 3  # SQLite still has them
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                errors = metric_samples(gw.url)["gateway_records_total"].get(
-                    (("outcome", "errors"), ("store", "redis")), 0)
-                if errors:
-                    break
-                time.sleep(0.2)
+            errors = wait_until(lambda: metric_samples(gw.url)["gateway_records_total"].get(
+                (("outcome", "errors"), ("store", "redis")), 0), what="the Redis write errors counted")
             assert errors >= 1
             assert gw.log().count("records to Redis stream") == 1  # logged once, not per batch
 
@@ -347,20 +255,19 @@ def test_two_workers_share_the_records_file_and_sum_their_counters(tmp_path) -> 
     prom_dir.mkdir()
     env = {"PROMETHEUS_MULTIPROC_DIR": str(prom_dir)}
     with run_emulator(flavour="vllm", decode_tps=2000) as emu:
-        with run_gateway({"lanes": {"w": lane(emu.url)}, "models": {"m": "w"}}, env=env, workers=2) as gw:
+        with run_gateway(routes({"w": emulator_lane(emu.url)}, {"m": "w"}), env=env, workers=2) as gw:
             n = 24
             for i in range(n):
                 assert post(gw.url, {"model": "m", "messages": prompt_of(i, 10), "stream": True,
                                      "max_tokens": 5})[0] == 200
             recs = records(gw.url)
             assert len(recs) == n
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                scraped = [metric_samples(gw.url) for _ in range(4)]
-                totals = [m["gateway_requests_total"].get((("lane", "w"), ("status_class", "2xx")), 0)
-                          for m in scraped]
-                if totals == [n] * 4:
-                    break
-                time.sleep(0.2)
-            assert totals == [n] * 4
+            scraped: list = []
+
+            def summed_by_every_scrape() -> bool:
+                scraped[:] = [metric_samples(gw.url) for _ in range(4)]
+                return all(m["gateway_requests_total"].get((("lane", "w"), ("status_class", "2xx")), 0) == n
+                           for m in scraped)
+
+            wait_until(summed_by_every_scrape, what=f"{n} requests in every worker's /metrics")
             assert scraped[0]["gateway_ttft_seconds_count"][(("lane", "w"),)] == n

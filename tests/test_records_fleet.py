@@ -8,39 +8,27 @@
 
 from __future__ import annotations
 
-import httpx
-
 import hashlib
 import json
 import subprocess
-import urllib.request
 import sys
-import time
 import urllib.error
+import urllib.request
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import REPO, run_gateway
+from tests.support.poll import wait_until
 from tests.support.postgres_proc import fresh_database, run_private_postgres
-from tests.test_records_e2e import TOOLS, get_json, lane, post, prompt_of
+from tests.support.records import TOOLS, get_json, post, prompt_of
+from tests.support.routes import emulator_lane, routes
 
 
 def routes_with(emu_url: str, pg_url: str) -> dict[str, Any]:
-    return {"gateway": {"records": {"postgres": pg_url}},
-            "lanes": {"dsv41-vllm": lane(emu_url)}, "models": {"agent": "dsv41-vllm"}}
-
-
-def wait_for(fn, timeout: float = 30.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+    return routes({"dsv41-vllm": emulator_lane(emu_url)}, {"agent": "dsv41-vllm"}, records={"postgres": pg_url})
 
 
 def total_requests(gw_url: str) -> int:
@@ -65,8 +53,8 @@ def drifting_conversation(gw_url: str, conv: str, ua: str, extra: dict[str, str]
 def test_two_gateways_share_one_postgres_and_both_show_the_fleet() -> None:
     with fresh_database() as pg_url, \
             run_emulator(flavour="vllm", tokenizer="dsv41", default_thinking=True, reasoning_tokens=4) as emu:
-        routes = routes_with(emu.url, pg_url)
-        with run_gateway(routes) as a, run_gateway(routes) as b:
+        cfg = routes_with(emu.url, pg_url)
+        with run_gateway(cfg) as a, run_gateway(cfg) as b:
             for i in range(3):
                 assert post(a.url, {"model": "agent", "messages": prompt_of(i, 30), "max_tokens": 8},
                             {"User-Agent": "opencode/0.5.1"})[0] == 200
@@ -74,7 +62,7 @@ def test_two_gateways_share_one_postgres_and_both_show_the_fleet() -> None:
                 assert post(b.url, {"model": "agent", "messages": prompt_of(10 + i, 30), "max_tokens": 8},
                             {"User-Agent": "OpenAI/Python 1.99.0"})[0] == 200
             drifting_conversation(b.url, "fleet-conv", "claude-cli/2.0.1 (external, cli)")
-            wait_for(lambda: total_requests(a.url) == 7, what="gateway a to see all 7 records")
+            wait_until(lambda: total_requests(a.url) == 7, what="gateway a to see all 7 records")
             assert total_requests(b.url) == 7
             stats = get_json(a.url + "/admin/api/stats?window_s=3600")
             assert stats["source"]["scope"] == "fleet" and stats["source"]["backend"] == "postgres"
@@ -126,12 +114,12 @@ def test_database_stopped_mid_traffic_fails_no_request() -> None:
             statuses = [post(gw.url, {"model": "agent", "messages": prompt_of(i, 30), "max_tokens": 8})[0]
                         for i in range(3)]
             # Records are written in batches (every 0.2 s), just after the answers.
-            wait_for(lambda: _total_or_zero(gw.url) == 3, what="the first records")
+            wait_until(lambda: _total_or_zero(gw.url) == 3, what="the first records")
             pg.stop()
             statuses += [post(gw.url, {"model": "agent", "messages": prompt_of(100 + i, 30), "max_tokens": 8,
                                        "stream": i % 2 == 0})[0] for i in range(12)]
             assert statuses == [200] * 15  # the database being down never fails a request
-            ov = wait_for(lambda: (o := get_json(gw.url + "/admin/api/overview?probe=0"))["records"]["source"][
+            ov = wait_until(lambda: (o := get_json(gw.url + "/admin/api/overview?probe=0"))["records"]["source"][
                 "queued"] == 12 and not o["records"]["source"]["connected"] and o, what="records to queue")
             assert ov["records"]["postgres_dropped"] == 0 and ov["records"]["postgres_errors"] >= 1
             with pytest.raises(urllib.error.HTTPError) as err:
@@ -139,7 +127,7 @@ def test_database_stopped_mid_traffic_fails_no_request() -> None:
             assert err.value.code == 503
             assert json.loads(err.value.read())["error"]["code"] == "records_unavailable"
             pg.start()
-            wait_for(lambda: _total_or_zero(gw.url) == 15, what="the queued records to reach the database")
+            wait_until(lambda: _total_or_zero(gw.url) == 15, what="the queued records to reach the database")
             ov = get_json(gw.url + "/admin/api/overview?probe=0")
             assert ov["records"]["source"]["connected"] and ov["records"]["source"]["queued"] == 0
             assert "records database" in gw.log()  # said once that it failed (and that it came back)
@@ -170,14 +158,14 @@ def test_client_keys_are_looked_up_within_their_tenant(tmp_path) -> None:
     keys.write_text("".join(f"{hashlib.sha256(k.encode()).hexdigest()} {t}\n"
                             for k, t in (("key-a", "team-a"), ("key-b", "team-b"))))
     with run_emulator(flavour="vllm", tokenizer="dsv41", default_thinking=True, reasoning_tokens=4) as emu:
-        routes = {"gateway": {"client_keys": {"hashed_file": str(keys)}, "admin_key_env": "TEST_REVIEW_ADMIN"},
-                  "lanes": {"dsv41-vllm": lane(emu.url)}, "models": {"agent": "dsv41-vllm"}}
-        with run_gateway(routes, env={"TEST_REVIEW_ADMIN": "adm"}) as gw:
+        keyed = routes({"dsv41-vllm": emulator_lane(emu.url)}, {"agent": "dsv41-vllm"},
+                       client_keys={"hashed_file": str(keys)}, admin_key_env="TEST_REVIEW_ADMIN")
+        with run_gateway(keyed, env={"TEST_REVIEW_ADMIN": "adm"}) as gw:
             # Two tenants name their sessions the same: two conversations, each found only in its tenant.
             drifting_conversation(gw.url, "shared-session", "opencode/0.5.1", {"Authorization": "Bearer key-a"})
             drifting_conversation(gw.url, "shared-session", "aider/0.80", {"Authorization": "Bearer key-b"})
             base = gw.url + "/admin/api"
-            wait_for(lambda: admin_get(base + "/stats?window_s=3600", "adm")["total"]["requests"] == 4,
+            wait_until(lambda: admin_get(base + "/stats?window_s=3600", "adm")["total"]["requests"] == 4,
                      what="4 records")
             a = admin_get(base + "/conversations/shared-session?tenant=team-a", "adm")
             b = admin_get(base + "/conversations/shared-session?tenant=team-b", "adm")

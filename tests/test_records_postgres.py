@@ -12,7 +12,7 @@ from gateway.records.record import build_record
 from gateway.records.store_postgres import PostgresReader, PostgresStore, redact
 from tests.support.poll import wait_until
 from tests.support.postgres_proc import fresh_database, run_private_postgres
-from tests.test_records_units import exchange
+from tests.support.exchanges import exchange
 
 
 @pytest.fixture

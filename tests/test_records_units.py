@@ -9,33 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from gateway.core.exchange import Exchange
 from gateway.records.record import FIELDS, build_record, decode_speed, gap_percentiles, quantile
 from gateway.records.stats import (compute_stats, decode_histogram, format_table, lost_by_cause, parse_window,
                                    series)
 from gateway.records.store_redis import RedisRecordStream
 from gateway.records.store_sqlite import FILENAME, RecordReader, SQLiteStore
 from tests.support.emulator_proc import free_port
-from tests.support.redis_proc import run_redis
-
-
-def exchange(**kw) -> Exchange:
-    """A finished streaming exchange: 100 ms to first token, 11 tokens at 50 tok/s."""
-    ex = Exchange(request_id=kw.pop("request_id", "r1"))
-    t0 = ex.started
-    ex.public_model, ex.lane, ex.replica, ex.stream, ex.status = "m", "lane-a", "http://r1", True, 200
-    ex.t_forwarded = t0 + 0.002
-    ex.t_first_byte = t0 + 0.05
-    ex.token_chunk_times = [t0 + 0.1 + i * 0.02 for i in range(11)]
-    ex.t_first_token, ex.t_last_token = ex.token_chunk_times[0], ex.token_chunk_times[-1]
-    ex.t_end = t0 + 0.35
-    ex.usage = {"prompt_tokens": 1000, "completion_tokens": 11,
-                "prompt_tokens_details": {"cached_tokens": 600}}
-    ex.generated.content.extend(["secret ", "answer"])
-    ex.body = {"model": "m", "messages": [{"role": "user", "content": "a private prompt"}]}
-    for k, v in kw.items():
-        setattr(ex, k, v)
-    return ex
+from tests.support.exchanges import exchange
 
 
 # -- the record -------------------------------------------------------------------------------
@@ -254,12 +234,6 @@ def test_sqlite_put_never_blocks_when_the_queue_is_full(tmp_path: Path) -> None:
 
 
 # -- Redis ------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def redis_url():
-    with run_redis() as port:
-        yield f"redis://127.0.0.1:{port}/0"
-
 
 async def test_redis_stream_is_bounded_and_readable(redis_url: str) -> None:
     import redis.asyncio as aioredis

@@ -15,7 +15,6 @@ import random
 import signal
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -24,8 +23,8 @@ import pytest
 
 from gateway.render import Renderer, RenderOptions, SegmentCache
 from gateway.render.engines import normalize_messages, normalize_tools
-
-from .test_render_equivalence import random_request
+from tests.support.poll import wait_until
+from tests.support.random_requests import random_request
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("GATEWAY_SHARED", REPO.parent / "shared"))
@@ -54,16 +53,13 @@ def engine_url():
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 300
-        while time.time() < deadline:
+        def answers() -> bool:
             if proc.poll() is not None:
                 pytest.fail(f"engine exited, see {log.name}")
-            with contextlib.suppress(Exception):
-                urllib.request.urlopen(url + "/v1/models", timeout=2)
-                break
-            time.sleep(2)
-        else:
-            pytest.fail("engine did not start in 300 s")
+            urllib.request.urlopen(url + "/v1/models", timeout=2)  # noqa: S310 - loopback
+            return True
+
+        wait_until(answers, 300, f"the engine to start (see {log.name})", interval=2, ignore=(Exception,))
         yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

@@ -16,7 +16,7 @@ from gateway.render import Renderer, RenderError, RenderOptions, SegmentCache
 from gateway.render import native
 from gateway.render.renderer import _parse_marked
 from gateway.render.template import ChatTemplate, load_template, template_source
-from tests.test_render_equivalence import random_request
+from tests.support.random_requests import random_request
 
 
 class Both(Renderer):

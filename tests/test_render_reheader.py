@@ -10,7 +10,7 @@ import pytest
 
 from gateway.render import Renderer, RenderOptions, SegmentCache
 from gateway.render.template import header_is_suffix, load_template, template_source
-from tests.test_render_equivalence import random_request
+from tests.support.random_requests import random_request
 
 
 def _segments(r) -> list[tuple]:

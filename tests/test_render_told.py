@@ -11,13 +11,14 @@ from gateway.render.cli import render_request
 from gateway.render.options import options_for_lane
 from gateway.render.renderer import Renderer, effective_effort
 from gateway.render.told import read, tell, untold
+from tests.support.routes import lane_config
 
 MSGS = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a", "reasoning_content": "r"},
         {"role": "user", "content": "next"}]
 
 
 def _lane(engine: str, **render) -> Lane:
-    return Lane(engine=engine, replicas=["http://127.0.0.1:1"], upstream_model="m", render=render)
+    return lane_config(engine=engine, render=render)
 
 
 def test_vllm_is_told_the_number_and_drop_thinking() -> None:

@@ -15,6 +15,7 @@ from gateway.relay.reshape import Reshaper
 from gateway.relay.sse import EventSplitter
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
+from tests.support.routes import lane, routes
 
 FIXTURES = Path("/work/shared/fixtures/upstream")
 
@@ -111,14 +112,11 @@ def test_cost_per_chunk():
 @pytest.fixture(scope="module")
 def gw():
     with run_emulator(flavour="sglang") as sg, run_emulator(flavour="vllm") as vl:
-        routes = {"lanes": {
-            "sg": {"engine": "sglang", "replicas": [sg.url], "upstream_model": "upstream-sg",
-                   "qualification": "not_required", "render": {"template": None}, "effort_policy": "off",
-                   "reasoning_field": "reasoning"},
-            "vl": {"engine": "vllm", "replicas": [vl.url], "upstream_model": "upstream-vl",
-                   "qualification": "not_required", "render": {"template": None}, "effort_policy": "off"}},
-            "models": {"public-sg": "sg", "public-vl": "vl"}}
-        with run_gateway(routes) as g:
+        plain = {"render": {"template": None}, "effort_policy": "off"}
+        lanes = {"sg": lane(sg.url, engine="sglang", upstream_model="upstream-sg", reasoning_field="reasoning",
+                            **plain),
+                 "vl": lane(vl.url, upstream_model="upstream-vl", **plain)}
+        with run_gateway(routes(lanes, {"public-sg": "sg", "public-vl": "vl"})) as g:
             yield g
 
 

@@ -7,7 +7,6 @@ a chat turn; a request that continues engine-side state (previous_response_id) i
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import openai
@@ -15,26 +14,20 @@ import pytest
 
 from gateway.core.exchange import GeneratedOutput
 from gateway.pipeline.responses_chat import chat_view, take_output
-from tests.support.conversations import AGENT_EMULATOR, SYSTEM, routes, wait_analysed
-from tests.support.emulator_proc import run_emulator
+from tests.support.conversations import SYSTEM, wait_analysed
 from tests.support.gateway_proc import run_gateway
 from tests.support.poll import wait_until
+from tests.support.records import record_of
+from tests.support.routes import agent_routes
 
 TOOLS = [{"type": "function", "name": "read_file", "description": "Read a file from the workspace.",
           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}]
 ASK = "Find why test_split fails and fix it."
 
 
-@pytest.fixture(scope="module")
-def emu_proc():
-    with run_emulator(**AGENT_EMULATOR) as e:
-        yield e
-
-
 @pytest.fixture()
-def gw(emu_proc):
-    emu_proc.reset()  # an empty prefix cache: earlier tests' identical first turns would hit
-    with run_gateway(routes(emu_proc.url)) as g:
+def gw(agent_emu):
+    with run_gateway(agent_routes(agent_emu.url)) as g:
         yield g
 
 
@@ -108,15 +101,14 @@ def test_changed_instructions_are_drift_with_the_system_prompt_as_cause(gw):
     assert cache["divergence_message_index"] == 0 and cache["reported_cached_tokens"] < cache["rendered_prompt_tokens"]
 
 
-def test_an_effort_change_is_pinned_in_the_responses_body(emu_proc):
-    emu_proc.reset()
-    with run_gateway(routes(emu_proc.url, effort_policy="pin")) as g:
+def test_an_effort_change_is_pinned_in_the_responses_body(agent_emu):
+    with run_gateway(agent_routes(agent_emu.url, effort_policy="pin")) as g:
         agent = ResponsesAgent(g, stream=False)
         headers, _ = agent.turn(reasoning={"effort": "high"})
         assert headers["x-gateway-effort"] == "50"
         headers, _ = agent.turn(reasoning={"effort": "low"})
         assert headers["x-gateway-effort"] == "50; requested=25; pinned", headers["x-gateway-effort"]
-        sent = emu_proc.stats()["recent"][-1]["body"]
+        sent = agent_emu.stats()["recent"][-1]["body"]
         assert sent["chat_template_kwargs"]["reasoning_effort"] == 50 and not (sent.get("reasoning") or {}).get("effort")
         cache = _cache(g, agent)
         assert cache["verdict"] == "hit" and cache["predicted_cached_tokens"] == cache["reported_cached_tokens"], cache
@@ -132,21 +124,9 @@ def test_unmapped_requests_are_recorded_without_analysis_and_say_why(gw, extra, 
                    headers={"X-Request-Id": rid})
     assert r.status_code == 200, r.text  # passed through: the engine decides
     assert "x-gateway-conversation" not in r.headers  # no conversation: nothing to pin or compare
-    rec = _record(gw, rid)
+    rec = record_of(gw, rid)
     assert rec["path"] == "/v1/responses" and rec["verdict"] in (None, "unknown")
     assert rec["analysis"].startswith(why), rec["analysis"]
-
-
-def _record(gw, request_id: str) -> dict:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        r = httpx.get(gw.url + "/admin/api/records", params={"limit": 50})
-        recs = [x for x in r.json().get("records", []) if x.get("request_id") == request_id] \
-            if r.status_code == 200 else []
-        if recs:
-            return recs[0]
-        time.sleep(0.05)
-    raise AssertionError(f"no record for {request_id}: {gw.log()[-2000:]}")
 
 
 # -- the mapping, read the way vLLM reads it (entrypoints/openai/responses/utils.py) -----------------
@@ -222,7 +202,7 @@ def test_output_items_are_what_was_generated():
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "non-stream"])
 def test_engine_responses_turns_are_predicted_exactly(stream):
     from tests.support.engine_proc import engine_fixture, engine_routes
-    from tests.test_engine_cache import LOGIT_BIAS  # the random-weight model confined to whole words
+    from tests.support.engine_agent import LOGIT_BIAS  # the random-weight model confined to whole words
 
     eng = engine_fixture()
     with run_gateway(engine_routes(eng.url)) as g:
@@ -247,20 +227,20 @@ def test_engine_responses_turns_are_predicted_exactly(stream):
     {"input": [{"type": "reasoning", "encrypted_content": "gAAA", "summary": []},
                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go on"}]}]},
 ])
-def test_a_request_the_view_cannot_read_still_states_the_lanes_render_inputs(gw, emu_proc, unreadable):
+def test_a_request_the_view_cannot_read_still_states_the_lanes_render_inputs(gw, agent_emu, unreadable):
     body = {"model": "ds", "input": "Continue.", "reasoning": {"effort": "high"}, "max_output_tokens": 16,
             **unreadable}
     r = httpx.post(gw.url + "/v1/responses", json=body, timeout=30)
     assert r.status_code < 500, r.text
-    sent = emu_proc.stats()["recent"][-1]["body"]
+    sent = agent_emu.stats()["recent"][-1]["body"]
     kwargs = sent.get("chat_template_kwargs") or {}
     assert kwargs.get("thinking") is True and kwargs.get("reasoning_effort") == 50, sent
     assert isinstance(kwargs.get("drop_thinking"), bool), sent
     def recorded() -> list:
         return httpx.get(gw.url + "/admin/api/records", params={"limit": 1}).json()["records"]
 
-    wait_until(recorded, what="the request's record")
-    assert (recorded()[0]["analysis"] or "").startswith("responses: "), recorded()[0]
+    rec = wait_until(recorded, what="the request's record")[0]
+    assert (rec["analysis"] or "").startswith("responses: "), rec
 
 
 def test_namespace_and_custom_tools_read_as_vllm_shows_them():
@@ -286,7 +266,7 @@ def test_namespace_and_custom_tools_read_as_vllm_shows_them():
     assert msgs[4] == {"role": "tool", "content": "Done!", "tool_call_id": "c2"}
 
 
-def test_an_item_vllm_refuses_is_restated_announced_and_recorded(gw, emu_proc):
+def test_an_item_vllm_refuses_is_restated_announced_and_recorded(gw, agent_emu):
     """The AI SDK's assistant history item (no `type`, output_text parts) goes to a vLLM lane as a typed
     message (vLLM 0.32 refuses it as sent: tests/test_engine_responses.py); the rest as sent."""
     item = {"role": "assistant", "content": [{"type": "output_text", "text": "Hi there."}]}
@@ -295,16 +275,11 @@ def test_an_item_vllm_refuses_is_restated_announced_and_recorded(gw, emu_proc):
     r = httpx.post(gw.url + "/v1/responses", json=body, timeout=30)
     assert r.status_code == 200, r.text
     assert r.headers["x-gateway-healed"] == "restated_item@1"
-    sent = emu_proc.stats()["recent"][-1]["body"]["input"]
+    sent = agent_emu.stats()["recent"][-1]["body"]["input"]
     assert sent[1] == {**item, "type": "message"} and sent[0] == body["input"][0] and "type" not in sent[2]
     rid = r.headers["x-request-id"]
 
-    def record() -> dict | None:
-        rows = httpx.get(gw.url + "/admin/api/records", params={"limit": 20}).json()["records"]
-        return next((x for x in rows if x["request_id"] == rid), None)
-
-    wait_until(lambda: record() is not None, what="the request's record")
-    assert json.loads(record()["healed"]) == {"restated_item": 1}
+    assert json.loads(record_of(gw, rid)["healed"]) == {"restated_item": 1}
 
 
 def test_reasoning_items_left_out_are_client_stripped_reasoning_with_the_responses_remedy(gw):
@@ -322,5 +297,5 @@ def test_reasoning_items_left_out_are_client_stripped_reasoning_with_the_respons
         got = httpx.get(gw.url + "/admin/api/alerts", params={"window_s": 3600, "show": "all"}).json()["alerts"]
         return next((a for a in got if a["conversation"] == agent.cid), None)
 
-    wait_until(alert, what="the drift alert")
-    assert "`reasoning` input item" in alert()["remedy"], alert()
+    found = wait_until(alert, what="the drift alert")
+    assert "`reasoning` input item" in found["remedy"], found

@@ -17,6 +17,8 @@ from tests.support.conversations import wait_analysed
 from tests.support.emulator_proc import run_emulator
 from tests.support.redis_proc import run_redis
 from tests.support.gateway_proc import run_gateway
+from tests.support.poll import wait_until
+from tests.support.routes import agent_routes
 
 # This file's own Redis (started once for the module, never the machine's), a database flushed per test.
 REDIS_PORT = 0
@@ -69,13 +71,9 @@ def replicas(emus):
 
 
 def routes(urls: list[str], policy: str = "conversation_affinity", **affinity) -> dict:
-    lane = {"engine": "vllm", "replicas": urls, "upstream_model": "deepseek-v4-flash",
-            "qualification": "not_required", "cache": {"block_size": 16}, "routing": policy,
-            "render": {"template": "deepseek_v4.1", "effort_map": {"low": 25, "high": 50, "xhigh": 75, "max": 100}},
-            "breaker": {"failures": 1, "cool_down_s": 30}}
-    if affinity:
-        lane["affinity"] = affinity
-    return {"lanes": {"ds": lane}, "models": {"ds": "ds"}}
+    """One agent lane over `urls`: a replica that fails once is out for the rest of the test."""
+    return agent_routes(urls, routing=policy, breaker={"failures": 1, "cool_down_s": 30},
+                        **({"affinity": affinity} if affinity else {}))
 
 
 class Route:
@@ -192,7 +190,7 @@ def test_overloaded_home_rehomes_and_the_next_turn_stays_there(replicas, redis_d
         threads = [threading.Thread(target=c.turn, args=(gw,), kwargs={"max_tokens": 600}) for c in crowd]
         for th in threads:
             th.start()
-        time.sleep(1.5)  # past the load window: overloaded now and on average
+        time.sleep(1.5)  # the scenario: past the load window, overloaded now and on average
         route, usage, _ = target.turn(gw)
         assert route.reason == "rehomed_overload" and route.cold and route.replica != home, route
         assert not target.warm(usage)  # cold on its new home
@@ -266,13 +264,9 @@ def test_two_gateways_on_one_redis_alternate_turns_and_keep_affinity(replicas, r
         alerts = httpx.get(g2.url + "/admin/drift").json()["alerts"]
         assert any(a["conversation"] == c.cid and a["cause"] == "client_stripped_reasoning" for a in alerts), alerts
         # Each process sees the other on the load board.
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            proc = httpx.get(g2.url + "/admin/routing").json()["process"]
-            if proc["board"]["peers"] >= 1:
-                break
-            time.sleep(0.1)
-        assert proc["board"]["peers"] >= 1 and proc["store"] == "redis"
+        wait_until(lambda: httpx.get(g2.url + "/admin/routing").json()["process"]["board"]["peers"] >= 1,
+                   what="the other process on the load board")
+        assert httpx.get(g2.url + "/admin/routing").json()["process"]["store"] == "redis"
 
 
 class TcpProxy:
@@ -369,18 +363,13 @@ def test_redis_briefly_away_local_decisions_then_convergence(redis_db):
             stale = orjson.loads(redis_db.get(f"gw:route:home:{conv.cid}"))
             assert stale["r"] == emus[home].url  # Redis still has the pre-outage home
             proxy.start()
-            time.sleep(1.5)  # the store retries Redis a second after a failure
+            time.sleep(1.5)  # the scenario: past the store's back-off (it retries Redis a second after a failure)
             # The later decision (the move, in gw's local copy) wins over Redis's older record ...
             route, usage, _ = conv.turn(gw)
             assert route.reason == "home" and route.replica == moved and conv.warm(usage), route
             # ... and is written back: Redis converges, and another process follows it.
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline:
-                record = orjson.loads(redis_db.get(f"gw:route:home:{conv.cid}"))
-                if record["r"] == emus[moved].url:
-                    break
-                time.sleep(0.05)
-            assert record["r"] == emus[moved].url, gw.log()[-3000:]
+            wait_until(lambda: orjson.loads(redis_db.get(f"gw:route:home:{conv.cid}"))["r"] == emus[moved].url,
+                       what="Redis to converge on the move", detail=lambda: gw.log()[-3000:])
             wait_analysed(other, conv.cid, 1)
             route, usage, _ = conv.turn(other)
             assert route.replica == moved and conv.warm(usage), route

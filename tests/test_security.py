@@ -24,12 +24,12 @@ import pytest
 import yaml
 from starlette.testclient import TestClient
 
-from gateway.app import create_app
 from gateway.server.security import KeyRing, SecurityConfigError, digest
-from gateway.core.settings import Settings
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import REPO, free_port, run_gateway
 from tests.support.poll import wait_until
+from tests.support.inprocess import make_app as app_for
+from tests.support.routes import lane
 
 CLIENT_KEY = "sk-client-Zq8v1-4c71d0e2"
 CLIENT_KEY_2 = "sk-client-second-77aa"
@@ -49,10 +49,9 @@ def routes(replica: str = "http://127.0.0.1:9", *, keys: bool = True, admin: boo
         gateway["client_keys"] = {"env": "TEST_GW_CLIENT_KEYS", **({"hashed_file": hashed_file} if hashed_file else {})}
     if admin:
         gateway["admin_key_env"] = "TEST_GW_ADMIN_KEY"
-    lane = {"engine": "vllm", "replicas": [replica], "upstream_model": "deepseek-v4-flash",
-            "qualification": "not_required", "timeouts": {"connect": 1, "first_byte": 5, "idle": 5},
-            "breaker": {"failures": 1000}, **lane_extra}
-    return {"gateway": gateway, "lanes": {"a": lane}, "models": {"public-a": "a"}}
+    keyed = lane(replica, **{"timeouts": {"connect": 1, "first_byte": 5, "idle": 5}, "breaker": {"failures": 1000},
+                             **lane_extra})
+    return {"gateway": gateway, "lanes": {"a": keyed}, "models": {"public-a": "a"}}
 
 
 def key_env() -> dict[str, str]:
@@ -99,10 +98,7 @@ def make_app(tmp_path: Path, monkeypatch):
     def make(cfg: dict, env: dict[str, str] | None = None, production: bool = False):
         for k, v in (env if env is not None else key_env()).items():
             monkeypatch.setenv(k, v)
-        path = tmp_path / "routes.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        app = create_app(Settings(routes_path=path, data_dir=tmp_path / "data", watch_routes=False,
-                                  production=production))
+        app = app_for(cfg, tmp_path, production=production)
         client = TestClient(app)
         client.__enter__()
         made.append(client)
@@ -152,11 +148,9 @@ def test_hashed_key_file(make_app, tmp_path: Path) -> None:
 def test_bad_hashed_file_refuses_to_start_without_echoing_it(tmp_path: Path, monkeypatch) -> None:
     keyfile = tmp_path / "keys.txt"
     keyfile.write_text("sk-plaintext-pasted-by-mistake\n")
-    path = tmp_path / "routes.yaml"
-    path.write_text(yaml.safe_dump(routes(hashed_file=str(keyfile))))
     monkeypatch.setenv("TEST_GW_ADMIN_KEY", ADMIN_KEY)
     with pytest.raises(SecurityConfigError) as info:
-        create_app(Settings(routes_path=path, data_dir=tmp_path / "data", watch_routes=False))
+        app_for(routes(hashed_file=str(keyfile)), tmp_path)
     assert "line 1" in str(info.value) and "sk-plaintext" not in str(info.value)
 
 
@@ -206,10 +200,8 @@ def test_production_refuses_to_start_without_keys(tmp_path: Path, monkeypatch, c
         monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    path = tmp_path / "routes.yaml"
-    path.write_text(yaml.safe_dump(routes(**cfg_kw)))
     with pytest.raises(SecurityConfigError) as info:
-        create_app(Settings(routes_path=path, data_dir=tmp_path / "data", watch_routes=False, production=True))
+        app_for(routes(**cfg_kw), tmp_path, production=True)
     for m in missing:
         assert m in str(info.value)
     assert CLIENT_KEY not in str(info.value)

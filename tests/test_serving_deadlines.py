@@ -7,6 +7,7 @@ import asyncio
 import time
 
 from gateway.server.serving import DeadlineHttpToolsProtocol
+from tests.support.poll import until
 
 
 class _Timers:
@@ -28,17 +29,10 @@ class _Timers:
         return lambda: self.fired.append((name, time.monotonic() - self.t0))
 
 
-async def _until(cond, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.005)
-
-
 async def test_a_phase_fires_when_due() -> None:
     t = _Timers()
     t._arm(0.05, t.late("headers"))
-    await _until(lambda: t.fired)
+    await until(lambda: t.fired)
     assert t.fired[0][0] == "headers" and t.fired[0][1] >= 0.05
 
 
@@ -46,7 +40,7 @@ async def test_a_shorter_later_phase_is_not_held_back_by_the_armed_timer() -> No
     t = _Timers()
     t._arm(5.0, t.late("headers"))
     t._arm(0.05, t.late("body"))  # the armed timer would fire 5 s from now: re-armed
-    await _until(lambda: t.fired, 2.0)
+    await until(lambda: t.fired, 2.0, what="a phase's timer")
     assert t.fired == [("body", t.fired[0][1])] and 0.05 <= t.fired[0][1] < 2.0
 
 
@@ -54,9 +48,9 @@ async def test_a_timer_left_by_an_ended_phase_re_arms_for_the_next_one() -> None
     t = _Timers()
     t._arm(0.05, t.late("first"))
     t._disarm()  # the request was complete at once
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.02)  # the scenario: some time passes before the next phase arms
     t._arm(0.1, t.late("second"))  # due at ~0.12; the old timer fires at ~0.05 and finds it not yet due
-    await _until(lambda: t.fired)
+    await until(lambda: t.fired)
     assert [n for n, _ in t.fired] == ["second"] and t.fired[0][1] >= 0.12
 
 
@@ -64,5 +58,5 @@ async def test_an_ended_phase_fires_nothing() -> None:
     t = _Timers()
     t._arm(0.03, t.late("headers"))
     t._disarm()
-    await _until(lambda: t._deadline is None)  # the timer ran and found nothing due
+    await until(lambda: t._deadline is None)  # the timer ran and found nothing due
     assert t.fired == []

@@ -4,37 +4,10 @@ a restart costs no failed command (the pooled connections it broke are re-opened
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import shutil
-import socket
-import subprocess
-import time
-from typing import Iterator
-
-import pytest
 
 from gateway.store.redis_store import RedisStore
 from tests.support.emulator_proc import free_port
-
-
-@contextlib.contextmanager
-def redis_server(port: int) -> Iterator[None]:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        pytest.skip("redis-server is not installed")
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        time.sleep(0.05)
-    try:
-        yield
-    finally:
-        proc.terminate()
-        proc.wait(10)
+from tests.support.redis_proc import run_redis
 
 
 def test_restart_costs_no_failed_command_and_outage_is_told_apart_from_empty() -> None:
@@ -42,7 +15,7 @@ def test_restart_costs_no_failed_command_and_outage_is_told_apart_from_empty() -
 
     async def scenario() -> None:
         store = RedisStore(f"redis://127.0.0.1:{port}/0", retry_after_s=0.2)
-        with redis_server(port):
+        with run_redis(port):
             await store.set("k", b"v1", 60)
             assert await store.mget_shared(["k", "absent"]) == [b"v1", None]
         # Redis away: the shared copy is unknown (None), the local copy still answers reads.
@@ -51,8 +24,8 @@ def test_restart_costs_no_failed_command_and_outage_is_told_apart_from_empty() -
         await store.set("k", b"v2", 60)  # written locally only
         failures = store.failures
         assert failures >= 1
-        await asyncio.sleep(0.25)  # past the retry window
-        with redis_server(port):  # a fresh, empty Redis on the same port
+        await asyncio.sleep(0.25)  # the scenario: past the store's retry window (0.2 s)
+        with run_redis(port):  # a fresh, empty Redis on the same port
             assert await store.mget_shared(["k"]) == [None]  # the broken pooled connection was re-opened
             await store.set("k", b"v3", 60)
             assert await store.mget_shared(["k"]) == [b"v3"]

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.gateway_proc import run_gateway
+from tests.support.routes import lane, routes
 from tests.support.scripted_upstream import Script, scripted_upstream
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "responses": "/v1/responses"}
@@ -25,15 +26,16 @@ FILLER = 'x = y; "model":"m", event: response.created\\data: {} é 😀 = '
 
 
 @pytest.fixture(scope="module")
-def gw():
-    with scripted_upstream() as up:
-        routes = {"lanes": {
-            "same": {"replicas": [up.url], "upstream_model": "m", "qualification": "not_required"},
-            "renamed": {"replicas": [up.url], "upstream_model": "m", "qualification": "not_required"}},
-            "models": {"m": "same", "pub": "renamed"}}
-        with run_gateway(routes) as g:
-            g.up = up  # type: ignore[attr-defined]
-            yield g
+def up():
+    with scripted_upstream() as u:
+        yield u
+
+
+@pytest.fixture(scope="module")
+def gw(up):
+    lanes = {"same": lane(up.url, upstream_model="m"), "renamed": lane(up.url, upstream_model="m")}
+    with run_gateway(routes(lanes, {"m": "same", "pub": "renamed"})) as g:
+        yield g
 
 
 def _text(size: int) -> str:
@@ -120,18 +122,18 @@ SIZES = st.lists(st.one_of(st.integers(0, 300), st.integers(300, 70_000), st.int
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 @given(kind=st.sampled_from(sorted(BUILD)), model=st.sampled_from(["m", "pub"]), sizes=SIZES,
        cuts=st.lists(st.integers(0, 1 << 22), max_size=12))
-def test_every_event_size_relays_exactly(gw, kind: str, model: str, sizes: list[int], cuts: list[int]) -> None:
+def test_every_event_size_relays_exactly(gw, up, kind: str, model: str, sizes: list[int], cuts: list[int]) -> None:
     events = BUILD[kind](sizes)
-    gw.up.script = Script(_pieces(b"".join(events), cuts), pause_s=0.0002)
+    up.script = Script(_pieces(b"".join(events), cuts), pause_s=0.0002)
     r = httpx.post(gw.base_url + PATHS[kind].removeprefix("/v1"), json=_request(kind, model), timeout=60)
     assert r.status_code == 200
     assert r.content == _expected(events, model)
 
 
-def test_responses_events_of_codex_size(gw) -> None:
+def test_responses_events_of_codex_size(gw, up) -> None:
     """Codex's ~40 tools make its first and last Responses events ~18 KB; every byte comes back."""
     events = response_events([400] * 40)
-    gw.up.script = Script(_pieces(b"".join(events), [5_600, 16_384, 16_385, 40_000]))
+    up.script = Script(_pieces(b"".join(events), [5_600, 16_384, 16_385, 40_000]))
     for model in ("m", "pub"):
         r = httpx.post(gw.base_url + "/responses", json=_request("responses", model), timeout=60)
         assert r.content == _expected(events, model)
@@ -139,13 +141,13 @@ def test_responses_events_of_codex_size(gw) -> None:
             json.loads(event.split(b"data: ", 1)[1])
 
 
-def test_whole_responses_body_keeps_tool_schemas(gw) -> None:
+def test_whole_responses_body_keeps_tool_schemas(gw, up) -> None:
     """A whole Responses body renames the model and leaves a tool parameter named `model` alone."""
     body = _compact({"id": "resp_1", "object": "response", "model": "m", "status": "completed", "output": [],
                      "tools": [{"type": "function", "name": "spawn", "parameters": {
                          "type": "object", "properties": {"model": {"type": "string"}}}}],
                      "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2}})
-    gw.up.script = Script([b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+    up.script = Script([b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
                            % len(body) + body])
     r = httpx.post(gw.base_url + "/responses", json={"model": "pub", "input": "hi"}, timeout=30)
     assert r.status_code == 200

@@ -14,15 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.pipeline import token_ids
-from gateway.core.config import Lane
 from gateway.conversations.job import Job
 from gateway.conversations.state import ConversationState
 from gateway.core.exchange import Exchange
 from gateway.render.renderer import RenderOptions
 from gateway.relay.sse import EventSplitter
-from tests.support.conversations import AGENT_EMULATOR, lane, routes, wait_analysed, wait_record
-from tests.support.emulator_proc import run_emulator
+from tests.support.conversations import wait_analysed, wait_record
+from tests.support.emulator_proc import AGENT_EMULATOR, run_emulator
 from tests.support.gateway_proc import run_gateway
+from tests.support.routes import agent_lane, agent_routes, lane_config, routes
 
 FIXTURES = Path("/work/shared/fixtures/upstream")
 
@@ -123,17 +123,13 @@ def test_cost_per_chunk():
 
 
 # -- who is asked ----------------------------------------------------------------------------------------
-def _lane(**kw) -> Lane:
-    return Lane(replicas=["http://127.0.0.1:1"], upstream_model="m", **kw)
-
-
 @pytest.mark.parametrize("lane, path, client, asked, why", [
-    (_lane(), "/v1/chat/completions", None, True, None),
-    (_lane(), "/v1/chat/completions", True, False, None),  # the client asked: it gets them
-    (_lane(), "/v1/chat/completions", False, True, None),
-    (_lane(token_ids="off"), "/v1/chat/completions", None, False, token_ids.WHY_OFF),
-    (_lane(engine="sglang"), "/v1/chat/completions", None, False, token_ids.why_engine("sglang")),
-    (_lane(), "/v1/completions", None, False, token_ids.WHY_PATH),
+    (lane_config(), "/v1/chat/completions", None, True, None),
+    (lane_config(), "/v1/chat/completions", True, False, None),  # the client asked: it gets them
+    (lane_config(), "/v1/chat/completions", False, True, None),
+    (lane_config(token_ids="off"), "/v1/chat/completions", None, False, token_ids.WHY_OFF),
+    (lane_config(engine="sglang"), "/v1/chat/completions", None, False, token_ids.why_engine("sglang")),
+    (lane_config(), "/v1/completions", None, False, token_ids.WHY_PATH),
 ])
 def test_who_is_asked(lane, path, client, asked, why):
     ex = Exchange("r", path=path)
@@ -150,12 +146,6 @@ def test_who_is_asked(lane, path, client, asked, why):
 MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a prime."}]
 
 
-@pytest.fixture(scope="module")
-def emu():
-    with run_emulator(**AGENT_EMULATOR) as e:
-        yield e
-
-
 def _sse(resp: httpx.Response) -> list[bytes]:
     return EventSplitter().feed(resp.read() + b"\n\n")
 
@@ -169,16 +159,15 @@ def _post(url: str, body: dict, cid: str) -> httpx.Response:
     return httpx.post(url + "/v1/chat/completions", json=body, timeout=30, headers={"X-Request-Id": cid})
 
 
-def test_client_without_ids_sees_none_and_the_record_compares_them(emu):
-    emu.reset()
+def test_client_without_ids_sees_none_and_the_record_compares_them(agent_emu):
     body = {"model": "ds", "messages": MSGS, "max_tokens": 20, "reasoning_effort": "high", "stream": True}
-    with run_gateway(routes(emu.url)) as gw:
+    with run_gateway(agent_routes(agent_emu.url)) as gw:
         r = _post(gw.url, {**body, "user": "a"}, "t1")
         events = _sse(r)
         assert b"token_ids\":[" not in b"".join(events)
         # Exactly what vLLM streams when not asked: the same chunks, ids as null, no id-only chunk.
-        asked = _sse(httpx.post(emu.url + "/v1/chat/completions", json={**body, "return_token_ids": True}))
-        plain = _sse(httpx.post(emu.url + "/v1/chat/completions", json=body))
+        asked = _sse(httpx.post(agent_emu.url + "/v1/chat/completions", json={**body, "return_token_ids": True}))
+        plain = _sse(httpx.post(agent_emu.url + "/v1/chat/completions", json=body))
         assert len(asked) == len(plain) + 1  # the emulator, as vLLM, sends `</think>` in a chunk of its own
         assert _choices(events) == _choices(plain)
         cid = r.headers["x-gateway-conversation"].split(";")[0]
@@ -194,10 +183,9 @@ def test_client_without_ids_sees_none_and_the_record_compares_them(emu):
         assert cache["render_check"] == "token_ids" and cache["render_matches_engine"] is True, cache
 
 
-def test_client_that_asks_gets_them(emu):
-    emu.reset()
+def test_client_that_asks_gets_them(agent_emu):
     body = {"model": "ds", "messages": MSGS, "max_tokens": 20, "return_token_ids": True}
-    with run_gateway(routes(emu.url)) as gw:
+    with run_gateway(agent_routes(agent_emu.url)) as gw:
         events = _sse(_post(gw.url, {**body, "stream": True}, "t3"))
         first = orjson.loads(events[0][5:])
         assert isinstance(first["prompt_token_ids"], list) and len(first["prompt_token_ids"]) > 5
@@ -206,12 +194,10 @@ def test_client_that_asks_gets_them(emu):
         assert whole["prompt_token_ids"] == first["prompt_token_ids"] and whole["choices"][0]["token_ids"]
 
 
-def test_lanes_that_are_not_asked_compare_counts_and_say_why(emu):
-    emu.reset()
+def test_lanes_that_are_not_asked_compare_counts_and_say_why(agent_emu):
     with run_emulator(**{**AGENT_EMULATOR, "flavour": "sglang"}) as sg:
-        config = {"lanes": {"off": lane(emu.url, token_ids="off"), "sg": lane(sg.url, engine="sglang")},
-                  "models": {"off": "off", "sg": "sg"}}
-        with run_gateway(config) as gw:
+        with run_gateway(routes({"off": agent_lane(agent_emu.url, token_ids="off"),
+                                 "sg": agent_lane(sg.url, engine="sglang")})) as gw:
             for model, why in (("off", token_ids.WHY_OFF), ("sg", token_ids.why_engine("sglang"))):
                 r = _post(gw.url, {"model": model, "messages": MSGS, "max_tokens": 20, "stream": True,
                                    "user": "c-" + model}, "t5-" + model)

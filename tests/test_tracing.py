@@ -6,11 +6,12 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.support.conversations import AGENT_EMULATOR, Agent, routes
-from tests.support.emulator_proc import run_emulator
+from tests.support.conversations import Agent
+from tests.support.emulator_proc import AGENT_EMULATOR, run_emulator
 from tests.support.gateway_proc import run_gateway
 from tests.support.otlp_receiver import otlp_receiver
 from tests.support.poll import wait_until
+from tests.support.routes import agent_routes, lane, routes
 from tests.support.scripted_upstream import Script, http_response, scripted_upstream
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -22,6 +23,11 @@ ANSWER = (b'{"id":"c1","object":"chat.completion","created":1,"model":"m","choic
           b'"prompt_tokens_details":{"cached_tokens":0}}}')
 
 
+def _routes(url: str) -> dict:
+    """A generic OpenAI-compatible lane "up" on the scripted upstream, public name "pub"."""
+    return routes({"up": lane(url, engine="openai", upstream_model="m")}, {"pub": "up"})
+
+
 def _env(rx) -> dict[str, str]:
     return {"OTEL_EXPORTER_OTLP_ENDPOINT": rx.url, "OTEL_BSP_SCHEDULE_DELAY": "50", "OTEL_SERVICE_NAME": "gw-test"}
 
@@ -29,8 +35,7 @@ def _env(rx) -> dict[str, str]:
 def test_the_clients_trace_is_continued_and_the_engine_gets_the_upstream_span_as_parent() -> None:
     with otlp_receiver() as rx, scripted_upstream() as up:
         up.script = Script([http_response(200, ANSWER, [("Content-Type", "application/json")])], keep_open=True)
-        lane = {"engine": "openai", "replicas": [up.url], "upstream_model": "m", "qualification": "not_required"}
-        with run_gateway({"lanes": {"up": lane}, "models": {"pub": "up"}}, env=_env(rx)) as gw:
+        with run_gateway(_routes(up.url), env=_env(rx)) as gw:
             r = httpx.post(gw.url + "/v1/chat/completions", timeout=10,
                            headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_PARENT}-01"},
                            json={"model": "pub", "max_tokens": 7, "messages": [{"role": "user", "content": "hi"}]})
@@ -59,7 +64,7 @@ def test_the_clients_trace_is_continued_and_the_engine_gets_the_upstream_span_as
 
 def test_an_agents_turns_carry_the_conversation_and_the_verdict() -> None:
     with otlp_receiver() as rx, run_emulator(**AGENT_EMULATOR) as emu, \
-            run_gateway(routes(emu.url), env=_env(rx)) as gw:
+            run_gateway(agent_routes(emu.url), env=_env(rx)) as gw:
         agent = Agent(gw)
         agent.turn()
         _, cache = agent.turn()
@@ -76,8 +81,7 @@ def test_an_agents_turns_carry_the_conversation_and_the_verdict() -> None:
 
 def test_a_refused_request_is_traced_with_its_error() -> None:
     with otlp_receiver() as rx, scripted_upstream() as up:
-        lane = {"engine": "openai", "replicas": [up.url], "upstream_model": "m", "qualification": "not_required"}
-        with run_gateway({"lanes": {"up": lane}, "models": {"pub": "up"}}, env=_env(rx)) as gw:
+        with run_gateway(_routes(up.url), env=_env(rx)) as gw:
             r = httpx.post(gw.url + "/v1/chat/completions", json={"model": "nope", "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
             assert r.status_code == 404
             wait_until(lambda: rx.named("chat"), what="the refused request's span")
@@ -91,11 +95,10 @@ def test_a_refused_request_is_traced_with_its_error() -> None:
 def test_off_unless_an_endpoint_is_configured(env) -> None:
     with otlp_receiver() as rx, scripted_upstream() as up:
         up.script = Script([http_response(200, ANSWER, [("Content-Type", "application/json")])], keep_open=True)
-        lane = {"engine": "openai", "replicas": [up.url], "upstream_model": "m", "qualification": "not_required"}
         full = dict(env, OTEL_BSP_SCHEDULE_DELAY="50")
         if env:
             full["OTEL_EXPORTER_OTLP_ENDPOINT"] = rx.url
-        with run_gateway({"lanes": {"up": lane}, "models": {"pub": "up"}}, env=full) as gw:
+        with run_gateway(_routes(up.url), env=full) as gw:
             r = httpx.post(gw.url + "/v1/chat/completions", timeout=10,
                            headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_PARENT}-01"},
                            json={"model": "pub", "messages": [{"role": "user", "content": "hi"}]})

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable
 
@@ -18,6 +17,7 @@ from gateway.pipeline.body_parts import Parts
 from gateway.upstream.client import (
     HIGH_WATER, BadResponse, ConnectFailed, Pool, ResponseClosed, ResponseCut, Target,
 )
+from tests.support.poll import until
 
 # pytest-asyncio's replacement (a loop-factories hook) is conftest-wide; this module alone runs twice.
 pytestmark = pytest.mark.filterwarnings("ignore:Overriding the .event_loop_policy. fixture")
@@ -102,14 +102,6 @@ def answer_each(*pieces: bytes, pause: float = 0.0) -> Handler:
                 writer.write(piece)
                 await writer.drain()
     return handler
-
-
-async def until(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.005)
 
 
 async def read_all(resp) -> bytes:
@@ -347,7 +339,7 @@ async def test_close_ends_a_pending_read_and_the_connection(pool) -> None:
         resp = await pool.post(target(srv), b"{}")
         assert await resp.content.readany() == b"hello"
         pending = asyncio.ensure_future(resp.content.readany())
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one turn of the loop, the scenario: the read is waiting when the close comes
         resp.close()  # as proxy.IdleWatchdog does
         with pytest.raises(ResponseClosed):
             await pending

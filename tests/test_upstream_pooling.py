@@ -8,6 +8,7 @@ import orjson
 
 from tests.support.gateway_proc import run_gateway
 from tests.support.scripted_upstream import Script, scripted_upstream
+from tests.support.routes import lane, routes
 
 
 def test_the_gateway_reuses_one_upstream_connection_for_whole_answers_and_streams() -> None:
@@ -24,10 +25,8 @@ def test_the_gateway_reuses_one_upstream_connection_for_whole_answers_and_stream
     stream = [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
               *(b"%x\r\n%b\r\n" % (len(e), e) for e in events), b"0\r\n\r\n"]
     with scripted_upstream() as up:
-        routes = {"lanes": {"s": {"engine": "vllm", "replicas": [up.url], "upstream_model": "m",
-                                  "qualification": "not_required", "render": {"template": None}}},
-                  "models": {"m": "s"}}
-        with run_gateway(routes) as gw, httpx.Client(base_url=gw.url, timeout=10) as client:
+        cfg = routes({"s": lane(up.url, upstream_model="m", render={"template": None})}, {"m": "s"})
+        with run_gateway(cfg) as gw, httpx.Client(base_url=gw.url, timeout=10) as client:
             ask = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
             for script, is_stream in ((whole, False), (stream, True), (whole, False), (stream, True)):
                 up.script = Script(script if isinstance(script, list) else [script], keep_open=True)

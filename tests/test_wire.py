@@ -16,12 +16,11 @@ import pytest
 
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
+from tests.support.routes import lane, routes
 
 
 def _routes(url: str, **gateway: object) -> dict:
-    lane = {"engine": "vllm", "replicas": [url], "upstream_model": "deepseek-v4-flash",
-            "qualification": "not_required", "render": {"template": None}}
-    return {"gateway": dict(gateway), "lanes": {"l": lane}, "models": {"m": "l"}}
+    return routes({"l": lane(url, render={"template": None})}, {"m": "l"}, **gateway)
 
 
 @pytest.fixture(scope="module")
@@ -220,8 +219,8 @@ def test_a_chunked_body_over_the_limit_is_413_and_the_gateway_goes_on(small) -> 
 
 
 def test_cors_configured_answers_carry_the_cors_headers(emu) -> None:
-    routes = _routes(emu.url, cors={"allow_origins": ["https://app.example"]})
-    with run_gateway(routes) as gw:
+    cfg = _routes(emu.url, cors={"allow_origins": ["https://app.example"]})
+    with run_gateway(cfg) as gw:
         r = httpx.post(gw.url + "/v1/chat/completions", json=_chat("hi"),
                        headers={"Origin": "https://app.example"}, timeout=10)
     assert r.status_code == 200

@@ -1,56 +1,38 @@
-"""Waiting for the gateway's analysis of a conversation turn (it runs after the response)."""
+"""An append-only agent through the gateway, and waiting for the gateway's analysis of a conversation
+turn (it runs after the response)."""
 
 from __future__ import annotations
-
-import time
 
 import httpx
 import openai
 
+from tests.support.poll import TIMEOUT_S, wait_until
 
-def wait_analysed(gw, cid: str, turn: int, timeout: float = 30.0, headers: dict | None = None) -> dict:
+
+def wait_analysed(gw, cid: str, turn: int, timeout: float = TIMEOUT_S, headers: dict | None = None) -> dict:
     """The conversation's admin view once `turn` has been analysed (`headers`: e.g. the admin key)."""
-    deadline = time.monotonic() + timeout
-    r = None
-    while time.monotonic() < deadline:
+    def analysed() -> dict | None:
         r = httpx.get(f"{gw.url}/admin/conversations/{cid}", headers=headers)
-        if r.status_code == 200 and r.json()["turn"] >= turn:
-            return r.json()
-        time.sleep(0.02)
-    detail = r.text[:500] if r is not None else ""
-    raise AssertionError(f"turn {turn} of {cid} was not analysed in time: {detail}\n{gw.log()[-3000:]}")
+        return r.json() if r.status_code == 200 and r.json()["turn"] >= turn else None
+
+    return wait_until(analysed, timeout, f"turn {turn} of {cid} to be analysed", interval=0.02,
+                      detail=lambda: gw.log()[-3000:])
 
 
-def wait_record(gw, cid: str, turn: int, timeout: float = 20.0) -> dict:
+def wait_record(gw, cid: str, turn: int, timeout: float = TIMEOUT_S) -> dict:
     """The stored record of `turn` of conversation `cid` once its analysis is in it."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def judged() -> dict | None:
         rows = httpx.get(f"{gw.url}/admin/api/records", params={"conversation": cid, "limit": 50}).json()["records"]
-        for row in rows:
-            if row.get("turn") == turn and row.get("verdict") not in (None, "unknown"):
-                return row
-        time.sleep(0.05)
-    raise AssertionError(f"no record of turn {turn} of {cid}")
+        return next((row for row in rows if row.get("turn") == turn
+                     and row.get("verdict") not in (None, "unknown")), None)
+
+    return wait_until(judged, timeout, f"the judged record of turn {turn} of {cid}")
 
 
 TOOLS = [{"type": "function", "function": {
     "name": "read_file", "description": "Read a file from the workspace.",
     "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
 SYSTEM = "You are a coding agent. Read files before you change them."
-# The emulator the conversation tests talk to: a vLLM-shaped DeepSeek-V4.1 engine that thinks, 16-token blocks.
-AGENT_EMULATOR = {"flavour": "vllm", "tokenizer": "dsv41", "default_thinking": True, "block_size": 16}
-
-
-def lane(url: str, **extra) -> dict:
-    base = {"engine": "vllm", "replicas": [url], "upstream_model": "deepseek-v4-flash",
-            "qualification": "not_required", "cache": {"block_size": 16},
-            "render": {"template": "deepseek_v4.1", "effort_map": {"low": 25, "high": 50, "xhigh": 75, "max": 100}}}
-    base.update(extra)
-    return base
-
-
-def routes(url: str, **extra) -> dict:
-    return {"lanes": {"ds": lane(url, **extra)}, "models": {"ds": "ds"}}
 
 
 class Agent:

@@ -18,14 +18,25 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.support.poll import TIMEOUT_S, wait_until
+
 REPO = Path(__file__).resolve().parents[2]
+# The conversation tests' engine: a vLLM-shaped DeepSeek-V4.1 engine that thinks, with 16-token cache
+# blocks (the lane they talk through: tests/support/routes.agent_lane).
+AGENT_EMULATOR: dict[str, Any] = {"flavour": "vllm", "tokenizer": "dsv41", "default_thinking": True, "block_size": 16}
+# The lane-limit tests' engine: vLLM's own limits (images, top_logprobs, a 4096-token window), counted with
+# the real DeepSeek-V4.1 renderer and tokenizer; their lanes state the same limits.
+# The KV-event tests' engine (run_kv_emulator): short answers without reasoning, 16-token blocks.
+KV_EMULATOR: dict[str, Any] = {"flavour": "vllm", "tokenizer": "dsv41", "block_size": 16, "output_tokens": 8,
+                               "reasoning_tokens": 0}
+LIMITED_EMULATOR: dict[str, Any] = {"flavour": "vllm", "tokenizer": "dsv41", "max_images": 4, "max_top_logprobs": 32,
+                                    "max_model_len": 4096}
 
 
 def free_port() -> int:
@@ -68,20 +79,14 @@ class EmulatorProc:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = TIMEOUT_S) -> None:
+    def healthy() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"emulator exited with {proc.returncode} before {url}/health answered")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as resp:  # noqa: S310
-                if resp.status == 200:
-                    return
-        except OSError as exc:
-            last = exc
-        time.sleep(0.03)
-    raise TimeoutError(f"emulator at {url} not healthy within {timeout}s ({last})")
+        with urllib.request.urlopen(url + "/health", timeout=1) as resp:  # noqa: S310
+            return resp.status == 200
+
+    wait_until(healthy, timeout, f"the emulator at {url} healthy", interval=0.03, ignore=(OSError,))
 
 
 @contextlib.contextmanager
@@ -107,6 +112,15 @@ def run_emulator(*, port: int | None = None, extra_args: list[str] | None = None
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextlib.contextmanager
+def run_kv_emulator(**knobs: Any) -> Iterator[tuple[EmulatorProc, dict[str, Any]]]:
+    """An emulator that publishes its prefix cache's KV events as vLLM does (on two free ports), and what
+    a lane's `kv_events.replicas` says of it (add `pool_tokens` to taste)."""
+    port, replay = free_port(), free_port()
+    with run_emulator(kv_events_port=port, kv_events_replay_port=replay, **knobs) as emu:
+        yield emu, {"endpoint": f"tcp://127.0.0.1:{port}", "replay": f"tcp://127.0.0.1:{replay}"}
 
 
 def emulator_fixture(**knobs: Any) -> Iterator[EmulatorProc]:

@@ -33,6 +33,7 @@ from typing import Any
 
 from .gateway_proc import free_port
 from .otlp_receiver import Receiver, otlp_receiver
+from .poll import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = Path(os.environ.get("GATEWAY_SHARED", REPO.parent / "shared"))
@@ -210,16 +211,21 @@ def start_engine(timeout: float = START_TIMEOUT_S) -> EngineProc:
     eng = EngineProc(f"http://127.0.0.1:{port}", proc, log_path, kv_endpoint=f"tcp://127.0.0.1:{kv_port}",
                      kv_replay=f"tcp://127.0.0.1:{kv_replay_port}", traces=traces)
     atexit.register(eng.stop)
-    while time.monotonic() - t0 < timeout:
+
+    def answers() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"engine exited with {proc.returncode} before it answered; log {log_path}:\n"
                                + eng.log())
-        if _ready(eng.url):
-            eng.started_s = time.monotonic() - t0
-            return eng
-        time.sleep(1.0)
-    eng.stop()
-    raise TimeoutError(f"engine did not answer within {timeout:.0f}s; log {log_path}:\n" + eng.log())
+        return _ready(eng.url)
+
+    try:
+        wait_until(answers, timeout - (time.monotonic() - t0), "the engine to answer", interval=1.0,
+                   detail=lambda: f"log {log_path}:\n{eng.log()}")
+    except AssertionError:
+        eng.stop()
+        raise
+    eng.started_s = time.monotonic() - t0
+    return eng
 
 
 _session: EngineProc | None = None

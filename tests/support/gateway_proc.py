@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,24 +16,20 @@ from typing import Iterator
 import yaml
 
 from tests.support.emulator_proc import free_port
+from tests.support.poll import TIMEOUT_S, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def wait_http(url: str, timeout: float = 20.0, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
+def wait_http(url: str, timeout: float = TIMEOUT_S, proc: subprocess.Popen | None = None) -> None:
+    """Until `url` answers below 500 (`proc`: the server, whose exit fails the wait at once)."""
+    def answers() -> bool:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as resp:  # noqa: S310 - loopback
-                if resp.status < 500:
-                    return
-        except OSError as exc:
-            last = exc
-            time.sleep(0.05)
-    raise TimeoutError(f"{url} did not answer within {timeout}s ({last})")
+        with urllib.request.urlopen(url, timeout=1) as resp:  # noqa: S310 - loopback
+            return resp.status < 500
+
+    wait_until(answers, timeout, f"{url} to answer", ignore=(OSError,))
 
 
 @dataclass

@@ -149,7 +149,7 @@ class Publisher:
                                 router.send_multipart((*head, seq.to_bytes(8, "big"), buf))
                         router.send_multipart((client, b"", end, b"") if self.legacy_replay
                                               else (client, b"", b"", end, b""))
-            time.sleep(0.002)
+            time.sleep(0.002)  # the replay server's own pace: it polls its socket, it waits for nothing
 
     def terminate(self) -> None:
         self.close()

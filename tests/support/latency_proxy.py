@@ -14,7 +14,7 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
     try:
         while data := await reader.read(65536):
             if delay:
-                await asyncio.sleep(delay)
+                await asyncio.sleep(delay)  # the scenario: a far store, its bytes late
             writer.write(data)
             await writer.drain()
     except (ConnectionError, asyncio.CancelledError):

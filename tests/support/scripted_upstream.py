@@ -73,11 +73,11 @@ async def _serve_one(up: ScriptedUpstream, reader: asyncio.StreamReader, writer:
             script = up.script
             for i, piece in enumerate(script.pieces):
                 if i and script.pause_s:
-                    await asyncio.sleep(script.pause_s)
+                    await asyncio.sleep(script.pause_s)  # the script: pieces the gateway reads apart
                 writer.write(piece)
                 await writer.drain()
             if script.stall_s:
-                await asyncio.sleep(script.stall_s)
+                await asyncio.sleep(script.stall_s)  # the script: a stall before the close
             if not script.keep_open:
                 return
     except (ConnectionError, asyncio.IncompleteReadError):
