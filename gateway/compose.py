@@ -117,7 +117,7 @@ class Gateway:
     admin: AdminAPI
     openapi: OpenAPI
     metrics_export: MetricsExport
-    kv_events: KVEventsService  # issue 20: the engines' KV-cache events
+    kv_events: KVEventsService  # the engines' KV-cache events
     kv_admin: KVEventsAdmin
     rate_limits: RateLimits
     access_log: AccessLog | None = None  # also writes the lines of requests outside the proxy path

@@ -34,7 +34,7 @@ def analyse_job(job: Job, renderer: Renderer | None, estimator: Any) -> Outcome:
     decoding and encoding the ~100 KB state happens here too, off the event loop. The previous
     turn's memo (memo.py), when this process has it, spares re-reading the unchanged history."""
     state = job.state
-    token_ids.parse_job(job)  # token ids (issue 13): the prompt's ids, parsed here off the event loop
+    token_ids.parse_job(job)  # the prompt's token ids, parsed here off the event loop
     if job.seed_tokens:  # the previous render's ids, from the process that analysed it (inline.py)
         cache = renderer.cache if renderer is not None else getattr(estimator, "cache", None)
         if cache is not None:
@@ -184,7 +184,7 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
     elif job.usage and isinstance(job.usage.get("prompt_tokens"), int) and rendered.exact:
         cache["render_check"] = "count"  # the engine gave no ids: a same-length difference would pass unseen
         cache["render_matches_engine"] = job.usage["prompt_tokens"] == n
-        cache["render_check_why"] = job.token_ids_why  # token ids (issue 13)
+        cache["render_check_why"] = job.token_ids_why  # why the engine gave no ids
     if out is not None and job.kv_block_size and rendered.exact:
         out["kv_keys"] = _block_keys(rendered, generated, job.kv_block_size)
         out["kv_ends"] = _message_ends(rendered, len(body.get("messages") or ()))
@@ -269,7 +269,7 @@ def _retokenized_at(job: Job, rendered: Rendered, generated: Segment | None) -> 
 
 
 def _block_keys(rendered: Rendered, generated: Segment | None, block_size: int) -> bytes:
-    """Issue 20: the engine's blocks of this turn (prompt, then the output as the next turn will render
+    """The engine's blocks of this turn (prompt, then the output as the next turn will render
     it) named as the KV-event index names them. ~10 ms for 480K tokens (gateway/kvevents/chain.py)."""
     from array import array
 
@@ -282,7 +282,7 @@ def _block_keys(rendered: Rendered, generated: Segment | None, block_size: int) 
 
 
 def _message_ends(rendered: Rendered, n_messages: int) -> bytes:
-    """Issue 20: render tokens through each request message (for routing by the KV-event index)."""
+    """Render tokens through each request message (for routing by the KV-event index)."""
     from array import array
 
     ends = array("I", bytes(4 * n_messages))

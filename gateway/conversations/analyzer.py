@@ -86,7 +86,7 @@ class Analyzer:
                  inline_max_bytes: int = 0, shared: SharedPrefixes | None = None) -> None:
         self.store = store
         self.shared = shared
-        self.kv_events = kv_events  # issue 20: gateway.kvevents.service.KVEventsService, or None
+        self.kv_events = kv_events  # gateway.kvevents.service.KVEventsService, or None
         self.alerts = alerts
         self.ttl_s = ttl_s
         self.process = process  # None: analyse in threads of this process
@@ -201,7 +201,7 @@ def make_job(ex: Exchange, lane: LaneRuntime, found: Found, in_process: bool = T
         rehomed=isinstance(routing, dict) and bool(routing.get("expected_cold")),
         repinned=found.repinned, state=found.state, healed=tuple((h.kind, i) for h in ex.healed if h.repairs_prefix for i in h.indices),
         prompt_token_ids=ex.generated.prompt_token_ids, generated_token_ids=ex.generated.token_ids or None,
-        token_ids_why=token_ids.why_counts(ex),  # token ids (issue 13)
+        token_ids_why=token_ids.why_counts(ex),  # why the record compares counts, not ids
         # The render's block keys: for the KV-event index and the model of the replica's cache.
         kv_block_size=key_block(cfg),
         rejoined=ex.conversation_source == "lineage_rejoined",

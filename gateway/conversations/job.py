@@ -43,7 +43,7 @@ class Job:
     prompt_token_ids: list[int] | bytes | None = None
     generated_token_ids: list[int] | None = None  # what the engine generated, if it said
     token_ids_why: str | None = None  # why the engine gave no prompt ids (the record then compares counts)
-    kv_block_size: int | None = None  # issue 20: the lane has KV events; key the render's blocks this size
+    kv_block_size: int | None = None  # the lane has KV events; key the render's blocks this size
     last_in_stored: bool = False  # `state` was sent without its previous turn's print: read it from `stored`
     # The previous render's token ids ((tokenizer, digest, length), ids), when it was analysed on the event
     # loop and the conversation now moves to the worker (inline.py): compared token by token, not coarsely.
@@ -58,5 +58,5 @@ class Outcome:
     data: bytes  # the new state, encoded
     divergence: Divergence | None
     snippets: tuple[str, str] | None
-    kv_keys: bytes | None = None  # issue 20: block keys of the render + output (array('Q'), gateway/kvevents)
-    kv_ends: bytes | None = None  # issue 20: render tokens through each request message (array('I'))
+    kv_keys: bytes | None = None  # block keys of the render + output (array('Q'), gateway/kvevents)
+    kv_ends: bytes | None = None  # render tokens through each request message (array('I'))

@@ -60,7 +60,7 @@ def complete_effort_map(given: dict[str, int] | None) -> dict[str, int]:
 
 
 class RenderConfig(_Strict):
-    """How the lane's engine renders a request (issue: renderer)."""
+    """How the lane's engine renders a request (gateway/render)."""
 
     template: str | None = Field("deepseek_v4.1", description="a packaged template's name (gateway/chat_templates/"
                                  "<name>.jinja), or a .jinja file relative to routes.yaml; null = no known template")
@@ -222,7 +222,7 @@ class Affinity(_Strict):
                                 "what each pool actually holds; re-homing then prefers the pool with room)")
 
 
-# -- KV-cache events (issue 20: gateway/kvevents) ------------------------------------------------------
+# -- KV-cache events (gateway/kvevents) ---------------------------------------------------------------
 
 
 class KVEventsPublisher(_Strict):
@@ -304,11 +304,11 @@ class Lane(_Strict):
     qualification: Literal["required", "not_required"] = "required"
     override: Override | None = None
     emulator: EmulatedUpstream | None = None
-    kv_events: KVEvents | None = None  # issue 20: the replicas' KV-cache event streams
+    kv_events: KVEvents | None = None  # the replicas' KV-cache event streams
     admission: Admission = Field(default_factory=Admission)
     token_ids: Literal["auto", "off"] = Field(
         "auto", description="ask the engine for prompt and generated token ids so the analysis compares content, "
-                            "not counts (issue 13; gateway/pipeline/token_ids.py): 'auto' asks a vllm lane on chat "
+                            "not counts (gateway/pipeline/token_ids.py): 'auto' asks a vllm lane on chat "
                             "completions and removes them from the answer unless the client asked itself; 'off' never")
     failover_on: tuple[FailoverTrigger, ...] = Field(
         ("connect", 502, 503, 504),
@@ -326,7 +326,7 @@ class Lane(_Strict):
             raise ValueError("failover_on: the same trigger is listed twice")
         return triggers
 
-    # -- drift healing (issue 18; gateway/heal/) --------------------------------------------------
+    # -- drift healing (gateway/heal/) ------------------------------------------------------------
     heal: list[HealKind] = Field(default_factory=list, description="client edits the gateway repairs "
                                  "before forwarding (same meaning, the bytes it relayed); off by default")
 
@@ -371,7 +371,7 @@ class ClientKeys(_Strict):
     hashed_file: str | None = Field(None, description="file of sha256 hex digests, one per line")
 
 
-# -- the gateway's own HTTP server and browser access (issue 14 items 6-7) ------------------------
+# -- the gateway's own HTTP server and browser access ---------------------------------------------
 
 
 class HttpServer(_Strict):

@@ -40,7 +40,7 @@ class GeneratedOutput:
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     finish_reason: str | None = None
     # vLLM with `return_token_ids`: the ids the engine prefilled and generated (compared with the render)
-    prompt_token_ids: list[int] | bytes | None = None  # token ids (issue 13): bytes = their JSON, parsed later
+    prompt_token_ids: list[int] | bytes | None = None  # bytes = their JSON, parsed later
     token_ids: list[int] = field(default_factory=list)
 
     def add_tool_call_delta(self, delta: dict[str, Any]) -> None:
@@ -135,9 +135,9 @@ class Exchange:
     body_bytes: int = 0
     history: "Parsed | None" = None  # how the body was read (history_memo.py): the history it shares with a turn
     forwarded: "Body | None" = None  # the body as sent upstream, bytes or parts (what the analysis renders)
-    # token ids (issue 13): the gateway asked the engine for them (the client did not): strip them
+    # token ids: the gateway asked the engine for them (the client did not): strip them
     token_ids_strip: bool = False
-    token_ids_why: str | None = None  # token ids (issue 13): why they were not asked for
+    token_ids_why: str | None = None  # token ids: why they were not asked for
     request_headers: Any = None  # the client's headers (a case-insensitive mapping)
 
     status: int = 0

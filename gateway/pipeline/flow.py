@@ -264,7 +264,7 @@ class Pipeline:
             # Always ask for usage: the cached-token count lives there.
             so["include_usage"] = True
             out["stream_options"] = so
-        token_ids.ask(ex, lane.config, out)  # token ids (issue 13): ask the engine for them
+        token_ids.ask(ex, lane.config, out)  # ask the engine for the token ids (token_ids.py)
         try:
             # Messages untouched by every policy: the client's own bytes of them (no re-serialising).
             return HistoryMemo.forward_body(parsed, out) or orjson.dumps(out)

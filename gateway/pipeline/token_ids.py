@@ -1,4 +1,4 @@
-"""The gateway asks the engine for token ids itself, so the analysis compares content, not counts (issue 13).
+"""The gateway asks the engine for token ids itself, so the analysis compares content, not counts.
 
 A render that differs from the engine's by a same-length change (one token for another) passes a
 count check unseen; with the ids the engine prefilled, the record compares content

@@ -52,7 +52,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
             stats = _from_reader(_reader(args), window, f)
         except Exception as exc:  # noqa: BLE001 - a missing or foreign records file, a database error
             raise CliError(str(exc)) from None
-    kv = _kv_from_url(args.url, args.lane, args.key) if args.url else None  # issue 20: the KV pools
+    kv = _kv_from_url(args.url, args.lane, args.key) if args.url else None  # the KV pools (KV-cache events)
     if args.json:
         print(json.dumps({**stats, "kv": kv} if kv else stats, indent=2))
     elif not stats["lanes"]:

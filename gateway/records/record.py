@@ -56,7 +56,7 @@ FIELDS: dict[str, str] = {
     "healed": "TEXT",  # drift healing's repairs, JSON {kind: messages repaired}; NULL when none
     "healed_tokens": "INTEGER",  # cached prompt tokens those repairs kept (after the analysis)
     "render": "TEXT",
-    # token ids (issue 13): how the render was checked against the engine: token_ids (the ids it
+    # token ids: how the render was checked against the engine: token_ids (the ids it
     # prefilled, content) or count (usage.prompt_tokens only); NULL when not checked
     "render_check": "TEXT",
     "render_matches_engine": "INTEGER",
@@ -85,7 +85,7 @@ FIELDS: dict[str, str] = {
     "finish_reason": "TEXT",
     "analysis": "TEXT",  # why analysis did not run, when it did not (e.g. queue_full)
     "capture": "TEXT",  # opt-in debugging capture (JSON, size-capped); NULL by default
-    "kv": "TEXT",  # issue 20: the KV-event verdict (JSON: cause, held tokens, displacing conversations...)
+    "kv": "TEXT",  # the KV-event verdict (JSON: cause, held tokens, displacing conversations...)
     "admission": "TEXT",  # cache-protecting admission's decision for a new conversation (JSON)
     "rate_limited": "TEXT",  # the per-tenant rate limit that refused the request
 }

@@ -107,7 +107,7 @@ class StreamObserver:
     def __init__(self, ex: Exchange, drop_usage_chunk: bool, scrubber: Scrubber | None = None,
                  strip_ids: bool = False, learn_shapes: bool = True) -> None:
         self.ex = ex
-        self.strip_ids = strip_ids  # token ids (issue 13): the gateway asked for them, the client did not
+        self.strip_ids = strip_ids  # token ids: the gateway asked for them, the client did not
         self.drop_usage_chunk = drop_usage_chunk
         self.done = False
         self.error: dict[str, Any] | None = None

@@ -37,7 +37,7 @@ class Routing:
     def __init__(self, store: Any, runtime: "Runtime", kv_events: Any = None) -> None:
         self.runtime = runtime
         self.shared = RoutingShared(store, LoadBoard(store))
-        self.shared.kv = kv_events  # issue 20: what the pools hold (affinity prefix_source: kv_events)
+        self.shared.kv = kv_events  # what the pools hold (affinity prefix_source: kv_events)
         self.step = RoutingStep()
 
     def bind(self, lane: "LaneRuntime") -> None:

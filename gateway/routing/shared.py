@@ -28,7 +28,7 @@ class RoutingShared:
         self.lookups = 0
         self.lookup_failures = 0
         self.decisions: dict[str, dict[str, int]] = {}  # lane -> reason -> count (this process)
-        self.kv: Any = None  # issue 20: gateway.kvevents.service.KVEventsService (prefix_source: kv_events)
+        self.kv: Any = None  # gateway.kvevents.service.KVEventsService (prefix_source: kv_events)
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def count(self, lane: str, reason: str) -> None:

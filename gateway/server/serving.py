@@ -3,8 +3,8 @@ OpenAI-shaped protocol errors.
 
 uvicorn has a keep-alive timeout but no deadline for a request's headers or body: a client that
 opens a connection and sends half a request line, or a body shorter than its Content-Length, held
-its connection (and, for the body, a pipeline task) until it went away by itself; 600 such
-connections were held for 45 s in the issue 14 probe. Here:
+its connection (and, for the body, a pipeline task) until it went away by itself, so a few hundred
+slow clients could hold the gateway's connections and tasks. Here:
 
 - headers: a request's head must be complete within `header_timeout_s` of its first byte (or of
   the connection opening): else `408` and the connection closes (a connection that sent nothing

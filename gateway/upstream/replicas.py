@@ -173,8 +173,8 @@ class Upstream:
         return await self.session().post(self._url(replica, path), data=body, headers=headers, allow_redirects=False)
 
     def headers(self, request_id: str) -> dict[str, str]:
-        # identity: aiohttp would otherwise ask for gzip/deflate, which engines behind a compressing
-        # proxy then send; relaying those bytes as JSON was the bug (issue 14).
+        # identity: an HTTP client may otherwise ask for gzip/deflate, which engines behind a compressing
+        # proxy then send, and the gateway relays an answer's bytes as JSON: it must get them uncompressed.
         headers = {"Content-Type": "application/json", "Accept-Encoding": "identity", "X-Request-Id": request_id}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"

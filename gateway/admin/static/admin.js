@@ -393,11 +393,11 @@
       try { healed = r.healed ? JSON.parse(r.healed) : {}; } catch (e) { /* keep {} */ }
       const healedN = Object.values(healed).reduce((a, b) => a + b, 0);
       let verdict = `<span class="badge ${esc(r.verdict)}">${esc(r.verdict)}</span>${r.cause ? ` <span class="muted">${esc(r.cause.replace(/_/g, " "))}</span>` : ""}`;
-      if (healedN) {  // issue 18: drift healing's repairs of this request
+      if (healedN) {  // drift healing's repairs of this request (gateway/heal)
         verdict += ` <span class="badge hit" title="drift healing: ${esc(Object.entries(healed).map(([k, n]) => `${k} ×${n}`).join(", "))}; ${fmtN(r.healed_tokens || 0)} cached tokens kept">healed ${healedN}</span>`;
       }
       const kv = kvOf(r);
-      if (kv && kv.displaced_by && kv.displaced_by.length) {  // issue 20: who pushed the prefix out
+      if (kv && kv.displaced_by && kv.displaced_by.length) {  // KV-cache events: who pushed the prefix out
         const by = kv.displaced_by.map((d) => `${d.conversation || "unattributed"} (${fmtN(d.tokens)})`).join(", ");
         verdict += ` <span class="muted" title="${esc(kv.note || "")}">by ${esc(by)}</span>`;
       }
@@ -586,7 +586,7 @@
     return out;
   }
 
-  // Issue 20: per replica, the KV-event stream, pool, working set, forecast and the pressure alert.
+  // KV-cache events: per replica, the KV-event stream, pool, working set, forecast and the pressure alert.
   function renderKv(kv) {
     const panel = document.getElementById("kv-panel");
     if (!kv || !kv.replicas || !kv.replicas.length) { panel.hidden = true; return; }
