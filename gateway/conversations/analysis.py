@@ -270,7 +270,7 @@ def _retokenized_at(job: Job, rendered: Rendered, generated: Segment | None) -> 
 
 def _block_keys(rendered: Rendered, generated: Segment | None, block_size: int) -> bytes:
     """The engine's blocks of this turn (prompt, then the output as the next turn will render
-    it) named as the KV-event index names them. ~10 ms for 480K tokens (gateway/kvevents/chain.py)."""
+    it) named as the KV-event index names them (gateway/kvevents/chain.py), here off the event loop."""
     from array import array
 
     from ..kvevents.chain import keys

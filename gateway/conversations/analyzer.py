@@ -118,8 +118,8 @@ class Analyzer:
                 job.seed_tokens = self.placement.seeds(cid, lane, stored)  # a conversation leaving the loop
                 if stored is not None and job.state.last is not None:
                     # The worker reads the previous turn's print from `stored` (the same or a newer one):
-                    # sent once, the job pickles in half the time on both sides (~13 -> 6 us here,
-                    # ~18 -> 9 us to load for a small agent turn; far more for a long session's print).
+                    # sent once, not twice, the job's pickle and its load on the other side do half the
+                    # work (far more than half for a long session's print).
                     job.state = dataclasses.replace(job.state, last=None, last_cache=None)
                     job.last_in_stored = True
             try:
@@ -187,7 +187,7 @@ def make_job(ex: Exchange, lane: LaneRuntime, found: Found, in_process: bool = T
     body: dict[str, Any] | bytes = ex.chat or {}
     if not in_process:
         # A chat request's view is the body as forwarded; a Responses request's is its mapping
-        # (gateway/pipeline/responses_chat.py), serialised here (measured 0.1-0.5 ms per MB with orjson).
+        # (gateway/pipeline/responses_chat.py), serialised here, after the answer has gone.
         body = ex.forwarded if ex.chat is ex.body and ex.forwarded is not None else orjson.dumps(body)
     return Job(
         request_id=ex.request_id, lane=lane.name,

@@ -2,12 +2,11 @@
 
 Each analysed turn's body (the JSON that was forwarded, 2 MB for a 1,600-message agent session)
 must reach the worker process. It went pickled inside its Job, in a file written to /dev/shm per
-job: the pickle copied the body into a growing buffer (~1.1 ms of the event loop for 2 MB on the
-2-core test machine) and the write put it into fresh tmpfs pages (~0.8 ms). Here the gateway keeps
-one file in its spool directory mapped (`BodyRing`), copies the body into it as it is (bytes or
-the parts it was forwarded as: body_parts.py), and the Job carries where it lies (`InRing`):
-~0.3 ms for 2 MB once the ring's pages are warm (/tmp measurement in the commit that added this;
-bench/steps.py "analysis hand-off"). The worker copies the bytes out when it runs the job (`take`),
+job: the pickle copied the body into a growing buffer on the event loop and the write put it into
+fresh tmpfs pages. Here the gateway keeps one file in its spool directory mapped (`BodyRing`),
+copies the body into it as it is (bytes or the parts it was forwarded as: body_parts.py), and the
+Job carries where it lies (`InRing`): one copy into pages already warm (bench/steps.py "analysis
+hand-off"; bench/ab.py ring). The worker copies the bytes out when it runs the job (`take`),
 off the event loop.
 
 The ring is filled in order and freed as jobs are answered (in the order they were sent, mostly);

@@ -1,24 +1,21 @@
 """Where a turn's analysis runs: a tiny turn on a quiet lane is analysed on the event loop itself.
 
 The analysis worker (worker.py) keeps the event loop free of long analyses, but for a tiny turn the
-trip costs more than the work. Measured at concurrency 1 (2 cores, loadgen beside the shared stub,
-alternated with the build before this): a one-message chat cost the worker ~0.33-0.40 ms of CPU,
-the same analysis in a tight loop 0.08 ms. The worker wakes for each turn with its caches cold:
-the same turn analysed after a 0.5 ms sleep costs 0.22 ms, after 1 ms 0.26 ms. The hand-off
-(pickling, the pipe, the answer) cost the event loop ~0.1 ms as well. Analysed here instead, the
-gateway's CPU per request went 0.94-1.08 -> 0.69-0.82 ms (small chat) and 2.16-2.39 -> 1.54-1.94 ms
-(a 256-token stream), with latency unchanged within the noise.
+trip costs more than the work: the worker wakes for each turn with its caches cold, and the hand-off
+(pickling, the pipe, the answer) costs the event loop as well. Analysed here instead, a small chat
+or a short stream costs the gateway less CPU per request, with latency unchanged (the figures:
+docs/performance.md).
 
 Only when it cannot cost anyone anything:
 * the turn is tiny: its request's bytes and its answer's characters, together, at most `max_bytes`
   (GATEWAY_ANALYSIS_INLINE_BYTES, default 2048, settings.py; 0: never). What it costs is tokenising
-  text not seen before: ~0.25 ms for 1 KB of new words, ~0.4 ms for 2 KB, ~1.2 ms at worst of 300;
+  text not seen before, which grows with the text: the bound keeps it below a millisecond;
 * nothing else of the lane is in flight and the worker has nothing in hand: the turns of a burst or
-  a busy lane go to the worker in batches, 16 turns a batch costing the loop ~29 µs each (analysed
-  here whenever the worker was idle, a concurrency-32 run lost 9% of its throughput; with this rule
-  it matched the build before);
+  a busy lane go to the worker in batches, which cost the loop little per turn (analysed here
+  whenever the worker is idle, a busy lane's turns take the loop's time from its requests and
+  throughput falls);
 * the lane's tokenizer (or, on a lane without a template, the estimate's) is already loaded in this
-  process (a load holds the loop ~0.5 s);
+  process (loading one would hold the loop for a long time);
 * the conversation is new, or its turns so far were analysed here. A turn is compared with the
   previous one token by token, through the token ids of the previous render that the analysing
   process still holds. So a conversation moves once, here -> worker, when it outgrows the bound or

@@ -1,15 +1,15 @@
 """What the analysis of a conversation's last turn leaves for its next one, in the analysing process.
 
-An append-only turn of a 1,600-message, 473K-token session repeats ~2 MB of history; analysing it
-from scratch (parse, normalise, digest, plan, look up 1,600 rendered items, fingerprint every
-message) cost ~13-21 ms of CPU. With the previous turn's memo the unchanged history is recognised
+An append-only turn of a long agent session repeats megabytes of history; analysing it from scratch
+(parse, normalise, digest, plan, look up every rendered item, fingerprint every message) repeats
+what the previous turn did. With the previous turn's memo the unchanged history is recognised
 from its bytes (rawbody.py) and its parse, render (Renderer.render_turn's `previous`) and message
 fingerprints are taken as they were: only what is new is parsed, rendered and tokenised.
 
 Nothing here changes a result: every reused value is what the full path computes from the same
 bytes; a missing memo (evicted, a new worker process) only costs time. Bounded in conversations and
-in bytes (GATEWAY_ANALYSIS_MEMO_BYTES): a memo keeps its turn's parsed messages (~3x the body's
-bytes) and its render's items alive even after the render cache has let them go.
+in bytes (GATEWAY_ANALYSIS_MEMO_BYTES): a memo keeps its turn's parsed messages (several times the
+body's bytes) and its render's items alive even after the render cache has let them go.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from .state import ConversationState, MessagePrints
 
 DEFAULT_MAX_BYTES = 128 * 1024 * 1024
 DEFAULT_MAX_CONVERSATIONS = 512  # the soak runs 400 agents side by side
-PARSED_PER_BODY_BYTE = 3  # parsed messages against their JSON: measured ~2.5x on the agent corpus
+PARSED_PER_BODY_BYTE = 3  # parsed messages against their JSON (the agent corpus's, rounded up)
 
 
 @dataclass

@@ -35,7 +35,7 @@ class ConversationPolicy:
 
     async def apply(self, ex: Exchange, lane: LaneRuntime, body: dict[str, Any]) -> None:
         if ex.path == responses_chat.PATH:
-            view = responses_chat.chat_view(body)  # measured 9 us for 20 input items, 80 us for 200
+            view = responses_chat.chat_view(body)  # linear in the input items
             ex.mapped_chat = view.body
             if view.unmapped is not None:
                 ex.analysis_skipped = "responses: " + view.unmapped  # recorded, not analysed
@@ -205,5 +205,5 @@ def _header(ex: Exchange, state: ConversationState) -> str:
 
 
 def _new_id() -> str:
-    """A new conversation's id: 64 random bits, as uuid4().hex[:16] gave (~0.8 µs against ~5 here)."""
+    """A new conversation's id: 64 random bits, as uuid4().hex[:16] gave, without making a UUID."""
     return "c" + os.urandom(8).hex()

@@ -61,8 +61,8 @@ def message_prints(messages: list[dict[str, Any]], digests: list[int] | None = N
 
 
 def segment_prints(segments: Iterable[Segment]) -> SegmentPrints:
-    # Column by column (one comprehension each): for the corpus's 1,568 segments, every append-only
-    # turn, 0.45 against 0.73 ms for one loop appending to five lists.
+    # Column by column (one comprehension each), every append-only turn: cheaper than one loop
+    # appending to five lists.
     segs = segments if isinstance(segments, list) else list(segments)
     role = ROLE_CODES.get
     return SegmentPrints([s.digest for s in segs], [len(s.token_ids) for s in segs], [len(s.text) for s in segs],

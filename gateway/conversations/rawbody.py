@@ -1,16 +1,16 @@
 """A request body's messages, with the unchanged history recognised from its bytes.
 
 An agent's next turn repeats its whole history byte for byte and appends a few messages. Parsing
-the 2 MB body of a 1,600-message session costs ~3.3 ms (orjson) and normalising and digesting its
-messages again ~4 ms more, all to rediscover what the previous turn already knew. So the previous
-turn leaves a `BodyPrint`: where each message's bytes end (relative to the messages array) and a
-digest of each message's bytes (with the separator before it). The next body is read as:
+the body of a long session and normalising and digesting its messages again costs milliseconds, all
+to rediscover what the previous turn already knew. So the previous turn leaves a `BodyPrint`: where
+each message's bytes end (relative to the messages array) and a digest of each message's bytes (with
+the separator before it). The next body is read as:
 
 * its top level is walked with the C JSON scanner (on a latin-1 view of the bytes, so character
   offsets are byte offsets; multi-byte UTF-8 never contains a quote or a backslash), to find the
   one `messages` key and the array's extent;
-* the history's message spans are checked digest by digest (xxh64 of a memoryview, ~0.3 ms for
-  2 MB); the first k that match are, byte for byte, the previous turn's first k messages (a JSON
+* the history's message spans are checked digest by digest (xxh64 of a memoryview, no copy);
+  the first k that match are, byte for byte, the previous turn's first k messages (a JSON
   value read left to right from the same bytes is the same value), so their parsed, normalised
   and rendered forms are the previous turn's;
 * only what follows is parsed (orjson, message by message), as is the rest of the body without

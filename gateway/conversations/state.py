@@ -139,7 +139,7 @@ class ConversationState:
 
     def to_bytes(self) -> bytes:
         # A copy of exactly its length: orjson's bytes keep the buffer they were written into (at least
-        # 4 KB; ~10x a 100 KB state), and the analysis memo (memo.py) keeps this for its turn.
+        # a page, often many times the state), and the analysis memo (memo.py) keeps this for its turn.
         return bytes(memoryview(orjson.dumps({
             "id": self.id, "src": self.source, "lane": self.lane, "c": self.created, "u": self.updated,
             "t": self.turn, "pe": self.pinned_effort, "pth": self.pinned_thinking, "p": self.parent,

@@ -1,6 +1,6 @@
 """The analysis worker process: renders, tokenizes and compares turns where the event loop's GIL
 is not. The hot path's process then spends no CPU on analysis at all (an append-only turn of a
-470K-token session is 15-25 ms of mostly pure-Python work that, run in a thread, slowed every
+long agent session is milliseconds of mostly pure-Python work that, run in a thread, slows every
 request in flight by taking turns at the GIL with it).
 
 One process per gateway process: its render cache (what earlier turns rendered and tokenized) is
@@ -46,12 +46,11 @@ _estimators: dict[str, Any] = {}  # per engine: Estimator, or None if it cannot 
 # gateway's event loop (niceness 5, GATEWAY_ANALYSIS_NICE): when both want the CPU (a burst on a
 # 2-core machine), the requests in flight go first. When it has fallen behind (the gateway marks a
 # batch `behind`: BEHIND_JOBS or more turns in its hands), it runs at the event loop's priority, so
-# that the verdicts do not thin out while the machine is busy. Measured (2 cores, bench/soak.py 5 min,
-# bench/anchors.py): all batches at niceness 5 gave 74-82% of the soak's turns a verdict, at
-# niceness 0 100% (same throughput and p50), but niceness 0 for every batch added ~3 ms to the 2 MB
-# c=4 scenario's p50 (12.5 against 9.3 ms) and ~0.05 ms at c=1, where analysis is not behind (one
-# conversation at c=4: its turns are analysed one at a time). Linux gives each thread its own
-# niceness, and an unprivileged process cannot lower its niceness again: so the main thread, niced,
+# that the verdicts do not thin out while the machine is busy. One priority for every batch fails
+# one side: niced, a busy machine's turns lose their verdicts (bench/soak.py); not niced, the
+# analysis slows the requests where it is not behind, large ones most (bench/anchors.py; the figures
+# are in docs/performance.md). Linux gives each thread its own niceness, and an unprivileged process
+# cannot lower its niceness again: so the main thread, niced,
 # runs the polite batches itself (no hand-off while analysis keeps up), and a thread made before it
 # was niced (`_Prompt`) runs the batches that are behind (large ones: the hand-off is shared).
 NICENESS = 5
@@ -68,11 +67,9 @@ def _init(parent: int, spool: str | None) -> None:
         with contextlib.suppress(OSError):
             os.sched_setscheduler(threading.get_native_id(), os.SCHED_BATCH, os.sched_param(0))
     # One core at most: the tokenizer's thread pool would spread a big render over every core (the hot
-    # path's too), and its idle threads spin between the small batches of an agent's turn. (Checked in
-    # the soak, before the prompt thread: the worker ran two threads, this one and the parent watch; no
-    # pool. Its turns cost ~2-3x their in-process CPU there, preempted ~100 times a second at niceness
-    # 10, with 28% of py-spy's samples inside the tokenizer call for a few dozen tokens and 15% in the
-    # Jinja macro: render/pieces.py and render/native.py take both off an agent's turn.)
+    # path's too), and its idle threads spin between the small batches of an agent's turn. (Profiled in
+    # the soak, an agent's turn spent most of its time in the tokenizer call and the Jinja macro, its
+    # worker preempted often: render/pieces.py and render/native.py take both off an agent's turn.)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     tokenizer.PIECES_MAX_CHARS = None  # this process's GIL keeps no event loop waiting (render/tokenizer.py)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s analysis-worker: %(message)s")
@@ -212,10 +209,10 @@ def _take_file(path: str) -> bytes:
 # -- in the gateway process ----------------------------------------------------------------------------
 
 
-# Jobs larger than this go through a file in memory (tmpfs) instead of the pipe: 1.76 MB through the
-# pipe took ~15 ms on a 2-core machine (64 KB at a time, a context switch each), a write and a read
-# of the file well under 1 ms. A batch larger than BATCH_PIPE_MAX goes the same way, so that writing
-# it rarely waits for the worker (the pipe holds 64 KB; what it cannot take yet waits in `_outbox`).
+# Jobs larger than this go through a file in memory (tmpfs) instead of the pipe: the pipe moves 64 KB
+# at a time, a context switch each, where the file is one write and one read. A batch larger than
+# BATCH_PIPE_MAX goes the same way, so that writing it rarely waits for the worker (the pipe holds
+# 64 KB; what it cannot take yet waits in `_outbox`).
 SPOOL_MIN_BYTES = 64 * 1024
 BATCH_PIPE_MAX = 48 * 1024
 IN_FLIGHT = 8  # batches in the worker's hands at once (see AnalysisProcess)
@@ -253,15 +250,14 @@ class AnalysisProcess:
     """The worker process and its pipe, driven by the event loop itself.
 
     A concurrent.futures process pool took two threads of the gateway (a queue feeder and a result
-    manager) and four thread hand-offs per round trip: ~0.2 ms of gateway CPU per small request at
-    concurrency 1 (/proc per-thread CPU), GIL switches with the event loop besides. Here a batch is
+    manager) and four thread hand-offs per round trip: gateway CPU on every small request, and GIL
+    switches with the event loop besides. Here a batch is
     one `send_bytes` on the worker's pipe, and the answer is read when the loop sees the pipe
     readable. The worker's death is seen on its process sentinel.
 
     Up to IN_FLIGHT batches are in the worker's hands: the next ones wait in the pipe while it works
     on the current one. With one at a time the worker slept between batches until a busy event loop
-    got round to reading its answer and sending more: sampled in the soak at niceness 0, it was asleep
-    42% of the time with turns waiting (59% of turns got a verdict).
+    got round to reading its answer and sending more: asleep while turns waited (bench/soak.py).
     """
 
     def __init__(self, spool_parent: str | None = None) -> None:

@@ -2,7 +2,7 @@
 
 vLLM keys each full block of `block_size` tokens by hash(parent block hash, block tokens) and evicts
 least-recently-used free blocks, tail blocks of a sequence first. SGLang's radix cache matches per
-token (block_size 1). Hashing every token of a 480K-token prompt costs ~0.25 s of Python, so the pool
+token (block_size 1). Hashing a long prompt token by token is too slow in Python, so the pool
 always hashes pages of at least 16 tokens; when block_size is smaller than a page, each node also keeps
 its tokens and the first missing page is matched token by token against the parent's children (what a
 radix tree does when it splits an edge), and a sequence's partial last page is stored as its own node.

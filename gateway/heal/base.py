@@ -114,8 +114,8 @@ def heal_digest(msg: dict[str, Any]) -> int:
 
 def _plain_digest(msg: dict[str, Any], content: str) -> int | None:
     """`message_digest` of a plain assistant message (string content, calls with a name and JSON
-    arguments), the same bytes hashed without its general normalisation: 2-3 us instead of 8-15 (the
-    heal step plans every message new to a conversation). None for anything else."""
+    arguments), the same bytes hashed without its general normalisation, which costs several times as
+    much (the heal step plans every message new to a conversation). None for anything else."""
     if msg.get("role") != "assistant" or "tool_call_id" in msg:
         return None
     h = xxhash.xxh64()

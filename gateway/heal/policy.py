@@ -19,7 +19,7 @@ previous request:
    the client's list and messages are shared with the next turn by the history memo), the same dict
    as last time when the client's message did not change.
 
-Measured with bench/heal.py on the 1,600-message corpus body (784 assistant messages): see the README.
+bench/heal.py prints what it costs on the 1,600-message corpus body (784 assistant messages).
 A lane without `heal` costs one attribute read.
 """
 
@@ -53,7 +53,7 @@ OPT_OUT_HEADER = "x-gateway-heal"  # "off": this request goes as sent
 HEALED_HEADER = "X-Gateway-Healed"
 MESSAGE_KINDS: tuple[MessageKind, ...] = (Arguments(), Content(), Reasoning(), ReasoningField())
 # At most this many assistant messages of the previous user turn are planned again when the next turn
-# starts (a client drops their reasoning then): ~5 us each.
+# starts (a client drops their reasoning then).
 TAIL = 256
 MISSING = "missing"  # no relayed message known for it (yet): looked up again while it is the newest
 
@@ -135,7 +135,7 @@ class HealPolicy:
         if mem is not None:
             self._bytes -= mem.size()
         # Where the messages are: where they were last time, plus those among the messages added since
-        # (walking 1,600 messages for their role cost 0.06-0.12 ms); the bytes compared below confirm it.
+        # (not a walk over every message for its role); the bytes compared below confirm it.
         old = len(mem.positions) if mem is not None else 0  # (before the guess extends them)
         roles = _guess(messages, mem)
         guessed = roles is not None
@@ -148,8 +148,8 @@ class HealPolicy:
         # byte for byte, then the new ones. One C pass (orjson) over them as the client sent them;
         # byte-equal to last time is the only proof that last time's repairs still fit (Python's == would
         # call 1, 1.0 and true equal). The others, which needed no repair, are not read at all: reading
-        # the corpus body's 784 assistant messages cost 0.2-0.35 ms of CPU (fresh objects, cache misses),
-        # which is what "nothing to heal" must not cost. Except when a user message arrives: a client
+        # every assistant message of a long history (fresh objects, cache misses) is what "nothing to
+        # heal" must not cost. Except when a user message arrives: a client
         # drops the reasoning of the previous user turn's messages then, so they are planned again.
         # A change elsewhere is forwarded as sent: a repair missed, never a wrong one, and the forwarded
         # bytes stay what they were (the cache's prefix).
@@ -219,7 +219,7 @@ class HealPolicy:
         # places; the client's list and dicts are never changed (the pipeline's history memo shares them
         # with the next turn, and forwards the client's own bytes while the list is the one it parsed).
         # A message unchanged since last time gets last time's repaired dict (equal bytes in, equal
-        # bytes out), so the repairs cost a list assignment each (0.03 ms for 784), not a dict update
+        # bytes out), so the repairs cost a list assignment each, not a dict update
         # and a new call list each.
         out = list(messages) if rat or (watch_order and multi) else messages
         if rat:
@@ -245,8 +245,8 @@ class HealPolicy:
         if drop:
             ords, at, sent, blob, ends = _without(drop, ords, at, sent, blob, ends)
         if mem is not None and len(mem.objs) > 64:
-            # Last time's messages are let go once the request is on its way, not here: freeing 784 of
-            # them (when the history memo does not hold them) cost 0.1-0.15 ms of the step.
+            # Last time's messages are let go once the request is on its way, not here: freeing hundreds
+            # of them (when the history memo does not hold them) would delay the request.
             asyncio.get_running_loop().call_soon(mem.objs.clear)
         self._remember(cid, Memory(len(messages), positions, last_user, fixes, ords, at, sent, blob, ends, new_from,
                                    multi, enabled, ops, rat, put, memo_by_kind, groups))
@@ -378,8 +378,8 @@ def _ops_before(ops: list[Op], k: int) -> int:
 def _unchanged(mem: Memory | None, sent: list[Any]) -> int:
     """How many leading compared messages are last time's, unchanged: the very objects (the pipeline's
     history memo hands an unchanged history over as the objects it parsed last turn, and nothing changes
-    a message in place: 0.01 ms for 784), else byte for byte (one orjson pass over them, compared with
-    last time's bytes by a memcmp: 0.15-0.25 ms for 784)."""
+    a message in place: an identity check each), else byte for byte (one orjson pass over them,
+    compared with last time's bytes by a memcmp)."""
     if mem is None or not mem.objs:
         return 0
     old = mem.objs

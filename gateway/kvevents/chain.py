@@ -12,8 +12,7 @@ would agree (same tokens, same parents all the way to the start), whatever the e
 Blocks whose engine hash also depends on extra keys (images, LoRA, cache_salt: `extra_keys` in the
 event) get the extra keys folded in, so a text-only prediction never claims them.
 
-Cost (measured here, 2 cores): 480K tokens (15,000 blocks of 32) in ~9 ms; most of it the per-block
-Python loop, not the hashing.
+Its cost is the per-block Python loop, not the hashing.
 """
 
 from __future__ import annotations

@@ -8,9 +8,8 @@ the stream, the engine's own batch and event order, which decides what a turn fo
 
 Memory is bounded by `max_blocks` held blocks (+ as many removal records, 2x as many owner entries
 and a store log of `max_blocks` entries); past that the oldest entries are forgotten and counted.
-Measured with tracemalloc (tests/test_kvevents.py): ~290 bytes per held block with its store-log entry
-and owner, ~205 more per removal record; ~500 bytes per block once the pool has turned over, i.e.
-~7.5 MB for a 480K-token pool of 32-token blocks (15,000 blocks). `approx_bytes` estimates that.
+`approx_bytes` estimates what is held from the sizes of the objects (the bytes per block are in
+docs/performance.md).
 """
 
 from __future__ import annotations

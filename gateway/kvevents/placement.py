@@ -3,7 +3,7 @@ conversation's messages, and how much room each replica's pool has.
 
 No render happens before forwarding (it is off the hot path), so a request's messages are tied to
 engine blocks through turns already analysed: for each analysed turn, at the sampled message
-positions of routing/prefix_index.py (the same chained digests the router computes in ~0.1 ms), the
+positions of routing/prefix_index.py (the same chained digests the router computes anyway), the
 key of the last whole block inside messages[0..p] and its token count are remembered. A new request
 computes its sampled digests, finds those boundaries, and asks each replica's index whether that block
 is held *now* (a block held implies its chain up to the start was stored; engines evict tails first).

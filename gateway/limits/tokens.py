@@ -37,8 +37,8 @@ TOOLS_PREAMBLE_TOKENS = 2048  # the template's tool-use instructions when tools 
 BASE_TOKENS = 64  # BOS, system header, effort line, generation prompt
 IMAGE_TOKENS = 2048  # allowance per image in the upper bound
 
-# A conversation the renderer has never seen costs a full tokenizer pass (about 6 s for 470K tokens; turns
-# after that reuse its segment cache and take milliseconds). The hot path waits this long at most; past it
+# A conversation the renderer has never seen costs a full tokenizer pass (seconds for a long agent session;
+# turns after that reuse its segment cache and take milliseconds). The hot path waits this long at most; past it
 # the request is forwarded unchecked (the engine still refuses a real overflow) while the render finishes
 # in the background and warms the cache for the next turn.
 RENDER_TIMEOUT_S = 2.0

@@ -122,14 +122,14 @@ class AccessLog:
         else:
             handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(message)s"))
-        # Lines are written in batches: one write per line was a syscall per request (~10-20 µs on
-        # a busy 2-core machine); a batch leaves within FLUSH_S, and at once from WARNING up.
+        # Lines are written in batches: one write per line would be a syscall per request; a batch
+        # leaves within FLUSH_S, and at once from WARNING up.
         self._buffer = logging.handlers.MemoryHandler(BATCH_LINES, logging.WARNING, handler)
         self._target = handler
         # Lines held for the next flush when nothing but this sink's own handler listens: what the
         # handler would write for each (its format is the message alone), without a LogRecord per
-        # line (`log.info` ~15 us of the sink's ~21 us a request, in process). Any other handler or
-        # filter on the logger, or a level above INFO, and lines take `log.info` as before.
+        # line (`log.info` is most of the sink's cost). Any other handler or filter on the logger, or
+        # a level above INFO, and lines take `log.info`.
         self._lines: list[str] = []
         self._flush_due = False
         if not any(getattr(h, "_gateway_access", False) for h in log.handlers):

@@ -5,9 +5,8 @@ holds one place in line per conversation, with up to `coalesce` of its turns: a 
 turn joins its older ones waiting there (GATEWAY_AFTERMATH_COALESCE, default 4), and they are
 analysed together, in order, each with its own verdict. Analysing every turn costs the analysis
 worker less per verdict than analysing only the latest (an append-only turn whose previous turn was
-analysed has one new message to render; one whose previous turns were skipped has several:
-~0.97 vs ~1.44 ms of worker CPU per verdict, in process, for the soak's small agent turns), so under
-a burst coalescing gives ~1.5x the verdicts of superseding for the same CPU. When a conversation
+analysed has one new message to render; one whose previous turns were skipped has several), so
+under a burst coalescing gives more verdicts than superseding for the same CPU. When a conversation
 already has `coalesce` turns waiting, its oldest waiting turn is shed ("superseded"), so the worker
 still reaches each conversation's latest turn; when the queue is full (far beyond what analysis can
 keep up with) a new conversation's turn is shed ("queue_full"). Past `max_coalesced` turns waiting
@@ -15,8 +14,8 @@ together in all (GATEWAY_AFTERMATH_MAX_COALESCED, no limit by default), a newer 
 oldest waiting turn's place instead of joining it. A shed exchange still reaches the
 sinks at once, with `analysis_skipped` saying why, so records and counters are never lost and the
 shedding is never silent (`shed_superseded`, `shed_queue_full`; the metric
-gateway_analysis_shed_total{reason}). `coalesce` = 1 is the older policy: one turn per
-conversation, a newer turn takes its older one's place.
+gateway_analysis_shed_total{reason}). `coalesce` = 1 keeps one turn per conversation: a newer
+turn takes its older one's place.
 
 The queue is bounded in exchanges and in bytes (each queued exchange holds its whole request, as
 received and as forwarded: ten thousand agent turns of 400K tokens would be tens of GB),
@@ -42,22 +41,21 @@ log = logging.getLogger("gateway.aftermath")
 Step = Callable[[Exchange, LaneRuntime | None], Awaitable[None] | None]
 
 # What one queued exchange is taken to weigh beyond its raw request bytes (parsed body, headers,
-# stream observations): measured ~15 KiB for small chat requests under a soak.
+# stream observations): about what a small chat request weighs in the soak (bench/soak.py).
 EXCHANGE_OVERHEAD_BYTES = 16 * 1024
 DEFAULT_MAX_QUEUE_BYTES = 64 * 1024 * 1024
 # Workers in flight at once: each waits mostly on the analysis process, which takes the jobs of all
-# of them in one batch (worker.py); 2 left it idle between jobs (14% of soak turns analysed).
+# of them in one batch (worker.py); with a few, it sat idle between jobs and most turns went unanalysed.
 DEFAULT_WORKERS = 64
 
-# Turns of one conversation waiting together (see above). Each holds its request (~16-20 KiB for a
-# small agent turn), so 400 conversations at 4 turns is ~30 MB at most, under the byte bound.
+# Turns of one conversation waiting together (see above). Each holds its request: the byte bound,
+# not this count, is what bounds the queue's memory.
 DEFAULT_COALESCE = 4
 # Turns waiting together in all (beyond the first of each conversation), GATEWAY_AFTERMATH_MAX_COALESCED:
 # past it a conversation's newer turn takes its oldest waiting turn's place instead of joining it.
-# No limit by default (the byte budget bounds the queue): in the 45 s soak at nice 10 on a busy
-# machine, 1,024 kept the queue to ~20 MB and shed no new conversation's turn as queue_full (against
-# 500-1,100 of ~18,000), but the verdict share fell from 31-32% to 25-26% (fewer turns analysed right
-# after their predecessors, which are the cheap ones: 1.24-1.35 against 1.12-1.20 ms each).
+# No limit by default (the byte budget bounds the queue): a limit sheds fewer new conversations' turns
+# as queue_full, but fewer turns are then analysed right after their predecessors, the cheap ones, and
+# the share of turns with a verdict falls (bench/soak.py; the figures are in docs/performance.md).
 DEFAULT_MAX_COALESCED = 1 << 62
 
 SUPERSEDED = "superseded"
@@ -68,7 +66,7 @@ class FirstBytes:
     """Requests on their way to the upstream go before the aftermath's work.
 
     The event loop runs one thing at a time: at concurrency 1 a new request arrived while the last
-    one's analysis hand-off, record, metrics and access line (~0.3-0.5 ms) were running, and waited
+    one's analysis hand-off, record, metrics and access line were running, and waited
     for them. The pipeline holds this while a request is on the CPU before it is forwarded (not while
     it waits for the engine: that wait needs no CPU, and can last minutes); the aftermath waits while
     any request is held, for at most `max_wait_s` (a steady stream of requests must not starve it:
@@ -151,7 +149,7 @@ class Aftermath:
         self.processed = 0
         self._pending: OrderedDict[Hashable, _Entry] = OrderedDict()  # conversation (or exchange) -> its latest turn
         # Idle workers, each waiting on its own future: an exchange wakes one of them. (One Event for
-        # all woke the 64 of them for every exchange, 63 to find nothing: ~0.3 ms of loop per request.)
+        # all would wake every worker for every exchange, all but one to find nothing.)
         self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
         self._idle: asyncio.Event | None = None
         self._in_flight = 0
@@ -159,8 +157,8 @@ class Aftermath:
         # a turn whose analysis is done waits in `_ready` for the ones taken before it, and whichever
         # worker completes the next in line runs the sinks of every turn ready after it. A worker never
         # waits for another's analysis: when each awaited the one taken before it, the 64 workers
-        # queued behind the slowest, and the analysis process got batches of 1-2 jobs and sat idle 40%
-        # of the soak with a thousand turns waiting.
+        # queued behind the slowest, and the analysis process got batches of 1-2 jobs and sat idle
+        # with turns waiting.
         self._taken = 0  # turns taken so far: the next one's place in line
         self._next_out = 0  # the place of the next turn whose sinks run
         self._ready: dict[int, _Turn] = {}

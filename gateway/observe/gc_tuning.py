@@ -1,9 +1,9 @@
 """The cyclic garbage collector, tuned for a process that must never stall its streams.
 
 A full collection walks every tracked object: the imported code, templates and tokenizer alone
-(~60K objects) take 30-40 ms on a 2-core machine, a stall of every stream in flight. And a long
-agent request (1,600 messages: ~50K containers, freed by reference counting moments later) made
-CPython run about one full collection per request with its default thresholds (700, 10, 10).
+make it a stall of every stream in flight. And a long agent request (tens of thousands of
+containers, freed by reference counting moments later) makes CPython run a full collection about
+once per request with its default thresholds (700, 10, 10).
 
 So, once the process has started: collect, then freeze what exists (it lives as long as the
 process: the permanent generation is never walked again), and run the young collections less often.

@@ -58,7 +58,7 @@ class BoundedLabel:
         self.limit = limit
         self.seen: set[str] = set()
         # What each string value became, for the values seen before: the same answer without the
-        # regular expression (~1 us a call, a few calls per request). Bounded like `seen`.
+        # regular expression (a few calls per request). Bounded like `seen`.
         self._known: dict[str, str] = {}
 
     def __call__(self, value: Any) -> str:
@@ -191,10 +191,10 @@ class Metrics:
         self.rate_limited = Counter("gateway_rate_limited", "Requests refused by a per-tenant rate limit",
                                     ["tenant", "limit"], registry=r)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
-        # What the requests since the last flush added, per labelled child: a dict update each (~0.2 us)
-        # where the child's own inc() or observe() takes its lock (~0.5 and ~1.1 us, some 15 a
-        # request). Applied at a scrape (MetricsExport), within FLUSH_S otherwise (a multi-process
-        # scrape reads the other processes' files), and at once without an event loop.
+        # What the requests since the last flush added, per labelled child: a dict update each, where
+        # the child's own inc() or observe() takes its lock (some 15 a request). Applied at a scrape
+        # (MetricsExport), within FLUSH_S otherwise (a multi-process scrape reads the other processes'
+        # files), and at once without an event loop.
         self._counts: dict[Any, float] = {}
         self._observed: dict[Any, _Observed] = {}
         self._flush_due = False

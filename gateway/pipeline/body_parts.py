@@ -2,7 +2,7 @@
 
 A first-seen 2 MB body whose fields the gateway rewrote (a vLLM lane asks for `return_token_ids`)
 is the rewritten fields plus the client's own bytes of its messages. Joining them into one bytes
-object copied 2 MB into a fresh buffer: ~0.3-1.0 ms of the event loop per request
+object would copy the whole body into a fresh buffer on the event loop, for every request
 (bench/steps.py "serialise", fresh pages counted). Held as parts, each reader takes them as they
 are: the upstream client writes them with one `writelines` (writev), the analysis hand-off copies
 them into its shared memory (conversations/handoff.py). `bytes(parts)` joins them for the rare

@@ -312,7 +312,7 @@ def _request_id(request: Request) -> str:
     rid = request.headers.get("x-request-id")
     if rid and len(rid) <= 128 and rid.isascii() and rid.isprintable():
         return rid
-    return "gw-" + os.urandom(16).hex()  # 128 random bits, as uuid4 (~0.8 against ~3.8 us)
+    return "gw-" + os.urandom(16).hex()  # 128 random bits, as uuid4, without making a UUID
 
 
 async def _count_messages(lane: LaneRuntime, body: dict[str, Any], model: str) -> int:

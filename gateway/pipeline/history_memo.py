@@ -1,8 +1,8 @@
 """The hot path's memory of recent large bodies: an agent's next turn repeats its history byte for byte.
 
 A 1,600-message agent session sends 2-3 MB per turn, of which all but the last few messages are the
-previous turn's bytes. Parsing, validating and re-serialising all of it costs ~2-5 ms of the event
-loop per turn (bench/steps.py), for nothing new. So, per process, the last large bodies leave an
+previous turn's bytes. Parsing, validating and re-serialising all of it costs the event loop
+milliseconds per turn (bench/steps.py), for nothing new. So, per process, the last large bodies leave an
 `Entry`: where their history ends in the bytes (`cut`, just after the last message), digests of the
 bytes up to there, the parsed messages, and the top-level fields before `messages`. A new body that
 starts with exactly those bytes is read as the entry's messages plus a parse of only what follows:
@@ -19,7 +19,7 @@ Finding `cut`: orjson reads the messages array alone from its '[' and says where
 the top-level fields after `messages`. A body seen for the first time is usually read in parts
 (messages_span.py), which finds its array's span as it parses: its messages' own bytes are
 forwarded at once, and filing it costs two digests. Else finding `cut` is a second parse of its
-history (~3 ms for 2 MB), done only when a later body starts with the same bytes (a burst of new
+history, done only when a later body starts with the same bytes (a burst of new
 one-turn conversations never pays it); for a body that extended a known one, only its new messages
 are read. Anything unexpected (a second `messages` key in what follows, a
 message that is not an object) means no entry, or a miss: the ordinary parse. Nothing here can make
@@ -43,7 +43,7 @@ import xxhash
 from . import messages_span
 from .body_parts import Body, Parts, whole
 
-MIN_BYTES = 64 * 1024  # below this a whole parse costs less than looking (orjson: ~0.5 µs per KB)
+MIN_BYTES = 64 * 1024  # below this a whole parse costs less than looking
 HEAD = 4096  # the bytes that file an entry (a conversation's system prompt and first messages)
 NEAR = 4096  # the bytes just before `cut`, checked before the whole prefix (tells conversations apart)
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
@@ -125,7 +125,7 @@ class HistoryMemo:
     def settle(self, parsed: Parsed) -> None:
         """File the body once it has been answered (never one that was refused: its messages would
         count as checked next time). A body seen for the first time is filed as it is; its digests
-        (and, if it could not be read in parts, where its history ends: ~3 ms for 2 MB) are worked
+        (and, if it could not be read in parts, where its history ends: a second parse) are worked
         out only when a later body starts like it (`_settle`), which a burst of one-turn
         conversations never pays. A body that extended an earlier one replaces it: the
         conversation moved on."""
@@ -224,17 +224,17 @@ class HistoryMemo:
     @staticmethod
     def forward_body(parsed: Parsed, out: dict[str, Any]) -> Body | None:
         """`out` as JSON with the history's own bytes for its messages, when no policy replaced them
-        (None: serialise it the ordinary way). orjson writing the 1,600-message corpus again cost
-        ~0.7 ms; this writes only the other fields and hands the history's bytes on in place: the
-        parts are written upstream as they are (body_parts.py; joining them was a 2 MB copy,
-        ~0.3-1.0 ms of the event loop)."""
+        (None: serialise it the ordinary way). Writing a long history again costs the event loop
+        what reading it did; this writes only the other fields and hands the history's bytes on in
+        place: the parts are written upstream as they are (body_parts.py; joining them would copy
+        the whole body)."""
         entry = parsed.fresh
         if entry is None or out.get("messages") is not entry.messages:
             return None
         others = orjson.dumps({k: v for k, v in out.items() if k != "messages"})
         if entry.others is not None and entry.others[0] == others and list(out).index("messages") == entry.others[1]:
             # Nothing rewritten, no key given twice: the client's body is the body to forward, as
-            # it is (no 2 MB buffer to fill: ~0.3 ms in the running gateway, bench/steps.py).
+            # it is (no buffer of the body's size to fill: bench/steps.py "serialise").
             return entry.raw
         return Parts((others[:-1] + (b',"messages":' if len(others) > 2 else b'"messages":'),
                       memoryview(entry.raw)[entry.open - 1:entry.cut], b"]}"))

@@ -1,8 +1,8 @@
 """A large chat body read in three parts, so that its `messages` array's own bytes are known.
 
-The hot path forwards a first-seen 2 MB body with its messages untouched; re-serialising them cost
-~0.3-1.3 ms of the event loop per request (orjson.dumps into a fresh 2 MB buffer, measured in place
-by bench/steps.py). When the gateway changes none of the other fields (the model name is the
+The hot path forwards a first-seen large body with its messages untouched; re-serialising them
+costs the event loop a fresh buffer of the body's size per request (orjson.dumps; bench/steps.py
+"serialise"). When the gateway changes none of the other fields (the model name is the
 upstream's, no stream options added) the client's body itself is forwarded; else the other fields
 are written and joined with the array's own bytes. That needs the array's exact byte span, found
 without a second pass over 2 MB:
@@ -21,15 +21,15 @@ without a second pass over 2 MB:
   replaces ours. Then the body's parse is that object with S's value at our key, in the same key
   order: JSON is read left to right and S sits where a value goes.
 
-S is parsed in place (a memoryview: no copy). Copying 2 MB into a new buffer, to wrap it or to
-re-serialise it, costs ~1 ms in the running gateway (fresh pages), more than the parse saves.
+S is parsed in place (a memoryview: no copy). Copying it into a new buffer, to wrap it or to
+re-serialise it, would cost more than the parse saves (fresh pages).
 
 One difference from the whole parse, at depths no client writes: S alone is one level shallower
 than in the body, so messages nested exactly 1,024 levels deep read here where the whole parse
 refuses them, and messages nested 254+ levels (deeper than orjson writes) are forwarded as the
 client wrote them rather than refused as "nested too deeply to forward" (the memo's later turns
 already forwarded their new messages that way). Anything unexpected (a second `messages` key,
-broken JSON, a tail longer than the window) is None: the caller parses the whole body, as before;
+broken JSON, a tail longer than the window) is None: the caller parses the whole body the ordinary way;
 the only extra cost is the wasted attempt.
 """
 
@@ -44,7 +44,7 @@ import orjson
 # Tail read backwards: string tokens and brackets, on the reversed bytes. A reversed string ends at a
 # quote that is not followed (in reversed order) by an odd run of backslashes. One cut by the
 # window's end matches up to it (\Z) instead of failing: a failed match restarts the scan at every
-# quote inside the string (quadratic: seconds for 64 KB of escaped quotes).
+# quote inside the string (quadratic in the escaped quotes).
 _REV_TOKEN = re.compile(rb'"(?:[^"]++|"(?=(?:\\\\)*+\\(?!\\)))*+(?P<end>"|\Z)|[\[\]{}]')
 _ROLE_REV = b'"elor"'  # "role", reversed
 WINDOW = 16 * 1024  # bytes read backwards from the end at most; a longer last message: no span
@@ -146,9 +146,8 @@ def open_bracket(body: bytes, accept: Callable[[Any], bool], end: int | None = N
 
 def _close_guess(body: bytes, bracket: int) -> int:
     """The ']' that probably closes the array opened at `bracket` (verified by the caller): read
-    from the last 4 KB (a short last message, a small tail: ~5 µs), else from the last 16 KB. The
-    cost grows with the escaped quotes read (~80 ns each: 16 KB of JSON quoted in a tool's answer,
-    a quote every 5 bytes, ~0.6 ms), so a longer last message is parsed whole, as before."""
+    from the last 4 KB (a short last message, a small tail), else from the last 16 KB. The cost
+    grows with the escaped quotes read, so a longer last message is parsed whole."""
     for window in (4096, WINDOW):
         close = _read_back(body, bracket, window)
         if close != -2 or window >= len(body) - bracket:

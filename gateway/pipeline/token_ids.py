@@ -22,9 +22,9 @@ SGLang: the version the fixtures and the emulator follow has no such field on ch
 later change ignores it in streams), so asking would break streaming clients. An SGLang lane is not
 asked and its record compares counts, saying so.
 
-Cost on long prompts: the first chunk carries the whole prompt's ids (100K tokens: 615 KB). The relay
-takes them out before the observer parses the chunk (~8 µs: one find, one slice) and the analysis
-parses them off the event loop; parsed on the loop they would cost ~2.6 ms per request (measured here).
+Cost on long prompts: the first chunk carries the whole prompt's ids (several bytes per token). The
+relay takes them out before the observer parses the chunk (one find, one slice) and the analysis
+parses them off the event loop: parsed on the loop, they would cost every long request milliseconds.
 
 When the gateway asked and the client did not, the client sees exactly what it would have seen
 without the flag: each id array becomes `null` again and id-only chunks are dropped. When the client
@@ -32,8 +32,8 @@ asked itself, it gets them as it asked.
 
 Byte-level, like gateway/relay/reshape.py and for the same reason: `token_ids":` followed by `[` cannot occur
 inside a JSON string (its quote would be escaped), and an id array holds only integers, so its end is
-the next `]`. Per chunk, `take` (strip, keep the ids) costs ~1.0 µs against ~0.6 µs for an
-orjson.loads of the same chunk (tests/test_token_ids.py::test_cost_per_chunk, CPU time).
+the next `]`. Per chunk, `take` (strip, keep the ids) costs about what an orjson.loads of the same
+chunk does (tests/test_token_ids.py::test_cost_per_chunk).
 """
 
 from __future__ import annotations
@@ -197,8 +197,8 @@ def take(ex: "Exchange", event: bytes) -> bytes | None:
     """The stream relay's hook, before the observer parses the event: the event without the ids the
     gateway asked for (None: the chunk exists only for them), the ids kept on the exchange. The
     generated ids (a few per chunk) are parsed here; the prompt's are kept as their JSON and parsed by
-    the analysis, off the event loop: for a 100K-token prompt the observer's parse of the first chunk
-    costs 2.6 ms with them and 0.013 ms without (measured here; the strip itself ~8 µs)."""
+    the analysis, off the event loop: the observer's parse of a long prompt's first chunk would
+    otherwise cost milliseconds, the strip is one find and one slice."""
     out, prompt, gen = _chunk(event, True)
     if prompt is not None:
         ex.generated.prompt_token_ids = prompt

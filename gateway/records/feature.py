@@ -105,9 +105,8 @@ class Records:
                     filters: Filters | None = None) -> dict[str, Any]:
         now = time.time()
         rows = await self.rows(window_s, lane, filters, now=now)
-        # Summaries are pure Python over up to MAX_ROWS rows (50K drift rows: compute_stats ~0.75 s,
-        # costs ~1.8 s, measured at load average 17 on the shared 2-core machine): in a thread, so
-        # the event loop keeps relaying streams meanwhile.
+        # Summaries are pure Python over up to MAX_ROWS rows (seconds on a busy machine): in a thread,
+        # so the event loop keeps relaying streams meanwhile.
         out = await asyncio.to_thread(_stats_of, rows, window_s, now)
         out["source"] = self.source()
         out["rows_capped"] = len(rows) >= MAX_ROWS  # the summary covers only the newest MAX_ROWS records

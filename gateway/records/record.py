@@ -178,7 +178,7 @@ def build_record(ex: Exchange, capture_max_bytes: int = 0) -> dict[str, Any]:
     return rec
 
 
-@functools.lru_cache(maxsize=512)  # a fleet has a few clients: ~1.6 us a record without it
+@functools.lru_cache(maxsize=512)  # a fleet has a few clients: parsed once per User-Agent, not per record
 def client_of(user_agent: str | None) -> str:
     """The client program from its User-Agent: `OpenAI/Python 1.2.3` -> `OpenAI/Python`,
     `opencode/0.5.1 ai-sdk/4` -> `opencode`, `curl/8.5.0` -> `curl`; "unknown" without one.
@@ -218,7 +218,7 @@ def decode_speed(t_first: float | None, t_last: float | None, completion_tokens:
 def gap_percentiles(times: list[float]) -> tuple[float | None, float | None]:
     if len(times) < 2:
         return None, None
-    gaps = sorted(map(operator.sub, times[1:], times))  # ~30% cheaper than a generator over zip
+    gaps = sorted(map(operator.sub, times[1:], times))  # in C, not a generator over zip
     return quantile(gaps, 0.5), quantile(gaps, 0.99)
 
 

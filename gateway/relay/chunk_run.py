@@ -2,10 +2,9 @@
 
 Once the observer has learnt a stream's token-chunk shapes (chunk_shape.py), an engine's read holds
 dozens of consecutive chunks that differ only in their text: `HEAD text TAIL HEAD text TAIL ...`.
-Relaying them one by one cost Python for every event (split, shape check, record, reshape: a
-256-chunk burst 377-490 µs, 157-177 µs this way). Here the relay walks the read's events itself, and
-where an event starts with a learnt shape's head, one `split` after each of the shape's tails cuts
-the following chunks apart, C-level calls keep the pieces that are the head and a text, one join
+Relaying them one by one costs Python for every event (split, shape check, record, reshape). Here
+the relay walks the read's events itself, and where an event starts with a learnt shape's head, one
+`split` after each of the shape's tails cuts the following chunks apart, C-level calls keep the pieces that are the head and a text, one join
 checks that the texts are all plain JSON strings (no quote, backslash or control byte, as
 chunk_shape.Shape.text accepts) and one decode makes them text. The run is recorded (its texts, one
 timestamp for the read) and relayed as one piece: its own bytes when the reshaper leaves the shape
@@ -123,8 +122,8 @@ class Runs:
             if not (p.usable and buf.startswith(p.shape.head, at)):
                 continue
             # Cut after each tail (a tail ends the event: its blank line is the event's only one), keep
-            # the pieces that are the head and a text. ~0.35 µs a chunk in all; a split by tail+head
-            # took ~3x as long (a needle of 100+ bytes takes CPython's two-way search).
+            # the pieces that are the head and a text. Not a split by tail+head: a needle of 100+ bytes
+            # takes CPython's slower two-way search.
             pieces = buf[at:at + WINDOW].split(p.shape.tail)
             pieces.pop()  # what follows the last tail: not a whole event of this run
             heads = list(map(p.starts, pieces))
@@ -163,7 +162,7 @@ class Runs:
         s = p.shape
         outs = [self.reshape(s.head + probe + s.tail) for probe in _PROBES]
         a, b = outs[0], outs[1]
-        lo, hi = 0, min(len(a), len(b))  # their common prefix, by slice comparisons (a byte loop: ~60 µs)
+        lo, hi = 0, min(len(a), len(b))  # their common prefix, by slice comparisons (not a byte loop)
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if a[:mid] == b[:mid]:

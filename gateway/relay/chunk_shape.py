@@ -12,8 +12,7 @@ A shape is learnt only when a probe proves it: the shape filled with another tex
 parsed chunk with only that text changed. So a shape's slot is exactly the text's value, whatever
 else the chunk holds (the same words elsewhere, an engine's extra fields).
 
-Cost (256-chunk stream, this 2-core machine, timeit): the general way (orjson parse, shape check,
-delta read) ~3.5 µs per chunk; a chunk recognised ~0.6 µs.
+A chunk recognised costs a fraction of the general way (orjson parse, shape check, delta read).
 """
 
 from __future__ import annotations

@@ -300,7 +300,7 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, body_bytes: int)
         ok = clean = False
         why = ""
         # The first event is split and relayed before the rest of its read is (a read can hold a
-        # whole burst: splitting 256 events first cost the client's first token ~0.1 ms).
+        # whole burst: splitting all of it first would delay the client's first token).
         data, later = _first_event_apart(first)
         watchdog = IdleWatchdog(resp, timeouts.idle)
         failure: tuple[int, str, str] | None = None

@@ -133,7 +133,7 @@ class StreamObserver:
             return event
         if self.strip_ids:  # out before anything else reads the event (vLLM sends ids in every chunk)
             # (An event known above had none to take: its bytes are a stripped chunk's, `null` where
-            # an id array was; an engine that sends none skips this search, ~0.3 µs a chunk.)
+            # an id array was; an engine that sends none skips this search.)
             stripped = token_ids.take(self.ex, event)
             if stripped is None:
                 return None

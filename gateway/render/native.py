@@ -1,8 +1,8 @@
 """The packaged DeepSeek-V4.1 template's `render_item` macro, in Python, for the messages it renders plainly.
 
-Why: a new 1,600-message conversation called the macro 1,571 times, ~0.1 ms each in Jinja's sandbox
-(attribute checks on every `c.x` and `m['x']`, a marked string to split again), ~130 of the ~170 ms
-its render took. Here an item is a few string joins (~5-10 us).
+Why: a new long conversation calls the macro once per message, and each call in Jinja's sandbox is
+costly (attribute checks on every `c.x` and `m['x']`, a marked string to split again): the macro was
+most of such a render. Here an item is a few string joins.
 
 When: only for a template whose macros (`_part`, `_text`, `render_item`) are, character for
 character, the ones this function was written from (`for_source`: their digest), and only for items

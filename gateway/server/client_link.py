@@ -4,7 +4,7 @@ Waiting for an upstream (its first byte, a whole answer) must end as soon as the
 or a cancelled agent turn would keep an engine slot busy until it finished. Two ways to learn it:
 
 - `AsgiLink`: under ASGI, only by calling `receive()` until it says `http.disconnect`; that takes
-  one watcher task per wait (~15 µs of task creation and cancellation).
+  one watcher task per wait (a task created and cancelled for every upstream wait).
 - the wire path (gateway/server/wire.py) hears it from the connection itself (`connection_lost`) and
   cancels the waiting task directly: no watcher at all.
 

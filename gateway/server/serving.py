@@ -14,8 +14,8 @@ slow clients could hold the gateway's connections and tasks. Here:
 - a request uvicorn cannot parse gets `400` in OpenAI's JSON shape instead of uvicorn's text.
 
 Deadlines come from routes.yaml's `gateway.http` through the environment (`gateway serve` exports
-them; worker processes inherit them), read once per process. One timer per connection phase:
-`loop.call_later`, ~1 µs to arm and cancel.
+them; worker processes inherit them), read once per process. One timer per connection
+(`loop.call_later`), re-armed only when it would fire too late.
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ class DeadlineHttpToolsProtocol(HttpToolsProtocol):
         self.header_timeout_s, self.body_timeout_s = _deadlines()
         # One timer per connection, checked when it fires: a phase sets when it is due (`_due`) and
         # what happens then (`_late`); the timer is re-armed only when it would fire too late, so a
-        # request on a kept-alive connection arms none (a call_later and a cancel are ~2.2 us, and
-        # each request had two of each). When it fires early, it re-arms for what is left.
+        # request on a kept-alive connection arms none (a call_later and a cancel for each of a
+        # request's two phases are a cost on every request). When it fires early, it re-arms for what is left.
         self._deadline: asyncio.TimerHandle | None = None
         self._due: float | None = None
         self._late: Any = None

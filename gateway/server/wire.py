@@ -7,7 +7,7 @@ proxy paths the protocol hands the request to `serve` instead of starting the AS
 
 - a whole answer is one `transport.write` (status line, headers and body): under ASGI, Starlette
   sends the start and the body as two messages and uvicorn writes each, two syscalls where one
-  does; a small request spent ~35% of the gateway's main-thread CPU in those writes;
+  does, and those writes were a large share of a small request's CPU;
 - a stream is written chunk by chunk with chunked encoding, without Starlette's per-response task
   group (a task to listen for the disconnect and one to stream) and without a `send` message dict
   per chunk;
@@ -15,7 +15,7 @@ proxy paths the protocol hands the request to `serve` instead of starting the AS
   client_link.py): no watcher task per upstream wait.
 
 Everything else (admin, metrics, the other routes, CORS preflights, a request with CORS configured)
-goes through Starlette as before. GATEWAY_WIRE=0 turns this path off (the A/B of bench/anchors.py).
+goes through Starlette. GATEWAY_WIRE=0 turns this path off (the A/B of bench/anchors.py).
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ PIECE = 8 * 1024 * 1024
 
 class WireHeaders(Headers):
     """Starlette's Headers with its lookups through a dict built on the first one: each `get` scanned
-    the list and lower-cased the name (~1.2 us; a request makes several: the key check, the request
-    id, the conversation header, the record's user-agent). The first of repeated headers wins, as there."""
+    the list and lower-cased the name, and a request makes several: the key check, the request
+    id, the conversation header, the record's user-agent. The first of repeated headers wins, as there."""
 
     __slots__ = ("_index",)
 

@@ -43,10 +43,9 @@ class MemoryStore:
 
     async def set(self, key: str, value: bytes, ttl_s: float) -> None:
         # A copy of exactly its length: orjson (3.13) hands back bytes whose buffer keeps the capacity it
-        # wrote into, at least 4 KB (a 57-byte head held 4,098 bytes, a 100 KB state 1 MB, tracemalloc),
-        # so the byte bound below counted a tenth of what was held: 100K small heads took 305 MB of RSS.
-        # Each new conversation grew the heap by ~12 KB (~2 KB now: 8,000 new conversations took 25,291
-        # page faults before, 4,043 after). The copy costs ~0.1 us for a small value.
+        # wrote into, at least a page, so without it the byte bound below would count a small part of
+        # what is held, and every new conversation would grow the heap by that capacity (the figures:
+        # docs/cli.md, memory bounds). The copy is cheap for a small value.
         value = bytes(memoryview(value))
         old = self._data.get(key)
         if old is not None:

@@ -2,7 +2,7 @@
 
 Why not aiohttp here: its client is a general one (a connector with limits and DNS cache, a
 request object, a writer task, a StreamReader, multidicts, traces) and on a small request it was
-the largest step of the hot path (bench/steps.py "forward": 0.35 ms of 0.45 ms of event-loop CPU).
+the largest step of the hot path (bench/steps.py "forward").
 The gateway needs much less: one POST with a body whose length it knows, to a handful of replicas,
 one request per connection at a time. So:
 
@@ -16,13 +16,10 @@ one request per connection at a time. So:
   that very moment) is retried once on a fresh one, as aiohttp and nginx do; a fresh connection's
   failure is the caller's to handle (failover "connect").
 
-Measured on this 2-core machine (shared and loaded, so A/B alternated in one process):
-bench/ab.py upstream-client, the proxy's whole "forward" step for a small request 0.33-0.35 ms
-against 0.64-0.76 ms with aiohttp, for a stream's 0.36-0.43 against 0.81-0.83 ms; the client alone
-on uvloop against ../shared/tools/mock_upstream.py, 25-85 µs of process CPU per small request and
-answer (syscalls included) against 114-208 µs, and per read of a paced stream 61-82 against
-87-135 µs (the loop's wake-up included). Like aiohttp's, it leaves no reference cycle per request
-(a parser holding its response's bound methods had left 10-14 objects to the cyclic collector).
+So it spends less CPU than aiohttp's client per request and per read (the figures, and where they
+are measured: docs/performance.md). Like aiohttp's, it leaves no reference cycle per request: a
+parser must not hold its response's bound methods, or every request leaves work to the cyclic
+collector.
 
 The response offers what proxy.py reads of aiohttp's (status, headers.get, content_type,
 content.readany / at_eof, close, release), so GATEWAY_UPSTREAM_CLIENT=aiohttp can still swap
