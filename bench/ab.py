@@ -8,13 +8,15 @@ to differ. CPU of the event-loop thread (thread_time) from the request's body to
 aftermath (analysis hand-off, records, metrics: everything the loop does for it), on uvloop as the
 gateway serves. The choices (the change first, what it replaced second):
 
-  upstream-client   the gateway's own client (upstream_client.py) / aiohttp's
   chunk-shapes      stream chunks recognised from their bytes (chunk_shape.py) / each one parsed
-  chunk-runs        runs of recognised chunks relayed at once (chunk_run.py) / event by event
   ring              large bodies to the analysis worker through shared memory (handoff.py) / pickled
   parts             the forwarded body in parts, written with writelines (body_parts.py) / joined
 
-    python bench/ab.py upstream-client               # 6 blocks each way, ~20 s
+The gateway's own upstream client and the runs of chunks were compared here with what they replaced
+(aiohttp's client, the event-by-event relay) until those were removed; their figures are in
+docs/performance.md.
+
+    python bench/ab.py parts                         # 6 blocks each way
     python bench/ab.py chunk-shapes --blocks 10
     python bench/ab.py ring --scenario "2 MB new conversation" --blocks 12 --per-block 8
 """
@@ -35,8 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import steps  # noqa: E402  (bench/steps.py: its gateway on the stub, bodies, timers and instrumentation)
 
-from gateway.relay import chunk_run, chunk_shape  # noqa: E402
-from gateway.upstream import replicas as upstream_mod  # noqa: E402
+from gateway.relay import chunk_shape  # noqa: E402
 from gateway.pipeline.body_parts import whole  # noqa: E402
 from gateway.pipeline.history_memo import HistoryMemo  # noqa: E402
 
@@ -44,23 +45,11 @@ _clock = time.thread_time
 Switch = Callable[[bool], None]  # True: the change, False: what it replaced
 
 
-def _client(gw: Any) -> Switch:
-    def set_(on: bool) -> None:
-        upstream_mod.CLIENT = "raw" if on else "aiohttp"  # read on every send
-    return set_
-
-
 def _shapes(gw: Any) -> Switch:
     tries = chunk_shape.MAX_TRIES
 
     def set_(on: bool) -> None:
         chunk_shape.MAX_TRIES = tries if on else 0  # read at every parsed chunk
-    return set_
-
-
-def _runs(gw: Any) -> Switch:
-    def set_(on: bool) -> None:
-        chunk_run.ENABLED = on  # read at every stream's start
     return set_
 
 
@@ -92,9 +81,7 @@ class Choice:
 
 
 CHOICES = {
-    "upstream-client": Choice(_client, ("small c=1", "stream 256")),
     "chunk-shapes": Choice(_shapes, ("stream 256",)),
-    "chunk-runs": Choice(_runs, ("stream 256",)),
     "ring": Choice(_ring, ("2 MB resent (large_c4)", "2 MB new conversation")),
     "parts": Choice(_parts, ("2 MB resent (large_c4)", "2 MB new conversation")),
 }

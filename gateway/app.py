@@ -88,7 +88,7 @@ def create_app(settings: Settings | None = None) -> "FastPath":
             log.critical("the gateway cannot start: %s", exc)
             await gw.stop()
             raise
-        gc_tuning.settle()
+        gc_tuning.settle(settings.gc_thresholds)
         if _PROTOCOL not in sys.modules:  # uvicorn imports the configured protocol before the lifespan runs
             log.warning("serving without the gateway's HTTP protocol: no read deadlines (a slow client holds its "
                         "connection) and every request goes through ASGI; run `gateway serve`, or uvicorn with "
@@ -131,6 +131,11 @@ class FastPath:
     @property
     def gateway(self) -> Gateway:
         return self.app.state.gateway
+
+    @property
+    def settings(self) -> Settings:
+        """What the HTTP protocol reads (gateway/server/serving.py): the deadlines, the wire path."""
+        return self.gateway.settings
 
     def wire_handler(self, path: str) -> Callable[[Any], Any] | None:
         """The protected handler the HTTP protocol runs without ASGI (gateway/server/wire.py), if any: not

@@ -52,6 +52,7 @@ from .core.runtime import Runtime
 from .server.security import Security, SecurityConfigError
 from .server.wire import link_of
 from .core.settings import Settings
+from . import process_switches
 from .api.status import Status
 from .store import StateStore
 from .store.feature import build_store
@@ -202,6 +203,7 @@ class Gateway:
 
 def build(settings: Settings) -> Gateway:
     """The gateway of `settings`, every part built and wired; nothing started yet."""
+    process_switches.apply(settings)  # before routes.yaml's templates load and anything renders
     config = _part("routes.yaml", lambda: load_routes(settings.routes_path))
     runtime = Runtime(config, settings.routes_path, make_router=make_policy)
     store, redis_client = _part("state store", lambda: build_store(settings))
@@ -222,12 +224,15 @@ def build(settings: Settings) -> Gateway:
     rate_limits = RateLimits(runtime, RedisCounters(redis_client) if redis_client is not None else None)
     book = RelayedBook(store, TTL_S)
     heal = HealPolicy(book)
-    access_log = _part("access log", build_access_log)  # None when off (GATEWAY_ACCESS_LOG=0)
+    access_log = _part("access log", lambda: build_access_log(settings.access_log))  # None when off
     tracing = build_tracing(settings)  # NO_TRACING unless an OTLP endpoint is configured
     sinks = [metrics.observe, records.sink, *([access_log] if access_log is not None else []),
              *([tracing.exchange_done] if tracing.enabled else [])]
     first_bytes = FirstBytes()  # requests on their way to their first byte go before the aftermath
-    aftermath = Aftermath(analyzers=[conversations.analyzer], sinks=sinks, first_bytes=first_bytes)
+    aftermath = Aftermath(analyzers=[conversations.analyzer], sinks=sinks, first_bytes=first_bytes,
+                          workers=settings.aftermath_workers, coalesce=settings.aftermath_coalesce,
+                          max_coalesced=settings.aftermath_max_coalesced,
+                          max_queue_bytes=settings.aftermath_max_bytes)
     qualification.reload_index()  # at start-up, before serving (blocking is fine here), before the lane hooks
     runtime.wire(
         lane_hooks=[attach_renderer, limits.attach, routing.bind, qualification.hook, kv_events.lane_changed],
@@ -237,7 +242,7 @@ def build(settings: Settings) -> Gateway:
     qualification.ensure_token_file()
     pipeline = Pipeline(runtime, gates=[qualification.gate],
                         policies=[rate_limits, limits, RestatePolicy(), conversations.policy, admission, heal, routing.step],
-                        memo=HistoryMemo(),
+                        memo=HistoryMemo(int(settings.history_memo_mb * 2**20)),
                         first_bytes=first_bytes, tracing=tracing, link_of=link_of)
     status = Status(runtime, settings, security)
     health = HealthService(HealthProber(runtime))

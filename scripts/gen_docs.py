@@ -1,6 +1,7 @@
 """Generate the reference pages of the docs site from the code: routes.yaml's keys (from the pydantic
-models that validate it), its JSON schema, the command line (from the argument parsers) and the HTTP
-routes (from the route table in compose.py, with who may call each).
+models that validate it), its JSON schema, the command line (from the argument parsers), the HTTP
+routes (from the route table in compose.py, with who may call each) and the environment variables
+(from the fields of Settings).
 
     python scripts/gen_docs.py           # write docs/reference/*
     python scripts/gen_docs.py --check   # exit 1 when a generated page is out of date (CI)
@@ -207,7 +208,33 @@ def http_page() -> str:
     return out.getvalue()
 
 
-PAGES = {"routes.md": routes_page, "routes.schema.json": schema_page, "cli.md": cli_page, "http.md": http_page}
+# -- environment variables ---------------------------------------------------------------------------
+
+
+def environment_page() -> str:
+    import dataclasses
+
+    from gateway.core.settings import Settings
+
+    out = io.StringIO()
+    out.write(HEADER)
+    out.write("# Environment variables\n\nEvery switch of the gateway, read once when a process starts "
+              "(`gateway/core/settings.py`: one typed field each). `gateway serve` also sets some of them from its "
+              "options and from routes.yaml's `gateway.http`; the command line's options default to them. "
+              "Unset or empty, a variable is its default. Secrets are not here: the keys and URLs routes.yaml "
+              "names by variable (`api_key_env`, `client_keys.env`, `admin_key_env`, `records.postgres_env`), "
+              "`GATEWAY_QUALIFY_TOKEN`, and the command line's `GATEWAY_ADMIN_KEY` and `GATEWAY_API_KEY`.\n\n")
+    out.write("| variable | default | meaning | field |\n|---|---|---|---|\n")
+    for f in dataclasses.fields(Settings):
+        for name, default, doc, words in f.metadata.get("env", ()):
+            shown = words or ("(unset)" if default is None else f"`{default}`" if default else "(empty)")
+            meaning = doc.replace("|", "\\|")
+            out.write(f"| `{name}` | {shown} | {meaning} | `{f.name}` |\n")
+    return out.getvalue()
+
+
+PAGES = {"routes.md": routes_page, "routes.schema.json": schema_page, "cli.md": cli_page, "http.md": http_page,
+         "environment.md": environment_page}
 
 
 def main() -> int:

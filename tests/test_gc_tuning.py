@@ -17,13 +17,11 @@ from gateway.observe import gc_tuning
     ("0,5,5", gc_tuning.THRESHOLDS),
     ("a,b,c", gc_tuning.THRESHOLDS),
 ])
-def test_thresholds_from_env(monkeypatch, raw, expected):
-    monkeypatch.setenv("GATEWAY_GC_THRESHOLDS", raw)
-    assert gc_tuning.thresholds() == expected
+def test_thresholds_from_the_setting(raw, expected):  # GATEWAY_GC_THRESHOLDS (Settings.gc_thresholds)
+    assert gc_tuning.thresholds(raw) == expected
 
 
-def test_settle_freezes_what_start_up_made_and_sets_thresholds(monkeypatch):
-    monkeypatch.delenv("GATEWAY_GC_THRESHOLDS", raising=False)
+def test_settle_freezes_what_start_up_made_and_sets_thresholds():
     before = gc.get_threshold()
     try:
         gc_tuning.settle()

@@ -88,11 +88,10 @@ def test_a_large_conversation_is_analysed_through_the_ring_or_without_it(agent_e
         assert "analysis failed" not in gw.log()
 
 
-def test_a_ring_without_room_is_refused_whole(monkeypatch) -> None:
+def test_a_ring_without_room_is_refused_whole() -> None:
     # More than the filesystem holds: refused when created (the pickle way is used), no file left,
     # rather than a SIGBUS when a later write first touches a page tmpfs cannot give.
     with tempfile.TemporaryDirectory() as directory:
         free = os.statvfs(directory)
-        monkeypatch.setenv("GATEWAY_ANALYSIS_RING_MB", str(free.f_bavail * free.f_frsize // 2**20 + 1024))
-        assert BodyRing.create(directory) is None
+        assert BodyRing.create(directory, free.f_bavail * free.f_frsize // 2**20 + 1024) is None
         assert os.listdir(directory) == []

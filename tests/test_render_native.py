@@ -54,7 +54,7 @@ def test_an_edited_template_renders_with_its_macro() -> None:
 
 
 def test_it_can_be_turned_off(monkeypatch) -> None:
-    monkeypatch.setenv("GATEWAY_RENDER_NATIVE", "0")
+    monkeypatch.setattr(native, "ENABLED", False)  # GATEWAY_RENDER_NATIVE=0 (process_switches.py)
     assert native.for_source(template_source("deepseek_v4.1")) is None
 
 

@@ -92,9 +92,10 @@ def test_any_ascii_text_encodes_as_the_tokenizer_does(encoder: PieceEncoder, tex
 
 def test_the_text_tokenizer_gives_the_same_ids_either_way(monkeypatch) -> None:
     """TextTokenizer with and without the piece path (GATEWAY_TOKENIZER_PIECES=0), single and batched."""
+    from gateway.render import tokenizer
     from gateway.render.tokenizer import TextTokenizer, default_tokenizer_path
 
-    monkeypatch.setenv("GATEWAY_TOKENIZER_PIECES", "0")
+    monkeypatch.setattr(tokenizer, "PIECES", False)  # GATEWAY_TOKENIZER_PIECES=0 (process_switches.py)
     plain = TextTokenizer(default_tokenizer_path())
     assert plain._pieces is None
     fast = load_tokenizer()

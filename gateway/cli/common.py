@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from ..core.settings import Settings
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -52,6 +55,7 @@ def load_config(path: str):
         raise CliError(str(exc)) from None
 
 
-# Subcommands and `gateway check` steps that live beside their features register here.
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = []
+# Subcommands and `gateway check` steps that live beside their features register here. A subcommand's
+# options default to the environment's Settings (the parser's, also `args.settings`).
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction, Settings], None]] = []
 CHECK_EXTRAS: list[Callable] = []

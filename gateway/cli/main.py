@@ -23,6 +23,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from ..core.settings import Settings, SettingsError
 from .common import (  # noqa: F401 - the shared parts, also read through this module
     CHECK_EXTRAS,
     EXIT_INTERRUPTED,
@@ -39,23 +40,23 @@ from .common import (  # noqa: F401 - the shared parts, also read through this m
 )
 
 
-def _serve_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--routes", default=os.environ.get("GATEWAY_ROUTES", "routes.yaml"), help="routes.yaml path")
-    p.add_argument("--host", default=os.environ.get("GATEWAY_HOST", "127.0.0.1"))
-    p.add_argument("--port", type=int, default=int(os.environ.get("GATEWAY_PORT", "8080")))
+def _serve_args(p: argparse.ArgumentParser, settings: Settings) -> None:
+    p.add_argument("--routes", default=str(settings.routes_path), help="routes.yaml path")
+    p.add_argument("--host", default=settings.host)
+    p.add_argument("--port", type=int, default=settings.port)
     p.add_argument("--workers", type=int, default=1, help="gateway processes (share state through --redis)")
-    p.add_argument("--redis", default=os.environ.get("GATEWAY_REDIS_URL"), help="redis://... for shared state")
-    p.add_argument("--data-dir", default=os.environ.get("GATEWAY_DATA_DIR", "var"))
-    p.add_argument("--log-level", default=os.environ.get("GATEWAY_LOG_LEVEL", "info"),
+    p.add_argument("--redis", default=settings.redis_url, help="redis://... for shared state")
+    p.add_argument("--data-dir", default=str(settings.data_dir))
+    p.add_argument("--log-level", default=settings.log_level,
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
     p.add_argument("--no-access-log", action="store_true", help="no per-request access log line")
-    p.add_argument("--access-log-format", choices=("json", "text"),
-                   default=os.environ.get("GATEWAY_ACCESS_LOG_FORMAT", "json"))
+    p.add_argument("--access-log-format", choices=("json", "text"), default=settings.access_log.format)
     p.add_argument("--access-log-sample", type=float, default=None,
                    help="share of successful requests logged (errors always are); default 1")
 
 
 def _export_env(args: argparse.Namespace) -> None:
+    """The options, for the Settings of every gateway process uvicorn starts (Settings reads the environment)."""
     os.environ["GATEWAY_ROUTES"] = str(Path(args.routes).resolve())
     os.environ["GATEWAY_DATA_DIR"] = str(Path(args.data_dir).resolve())
     os.environ["GATEWAY_HOST"] = args.host
@@ -75,11 +76,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .check import compile_templates
-    from ..server.serving import BODY_TIMEOUT_ENV, HEADER_TIMEOUT_ENV
+    from .. import process_switches
 
+    process_switches.apply(args.settings)  # this process serves too (one worker): before templates load
     config = load_config(args.routes)
     compile_templates(config, args.routes)
-    _check_keys(config, args.routes)
+    _check_keys(config, args.routes, args.settings.production)
     if args.workers < 1:
         raise CliError("--workers must be at least 1")
     if args.workers > 1 and not args.redis:
@@ -91,9 +93,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _check_redis(args.redis)
     _export_env(args)
     http = config.gateway.http
-    # Read by gateway.serving when it is imported (here and in every worker process).
-    os.environ[HEADER_TIMEOUT_ENV] = repr(http.header_timeout_s)
-    os.environ[BODY_TIMEOUT_ENV] = repr(http.body_timeout_s)
+    # routes.yaml's deadlines, for the Settings of every gateway process (gateway/server/serving.py).
+    os.environ["GATEWAY_HEADER_TIMEOUT_S"] = repr(http.header_timeout_s)
+    os.environ["GATEWAY_BODY_TIMEOUT_S"] = repr(http.body_timeout_s)
     uvicorn.run(
         "gateway.app:create_app",
         factory=True,
@@ -110,11 +112,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_keys(config, routes: str) -> None:
+def _check_keys(config, routes: str, production: bool) -> None:
     from ..server.security import SecurityConfigError, check_keys
 
     try:
-        check_keys(config, routes, os.environ.get("GATEWAY_PRODUCTION", "0") == "1")
+        check_keys(config, routes, production)
     except SecurityConfigError as exc:
         raise CliError(str(exc)) from None
 
@@ -174,8 +176,8 @@ def demo_routes() -> str:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Serve with the built-in emulator standing in for every lane that declares `emulator:`."""
-    env_routes = os.environ.get("GATEWAY_ROUTES")  # the image sets one; without that file, the shipped demo
-    args.routes = args.routes or (env_routes if env_routes and Path(env_routes).is_file() else demo_routes())
+    env_routes = str(args.settings.routes_path)  # the image sets one; without that file, the shipped demo
+    args.routes = args.routes or (env_routes if Path(env_routes).is_file() else demo_routes())
     config = load_config(args.routes)
     print(f"  routes: {args.routes}", flush=True)
     _check_port_free(args.host, args.port)
@@ -280,6 +282,7 @@ def cmd_emulate(argv: list[str]) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
+    from .. import process_switches
     from ..render.cli import render_command
     from ..render.options import options_for_lane
     from ..render.renderer import RenderError
@@ -295,6 +298,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     if lane is None:
         raise CliError(f"no lane {args.lane!r} in {args.routes} (lanes: {', '.join(config.lanes)})")
     options = options_for_lane(lane) if lane.render.template else None
+    process_switches.apply(args.settings)  # renders as the gateway would
     try:
         text = render_command(body, options, args.summary, lane=lane)
     except TemplateNotFound as exc:
@@ -306,33 +310,37 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(settings: Settings | None = None) -> argparse.ArgumentParser:
+    """`settings`: the environment's switches (Settings() by default), the options' defaults; every
+    command finds them as `args.settings`."""
+    settings = settings if settings is not None else Settings()
     parser = Parser(prog="gateway", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.set_defaults(settings=settings)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("serve", help="run the gateway")
-    _serve_args(p)
+    _serve_args(p, settings)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("demo", help="run the gateway with emulated demo lanes (quick start)")
-    _serve_args(p)
-    p.add_argument("--decode-tps", type=float, default=float(os.environ.get("GATEWAY_DEMO_DECODE_TPS", DEMO_DECODE_TPS)),
+    _serve_args(p, settings)
+    p.add_argument("--decode-tps", type=float, default=settings.demo_decode_tps,
                    help=f"emulated decode speed, tokens/s (default {DEMO_DECODE_TPS:g})")
-    p.add_argument("--prefill-tps", type=float,
-                   default=float(os.environ.get("GATEWAY_DEMO_PREFILL_TPS", DEMO_PREFILL_TPS)),
+    p.add_argument("--prefill-tps", type=float, default=settings.demo_prefill_tps,
                    help=f"emulated prefill speed of uncached prompt tokens, tokens/s (default {DEMO_PREFILL_TPS:g})")
     p.add_argument("--no-pacing", action="store_true", help="emulated lanes answer as fast as they can")
     p.set_defaults(routes=None)  # ./routes.yaml, else the demo shipped in the package
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("check", help="validate a routes.yaml without serving; exit 1 if a lane would be refused")
-    p.add_argument("routes_file", nargs="?", default=os.environ.get("GATEWAY_ROUTES", "routes.yaml"))
+    p.add_argument("routes_file", nargs="?", default=str(settings.routes_path))
     p.add_argument("--probe", action="store_true", help="also ask each replica's GET /v1/models: model served, "
                                                         "max_model_len, revision; flag a mismatch with the lane")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds per replica for --probe (default 5)")
     p.add_argument("--records", metavar="DIR", help="qualification records (default: qualifications/ beside "
-                                                    "routes.yaml or $GATEWAY_QUALIFICATIONS)")
-    p.add_argument("--redis", default=os.environ.get("GATEWAY_REDIS_URL"), help="qualification records in Redis")
+                                                    "routes.yaml or $GATEWAY_QUALIFICATIONS)",
+                   default=str(settings.qualifications) if settings.qualifications else None)
+    p.add_argument("--redis", default=settings.redis_url, help="qualification records in Redis")
     p.set_defaults(func=cmd_check)
 
     # Dispatched in main() before this parser runs: the emulator parses its own options (gateway emulate --help).
@@ -341,12 +349,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("render", help="print the prompt a lane's engine will see for a request")
     p.add_argument("request", help="a chat request JSON file")
     p.add_argument("--lane", required=True)
-    p.add_argument("--routes", default=os.environ.get("GATEWAY_ROUTES", "routes.yaml"))
+    p.add_argument("--routes", default=str(settings.routes_path))
     p.add_argument("--summary", action="store_true", help="token count and per-message spans instead of the text")
     p.set_defaults(func=cmd_render)
 
     for register in SUBCOMMANDS:
-        register(sub)
+        register(sub, settings)
     return parser
 
 
@@ -365,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as exc:
         print(f"gateway {command}: error: {exc}", file=sys.stderr)
         return exc.code
+    except SettingsError as exc:  # a GATEWAY_* variable that does not read
+        print(f"gateway {command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .common import SUBCOMMANDS
+
+if TYPE_CHECKING:
+    from ..core.settings import Settings
 
 SCHEMA_ID = "https://lane-gateway.dev/schema/routes.json"
 
@@ -40,7 +43,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction, settings: Settings) -> None:
     p = sub.add_parser("schema", help="print the JSON schema of routes.yaml (for editors and CI checks)")
     p.add_argument("-o", "--output", help="write it to this file instead of stdout")
     p.set_defaults(func=cmd_schema)

@@ -18,17 +18,19 @@ from typing import Any
 
 from ..cli.admin_client import get_json, send_json
 from ..cli.common import EXIT_UNREACHABLE, SUBCOMMANDS, CliError
+from ..core.settings import Settings
 
 ACTIONS = ("list", "conversation", "ack", "mute", "rules", "unmute")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction, settings: Settings) -> None:
     p = sub.add_parser("drift", help="prefix-drift alerts: severity, who can fix it, what to do; ack and mute",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("action", nargs="?", default="list", choices=ACTIONS)
     p.add_argument("target", nargs="?", help="conversation: the id or client key; unmute: the rule id")
-    p.add_argument("--url", default=os.environ.get("GATEWAY_URL", "http://127.0.0.1:8080"),
+    p.add_argument("--url", default=settings.url,
                    help="the gateway (default: $GATEWAY_URL or http://127.0.0.1:8080)")
+    # A secret: read here, not held in Settings.
     p.add_argument("--key", dest="admin_key", default=os.environ.get("GATEWAY_ADMIN_KEY"),
                    help="admin key ($GATEWAY_ADMIN_KEY)")
     p.add_argument("--lane")
@@ -67,7 +69,7 @@ def cmd_drift(args: argparse.Namespace) -> int:
 
             body: dict[str, Any] = {"kind": args.action, "lane": args.lane or "*", "cause": args.cause or "*",
                                     "client": args.client or "*", "note": args.note,
-                                    "author": os.environ.get("USER") or None}
+                                    "author": os.environ.get("USER") or None}  # the login's (POSIX)
             body["expires_in_s"] = parse_window(args.duration or ("1d" if args.action == "ack" else "7d"))
             rule = send_json(args.url, "POST", "/admin/api/triage", body, args.admin_key)
             print(json.dumps(rule, indent=2) if args.json else

@@ -37,7 +37,7 @@ class Conversations:
         self.runtime = runtime
         header = runtime.snapshot.config.gateway.conversation_header
         self.alerts = AlertBook(store)
-        self.process = AnalysisProcess() if settings.analysis != "thread" else None
+        self.process = AnalysisProcess(settings=settings) if settings.analysis != "thread" else None
         self.analyzer = Analyzer(store, self.alerts, TTL_S, threads=settings.analysis_threads, process=self.process,
                                  kv_events=kv_events,  # the KV-event verdicts (gateway/kvevents)
                                  inline_max_bytes=settings.analysis_inline_bytes,

@@ -69,9 +69,8 @@ class BodyRing:
         self.fallbacks = 0  # bodies that did not fit
 
     @classmethod
-    def create(cls, directory: str | None) -> "BodyRing | None":
-        """A ring in `directory` of GATEWAY_ANALYSIS_RING_MB; None when off or impossible."""
-        mb = float(os.environ.get("GATEWAY_ANALYSIS_RING_MB") or DEFAULT_RING_MB)
+    def create(cls, directory: str | None, mb: float = DEFAULT_RING_MB) -> "BodyRing | None":
+        """A ring in `directory` of `mb` MiB (Settings.analysis_ring_mb); None when off (0) or impossible."""
         if directory is None or mb <= 0:
             return None
         try:

@@ -14,7 +14,6 @@ body's bytes) and its render's items alive even after the render cache has let t
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -43,9 +42,8 @@ class TurnMemo:
 
 
 class Memos:
-    def __init__(self, max_bytes: int | None = None, max_conversations: int = DEFAULT_MAX_CONVERSATIONS) -> None:
-        if max_bytes is None:
-            max_bytes = int(os.environ.get("GATEWAY_ANALYSIS_MEMO_BYTES") or DEFAULT_MAX_BYTES)
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES,
+                 max_conversations: int = DEFAULT_MAX_CONVERSATIONS) -> None:
         self.max_bytes = max_bytes
         self.max_conversations = max_conversations
         self.bytes = 0
@@ -95,11 +93,13 @@ def cost(body_bytes: int, previous: Previous | None, body_print: BodyPrint, esti
 
 
 _memos: Memos | None = None
+# Settings.analysis_memo_bytes (GATEWAY_ANALYSIS_MEMO_BYTES), set as the process starts (process_switches.py).
+MAX_BYTES = DEFAULT_MAX_BYTES
 
 
 def memos() -> Memos:
     """The process's memos (the analysis worker's, or the gateway's in thread mode)."""
     global _memos
     if _memos is None:
-        _memos = Memos()
+        _memos = Memos(MAX_BYTES)
     return _memos

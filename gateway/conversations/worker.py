@@ -27,12 +27,15 @@ import struct
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..render import tokenizer
 from ..render.renderer import Renderer, RenderOptions
 from . import handoff
 from .job import Job, Outcome
+
+if TYPE_CHECKING:
+    from ..core.settings import Settings
 
 log = logging.getLogger("gateway.drift")
 
@@ -56,12 +59,17 @@ _estimators: dict[str, Any] = {}  # per engine: Estimator, or None if it cannot 
 NICENESS = 5
 
 
-def _init(parent: int, spool: str | None) -> None:
+def _init(parent: int, spool: str | None, settings: Settings | None) -> None:
+    """`settings`: the gateway's (None: a worker made without them, in tests, runs with the defaults)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the gateway, which stops this process
+    if settings is not None:
+        from .. import process_switches
+
+        process_switches.apply(settings)  # as the gateway's process: before the first render
     with contextlib.suppress(OSError, ValueError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
-                       int(os.environ.get("GATEWAY_ANALYSIS_NICE") or NICENESS))
-    if (os.environ.get("GATEWAY_ANALYSIS_SCHED") or "").lower() == "batch" and hasattr(os, "SCHED_BATCH"):
+                       settings.analysis_nice if settings is not None else NICENESS)
+    if settings is not None and settings.analysis_sched_batch and hasattr(os, "SCHED_BATCH"):
         # CPU-bound, never latency-sensitive: the scheduler does not let it preempt a task that wakes up
         # (the event loop's), though it keeps its share by niceness.
         with contextlib.suppress(OSError):
@@ -70,7 +78,7 @@ def _init(parent: int, spool: str | None) -> None:
     # path's too), and its idle threads spin between the small batches of an agent's turn. (Profiled in
     # the soak, an agent's turn spent most of its time in the tokenizer call and the Jinja macro, its
     # worker preempted often: render/pieces.py and render/native.py take both off an agent's turn.)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the tokenizers library's own variable
     tokenizer.PIECES_MAX_CHARS = None  # this process's GIL keeps no event loop waiting (render/tokenizer.py)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s analysis-worker: %(message)s")
     threading.Thread(target=_exit_with_parent, args=(parent, spool), name="parent-watch", daemon=True).start()
@@ -108,7 +116,7 @@ def _estimator_once(engine: str = "openai") -> Any:
     return _estimators[engine]
 
 
-def preload(renders: list[RenderOptions]) -> int:
+def preload(renders: list[RenderOptions], gc_thresholds: str = "") -> int:
     from ..render.template import load_template
     from ..render.tokenizer import load_tokenizer
 
@@ -118,7 +126,8 @@ def preload(renders: list[RenderOptions]) -> int:
         _renderer(options)
     from ..observe import gc_tuning
 
-    gc_tuning.settle()  # as in the gateway process: a request body's parse must not set off full collections
+    # As in the gateway process: a request body's parse must not set off full collections.
+    gc_tuning.settle(gc_thresholds)
     return len(renders)
 
 
@@ -170,12 +179,13 @@ class _Prompt:
             self._done.put(out)
 
 
-def serve(conn: Any, parent: int, spool: str | None, renders: list[RenderOptions]) -> None:
+def serve(conn: Any, parent: int, spool: str | None, renders: list[RenderOptions],
+          settings: Settings | None = None) -> None:
     """The worker's life: load, then answer batches of jobs from the gateway until its pipe closes."""
     prompt = _Prompt()  # first: it keeps the niceness the process started with
-    _init(parent, spool)
+    _init(parent, spool, settings)
     try:
-        preload(renders)
+        preload(renders, settings.gc_thresholds if settings is not None else "")
     except Exception:  # the jobs will say what is missing
         log.exception("the analysis worker could not load tokenizers and templates")
     while True:
@@ -260,7 +270,9 @@ class AnalysisProcess:
     got round to reading its answer and sending more: asleep while turns waited (bench/soak.py).
     """
 
-    def __init__(self, spool_parent: str | None = None) -> None:
+    def __init__(self, spool_parent: str | None = None, settings: Settings | None = None) -> None:
+        """`settings`: the gateway's, handed to the worker when it is spawned (None: the defaults)."""
+        self.settings = settings
         self._proc: Any = None
         self._conn: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -289,7 +301,8 @@ class AnalysisProcess:
         self._preload = preload_renders
         self._make_spool()
         if self._ring is None:  # here, not when built: a process never started leaves no 32 MiB behind
-            self._ring = handoff.BodyRing.create(self._spool)
+            ring_mb = self.settings.analysis_ring_mb if self.settings is not None else handoff.DEFAULT_RING_MB
+            self._ring = handoff.BodyRing.create(self._spool, ring_mb)
         self._ensure()
 
     def _make_spool(self) -> None:
@@ -303,7 +316,7 @@ class AnalysisProcess:
         self._make_spool()
         ctx = multiprocessing.get_context("spawn")  # not forked: the gateway runs threads
         ours, theirs = ctx.Pipe(duplex=True)
-        proc = ctx.Process(target=serve, args=(theirs, os.getpid(), self._spool, self._preload),
+        proc = ctx.Process(target=serve, args=(theirs, os.getpid(), self._spool, self._preload, self.settings),
                            name="analysis-worker", daemon=True)
         proc.start()
         theirs.close()

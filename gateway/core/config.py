@@ -361,6 +361,7 @@ class Lane(_Strict):
         return self
 
     def upstream_api_key(self) -> str | None:
+        # A secret, from the variable this file names: read here, when the lane is (re)built, never in Settings.
         return os.environ.get(self.api_key_env) if self.api_key_env else None
 
 
@@ -435,7 +436,7 @@ class RecordsConfig(_Strict):
         return self
 
     def postgres_url(self) -> str | None:
-        if self.postgres_env:
+        if self.postgres_env:  # a secret (the URL's password), from the variable this file names
             return os.environ.get(self.postgres_env) or None
         return self.postgres
 

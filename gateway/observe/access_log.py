@@ -6,10 +6,10 @@ verdict). This one runs after the analysis, so a line carries what operators gre
     request id, tenant, model, lane, replica, status, bytes in/out, latency, TTFT, cached tokens
     reported and predicted, cache verdict, fallback
 
-Settings (env, or `gateway serve` flags): GATEWAY_ACCESS_LOG=0 (--no-access-log) turns it off;
-GATEWAY_ACCESS_LOG_FORMAT=json|text; GATEWAY_ACCESS_LOG_SAMPLE=0.1 keeps a tenth of the successful
-requests (errors, 4xx and 5xx, are always written); GATEWAY_ACCESS_LOG_FILE=path appends there
-instead of stderr. Lines go through the `gateway.access` logger (level INFO), so a logging config
+Settings (Settings.access_log: env, or `gateway serve` flags): GATEWAY_ACCESS_LOG=0 (--no-access-log)
+turns it off; GATEWAY_ACCESS_LOG_FORMAT=json|text; GATEWAY_ACCESS_LOG_SAMPLE=0.1 keeps a tenth of the
+successful requests (errors, 4xx and 5xx, are always written); GATEWAY_ACCESS_LOG_FILE=path appends
+there instead of stderr. Lines go through the `gateway.access` logger (level INFO), so a logging config
 may route them elsewhere.
 
 The tenant is the one the client-key check named (security.py: its id, never the key).
@@ -20,44 +20,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import logging.handlers
-import os
 import random
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from ..core.exchange import Exchange
+from ..core.settings import AccessLogSettings
 from ..records.record import reported_cached_tokens
 from ..core.runtime import LaneRuntime
 
 log = logging.getLogger("gateway.access")
 BATCH_LINES = 256
 FLUSH_S = 0.1
-
-
-@dataclass(frozen=True)
-class AccessLogSettings:
-    enabled: bool = True
-    format: str = "json"  # json | text
-    sample: float = 1.0  # share of successful requests written; errors always are
-    path: str | None = None  # None: stderr
-
-    @classmethod
-    def from_env(cls, env: dict[str, str]) -> "AccessLogSettings":
-        fmt = (env.get("GATEWAY_ACCESS_LOG_FORMAT") or "json").lower()
-        if fmt not in ("json", "text"):
-            raise ValueError(f"GATEWAY_ACCESS_LOG_FORMAT={fmt!r}: expected json or text")
-        try:
-            sample = float(env.get("GATEWAY_ACCESS_LOG_SAMPLE") or 1.0)
-        except ValueError:
-            raise ValueError("GATEWAY_ACCESS_LOG_SAMPLE must be a number 0-1") from None
-        if not 0.0 <= sample <= 1.0:
-            raise ValueError("GATEWAY_ACCESS_LOG_SAMPLE must be a number 0-1")
-        return cls(enabled=(env.get("GATEWAY_ACCESS_LOG") or "1") not in ("0", "false", "off", "no"),
-                   format=fmt, sample=sample, path=env.get("GATEWAY_ACCESS_LOG_FILE") or None)
 
 
 def _ms(start: float, t: float | None) -> float | None:
@@ -244,7 +221,6 @@ class PlainLine:
         self.sink.write(fields, failed=self.status >= 400, sampled=False)
 
 
-def build_access_log(env: dict[str, str] | None = None) -> AccessLog | None:
-    """The access log sink of these settings (the process environment by default); None when off."""
-    settings = AccessLogSettings.from_env(dict(os.environ) if env is None else env)
+def build_access_log(settings: AccessLogSettings) -> AccessLog | None:
+    """The access log sink of these settings (Settings.access_log); None when off."""
     return AccessLog(settings) if settings.enabled else None

@@ -29,7 +29,6 @@ import collections
 import inspect
 import itertools
 import logging
-import os
 from collections import OrderedDict
 from typing import Any, Awaitable, Callable, Hashable, Sequence
 
@@ -137,10 +136,10 @@ class _Entry:
 class Aftermath:
     """A Finisher (see runtime.py): analyzers run in order, then sinks, per exchange."""
 
-    def __init__(self, analyzers: Sequence[Step] = (), sinks: Sequence[Step] = (), workers: int | None = None,
-                 max_queue: int = 10_000, max_queue_bytes: int | None = None,
-                 first_bytes: FirstBytes | None = None, coalesce: int | None = None,
-                 max_coalesced: int | None = None) -> None:
+    def __init__(self, analyzers: Sequence[Step] = (), sinks: Sequence[Step] = (), workers: int = DEFAULT_WORKERS,
+                 max_queue: int = 10_000, max_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES,
+                 first_bytes: FirstBytes | None = None, coalesce: int = DEFAULT_COALESCE,
+                 max_coalesced: int = DEFAULT_MAX_COALESCED) -> None:
         self.first_bytes = first_bytes or FirstBytes()
         self.analyzers = tuple(analyzers)  # e.g. render + drift verdict (writes ex.cache)
         self.sinks = tuple(sinks)  # e.g. request record, metrics (read the exchange)
@@ -166,17 +165,11 @@ class Aftermath:
         self._shedding: set[asyncio.Task[None]] = set()
         self._started = False
         self._workers: list[asyncio.Task[None]] = []
-        self._n_workers = workers or int(os.environ.get("GATEWAY_AFTERMATH_WORKERS") or DEFAULT_WORKERS)
+        self._n_workers = workers
         self._max_queue = max_queue
-        if coalesce is None:
-            coalesce = int(os.environ.get("GATEWAY_AFTERMATH_COALESCE") or DEFAULT_COALESCE)
         self._coalesce = max(1, coalesce)
-        if max_coalesced is None:
-            max_coalesced = int(os.environ.get("GATEWAY_AFTERMATH_MAX_COALESCED") or DEFAULT_MAX_COALESCED)
         self._max_coalesced = max_coalesced
         self._coalesced = 0  # waiting turns beyond the first of each conversation
-        if max_queue_bytes is None:
-            max_queue_bytes = int(os.environ.get("GATEWAY_AFTERMATH_MAX_BYTES") or DEFAULT_MAX_QUEUE_BYTES)
         self._max_queue_bytes = max_queue_bytes
         self.queued_bytes = 0  # queued and in flight
         self._seq = itertools.count()

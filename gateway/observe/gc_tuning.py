@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 
 log = logging.getLogger("gateway.gc")
 
 # Young objects between collections of generation 0, and collections of each generation between
-# collections of the next; GATEWAY_GC_THRESHOLDS="50000,20,10" overrides, "default" keeps CPython's.
+# collections of the next; Settings.gc_thresholds (GATEWAY_GC_THRESHOLDS="50000,20,10") overrides,
+# "default" keeps CPython's.
 THRESHOLDS = (50_000, 20, 10)
 
 
-def thresholds() -> tuple[int, int, int] | None:
-    raw = (os.environ.get("GATEWAY_GC_THRESHOLDS") or "").strip()
+def thresholds(raw: str = "") -> tuple[int, int, int] | None:
+    """The thresholds `raw` asks for: empty, ours; "default", CPython's (None); "a,b,c"."""
+    raw = raw.strip()
     if raw == "default":
         return None
     if raw:
@@ -38,10 +39,10 @@ def thresholds() -> tuple[int, int, int] | None:
     return THRESHOLDS
 
 
-def settle() -> None:
-    """Call once start-up work (imports, templates, tokenizers) is done."""
+def settle(raw: str = "") -> None:
+    """Call once start-up work (imports, templates, tokenizers) is done; `raw`: Settings.gc_thresholds."""
     gc.collect()
     gc.freeze()
-    chosen = thresholds()
+    chosen = thresholds(raw)
     if chosen is not None:
         gc.set_threshold(*chosen)

@@ -442,7 +442,7 @@ class MetricsExport:
 def build_metrics() -> tuple[Metrics, CollectorRegistry]:
     """The request metrics and their registry (multi-process when PROMETHEUS_MULTIPROC_DIR is set)."""
     disable_created_metrics()  # the *_created series double the output and no dashboard reads them
-    multiproc = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+    multiproc = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))  # prometheus_client's variable, read by it too
     registry = CollectorRegistry(auto_describe=False)
     metrics = Metrics(None if multiproc else registry)
     if multiproc:

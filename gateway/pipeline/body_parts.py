@@ -6,7 +6,7 @@ object would copy the whole body into a fresh buffer on the event loop, for ever
 (bench/steps.py "serialise", fresh pages counted). Held as parts, each reader takes them as they
 are: the upstream client writes them with one `writelines` (writev), the analysis hand-off copies
 them into its shared memory (conversations/handoff.py). `bytes(parts)` joins them for the rare
-reader that wants one buffer (aiohttp, the A/B client).
+reader that wants one buffer.
 """
 
 from __future__ import annotations

@@ -32,7 +32,6 @@ never modified in place: every policy that rewrites a message copies it first (l
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,9 +81,8 @@ class Parsed:
 
 
 class HistoryMemo:
-    def __init__(self, max_bytes: int | None = None) -> None:
-        if max_bytes is None:
-            max_bytes = int(float(os.environ.get("GATEWAY_HISTORY_MEMO_MB") or DEFAULT_MAX_BYTES / 2**20) * 2**20)
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        """`max_bytes`: Settings.history_memo_mb, in bytes."""
         self.max_bytes = max_bytes
         self._entries: OrderedDict[int, Entry] = OrderedDict()  # by id, least recently used first
         self._by_head: dict[int, list[Entry]] = {}

@@ -21,23 +21,26 @@ from typing import Any
 import orjson
 
 from ..cli.common import CHECK_EXTRAS, SUBCOMMANDS
+from ..core.settings import Settings
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction, settings: Settings) -> None:
     p = sub.add_parser("qualify", help="qualify a lane: determinism, sink probe, A/B/A performance",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("lane", nargs="?", help="lane name (as under lanes: in routes.yaml)")
     p.add_argument("--baseline", help="a lane to measure live between the candidate runs, or a record "
                                       "(JSON file or record id) whose numbers to compare with")
-    p.add_argument("--routes", default=os.environ.get("GATEWAY_ROUTES", "routes.yaml"))
+    p.add_argument("--routes", default=str(settings.routes_path))
     p.add_argument("--gateway", metavar="URL", help="run through this running gateway instead of in-process")
     p.add_argument("--token", default=None, help="qualify token for --gateway (default: $GATEWAY_QUALIFY_TOKEN, "
                                                  "the admin key, or <data dir>/qualify.token)")
-    p.add_argument("--api-key", default=os.environ.get("GATEWAY_API_KEY"), help="client key for --gateway")
-    p.add_argument("--data-dir", default=os.environ.get("GATEWAY_DATA_DIR", "var"))
+    p.add_argument("--api-key", default=os.environ.get("GATEWAY_API_KEY"),  # a secret: not in Settings
+                   help="client key for --gateway")
+    p.add_argument("--data-dir", default=str(settings.data_dir))
     p.add_argument("--records", metavar="DIR", help="records directory (default: qualifications/ beside routes.yaml"
-                                                    " or $GATEWAY_QUALIFICATIONS)")
-    p.add_argument("--redis", default=os.environ.get("GATEWAY_REDIS_URL"), help="store records in Redis")
+                                                    " or $GATEWAY_QUALIFICATIONS)",
+                   default=str(settings.qualifications) if settings.qualifications else None)
+    p.add_argument("--redis", default=settings.redis_url, help="store records in Redis")
     p.add_argument("--by", help="who qualifies (default: user@host)")
     p.add_argument("--json", action="store_true", help="print the record as JSON")
     p.add_argument("--no-save", action="store_true", help="do not store the record")
@@ -115,6 +118,7 @@ def _load_config(args: argparse.Namespace, required: bool):
 
 
 def resolve_token(args: argparse.Namespace, config: Any) -> str | None:
+    """--token, else the secrets' own variables (read here, never held in Settings), else the token file."""
     if args.token:
         return args.token
     if os.environ.get("GATEWAY_QUALIFY_TOKEN"):
@@ -375,8 +379,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 def check_extra(config: Any, routes_path: str | Path | None = None, *, observed: dict[str, str | None] | None = None,
                 records_dir: str | None = None, redis_url: str | None = None) -> dict[str, dict[str, Any]]:
     """`gateway check`: one line per lane with its qualification state; returns the lanes that would be refused."""
-    routes_path = routes_path or os.environ.get("GATEWAY_ROUTES") or "routes.yaml"
-    states = lane_states(config, routes_path, records_dir, redis_url or os.environ.get("GATEWAY_REDIS_URL"), observed)
+    routes_path = routes_path or "routes.yaml"  # `gateway check` passes its file, --records and --redis
+    states = lane_states(config, routes_path, records_dir, redis_url, observed)
     print("qualification:")
     for name, s in states.items():
         mark = {"qualified": "ok", "not_required": "ok", "overridden": "OVERRIDDEN", "unqualified": "REFUSED"}[s["state"]]

@@ -48,8 +48,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.qualify")
 
-POLL_S = float(os.environ.get("GATEWAY_QUALIFY_POLL_S", "1.0"))
-REVISION_EVERY_S = float(os.environ.get("GATEWAY_QUALIFY_REVISION_S", "60"))
 TOKEN_FILE = "qualify.token"
 
 
@@ -74,7 +72,7 @@ class QualificationService:
         self.runtime = runtime
         self.settings = settings
         self.pipeline = pipeline
-        self.store = store or open_store(settings.routes_path, None, settings.redis_url)
+        self.store = store or open_store(settings.routes_path, settings.qualifications, settings.redis_url)
         self.observed: dict[tuple, str | None] = {}  # (lane, replicas, model) -> revision reported
         self._index = RecordIndex(())
         self._signature: Any = object()
@@ -161,7 +159,7 @@ class QualificationService:
                 rerun = False
                 if snap.version != version or loop.time() >= next_revision:
                     version = snap.version
-                    next_revision = loop.time() + REVISION_EVERY_S
+                    next_revision = loop.time() + self.settings.qualify_revision_s
                     rerun = await self.check_revisions()
                 if await asyncio.to_thread(self.changed):
                     await asyncio.to_thread(self.reload_index)
@@ -171,7 +169,7 @@ class QualificationService:
             except Exception:  # noqa: BLE001 - the watcher must survive anything
                 log.exception("qualification watcher step failed")
             try:
-                await asyncio.wait_for(stop.wait(), POLL_S)
+                await asyncio.wait_for(stop.wait(), self.settings.qualify_poll_s)
             except TimeoutError:
                 pass
 
@@ -192,6 +190,8 @@ class QualificationService:
     # -- token -----------------------------------------------------------------------------------
 
     def tokens(self) -> list[str]:
+        # Secrets are read where they are checked, never held in Settings (settings.py): the qualify
+        # token, and the admin key from the variable routes.yaml names (a reload may name another).
         out = []
         env = os.environ.get("GATEWAY_QUALIFY_TOKEN")
         if env:
@@ -206,7 +206,7 @@ class QualificationService:
         return out
 
     def ensure_token_file(self) -> None:
-        if os.environ.get("GATEWAY_QUALIFY_TOKEN"):
+        if os.environ.get("GATEWAY_QUALIFY_TOKEN"):  # a secret: not in Settings (tokens())
             return
         path = Path(self.settings.data_dir) / TOKEN_FILE
         try:

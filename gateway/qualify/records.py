@@ -276,9 +276,8 @@ class LayeredStore:
 
 
 def default_records_dir(routes_path: str | Path | None) -> Path:
-    env = os.environ.get("GATEWAY_QUALIFICATIONS")
-    if env:
-        return Path(env)
+    """qualifications/ beside routes.yaml (GATEWAY_QUALIFICATIONS, Settings.qualifications, is passed
+    to open_store as `records_dir` by the gateway and the command line)."""
     base = Path(routes_path).resolve().parent if routes_path else Path.cwd()
     return base / "qualifications"
 

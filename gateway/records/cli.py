@@ -11,12 +11,13 @@ from typing import Any
 
 from ..cli.admin_client import get_json
 from ..cli.common import EXIT_UNREACHABLE, SUBCOMMANDS, CliError
+from ..core.settings import Settings
 from .query import Filters
 from .stats import compute_stats, costs, format_costs, format_table, parse_window
 from .store_sqlite import FILENAME, RecordReader
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction, settings: Settings) -> None:
     p = sub.add_parser("stats", help="per-lane requests, latency, decode speed and cache hits over a window")
     p.add_argument("--window", default="1h", help="how far back: 90s, 15m, 1h, 7d (default 1h)")
     p.add_argument("--lane", default=None, help="only this lane")
@@ -25,11 +26,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--postgres", default=None,
                    help="read the fleet's records from this postgresql:// URL (default: the one routes.yaml "
                         "names under gateway.records, else the local file)")
-    p.add_argument("--routes", default=os.environ.get("GATEWAY_ROUTES", "routes.yaml"),
+    p.add_argument("--routes", default=str(settings.routes_path),
                    help="routes.yaml to find the records database in (default: $GATEWAY_ROUTES or routes.yaml)")
-    p.add_argument("--data-dir", default=os.environ.get("GATEWAY_DATA_DIR", "var"),
+    p.add_argument("--data-dir", default=str(settings.data_dir),
                    help=f"directory holding {FILENAME} (default: $GATEWAY_DATA_DIR or var)")
     p.add_argument("--url", default=None, help="ask a running gateway instead (e.g. http://127.0.0.1:8080)")
+    # A secret: read here, not held in Settings.
     p.add_argument("--key", default=os.environ.get("GATEWAY_ADMIN_KEY"),
                    help="admin key for --url (default: $GATEWAY_ADMIN_KEY)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")

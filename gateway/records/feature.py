@@ -2,7 +2,7 @@
 
 With `gateway: {records: {postgres: ...}}` in routes.yaml the records of every gateway go to one
 PostgreSQL table instead of the local file (read once at start-up: changing it needs a restart).
-Knobs (environment): GATEWAY_RECORDS_SQLITE (1), GATEWAY_RECORDS_MAX_AGE ("7d"),
+Knobs (Settings, from the environment): GATEWAY_RECORDS_SQLITE (1), GATEWAY_RECORDS_MAX_AGE ("7d"),
 GATEWAY_RECORDS_MAX_ROWS (1000000), GATEWAY_RECORDS_STREAM ("gateway:records"),
 GATEWAY_RECORDS_STREAM_MAXLEN (100000), GATEWAY_CAPTURE=1 with GATEWAY_CAPTURE_MAX_BYTES (16384).
 Query API for the admin page and other parts: the `Records` the composition root builds.
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
 import time
 from typing import TYPE_CHECKING, Any
@@ -20,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 from ..core.exchange import Exchange
 from .query import Filters, matches
 from .record import build_record
-from .stats import STATS_COLUMNS, compute_stats, costs, decode_histogram, lost_by_cause, parse_window, series
+from .stats import STATS_COLUMNS, compute_stats, costs, decode_histogram, lost_by_cause, series
 from .store_postgres import PostgresStore, redact
-from .store_redis import DEFAULT_KEY, RedisRecordStream
+from .store_redis import RedisRecordStream
 from .store_sql import MAX_ROWS
 from .store_sqlite import SQLiteStore
 
@@ -198,11 +197,6 @@ def _merge(filters: Filters | None, lane: str | None, since: float | None, conve
     return f
 
 
-def _env(name: str, default: str) -> str:
-    value = os.environ.get(name)
-    return value if value not in (None, "") else default
-
-
 class RecordsLifecycle:
     """Opens the records database and the Redis stream at start; flushes and closes them at stop (after
     the aftermath queue drained, so the last records are in the stores' queues)."""
@@ -239,8 +233,8 @@ class RecordsLifecycle:
 
 def build_records(settings: "Settings", shared_client: Any = None,
                   config: "RecordsConfig | None" = None) -> tuple[Records, RecordsLifecycle]:
-    """Records per routes.yaml's `gateway.records` (`config`) and the environment knobs above;
-    `shared_client` is the state store's Redis client when it has one."""
+    """Records per routes.yaml's `gateway.records` (`config`) and `settings` (the local file, the Redis
+    stream, the capture); `shared_client` is the state store's Redis client when it has one."""
     db: SQLiteStore | PostgresStore | None = None
     url = config.postgres_url() if config is not None else None
     if config is not None and config.postgres_env and not url:
@@ -249,11 +243,11 @@ def build_records(settings: "Settings", shared_client: Any = None,
     if url and config is not None:
         db = PostgresStore(url, max_age_s=config.max_age_days * 86400, max_rows=config.max_rows,
                            max_queue=config.max_queue)
-    elif _env("GATEWAY_RECORDS_SQLITE", "1") == "1":
+    elif settings.records_sqlite:
         db = SQLiteStore(
             settings.data_dir,
-            max_age_s=parse_window(_env("GATEWAY_RECORDS_MAX_AGE", "7d")),
-            max_rows=int(_env("GATEWAY_RECORDS_MAX_ROWS", "1000000")),
+            max_age_s=settings.records_max_age_s,
+            max_rows=settings.records_max_rows,
         )
     own_client: list[Any] = []
 
@@ -270,8 +264,7 @@ def build_records(settings: "Settings", shared_client: Any = None,
 
     stream = None
     if settings.redis_url:
-        stream = RedisRecordStream(redis_client, key=_env("GATEWAY_RECORDS_STREAM", DEFAULT_KEY),
-                                   maxlen=int(_env("GATEWAY_RECORDS_STREAM_MAXLEN", "100000")))
-    capture = int(_env("GATEWAY_CAPTURE_MAX_BYTES", "16384")) if settings.capture_bodies else 0
+        stream = RedisRecordStream(redis_client, key=settings.records_stream, maxlen=settings.records_stream_maxlen)
+    capture = settings.capture_max_bytes if settings.capture_bodies else 0
     records = Records(db, stream, capture, gateway_id=f"{socket.gethostname()}:{settings.port}")
     return records, RecordsLifecycle(records, settings.data_dir, own_client)

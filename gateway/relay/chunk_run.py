@@ -22,7 +22,6 @@ bounded copy each.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from dataclasses import dataclass
@@ -32,7 +31,6 @@ from typing import Any, Callable
 from . import chunk_shape
 from .chunk_shape import Shape
 
-ENABLED = os.environ.get("GATEWAY_CHUNK_RUNS", "1") != "0"  # 0: event by event (an A/B)
 WINDOW = 16 * 1024
 MIN_BYTES = 1024  # a shorter read (a few chunks: an engine pacing its tokens) goes event by event
 # Not in a plain JSON string: the quote, the backslash, control bytes (NUL apart: it joins the texts).

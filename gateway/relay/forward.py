@@ -12,7 +12,6 @@ import orjson
 
 from . import chunk_run, reshape
 from ..pipeline import messages_from_chat, passthrough, token_ids
-from ..upstream import replicas as upstream_mod
 from ..pipeline.body_parts import Body
 from ..server.client_link import ClientGone, ClientLink
 from ..upstream.encoding import DecodeError, decoder_for
@@ -23,7 +22,7 @@ from ..core.runtime import LaneRuntime
 from ..pipeline.messages_relay import MessagesObserver
 from .sse import DONE, MAX_EVENT_BYTES, BadStream, EventSplitter, EventObserver, StreamObserver, observe_completion
 from ..upstream.replicas import UpstreamFailure
-from ..upstream.client import Response as UpstreamResponse  # aiohttp's (the A/B fallback) reads alike
+from ..upstream.client import Response as UpstreamResponse
 from ..upstream.errors import MAX_ERROR_BODY, client_status, normalise_error
 from .wellformed import completion_problem
 
@@ -45,8 +44,6 @@ async def forward(
     as a status before the first byte, as a final error event and [DONE] after it.
     """
     upstream = lane.upstream
-    if type(body) is not bytes and upstream_mod.CLIENT == "aiohttp":
-        body = bytes(body)  # aiohttp (the A/B client) takes one buffer; ours writes the parts as they are
     order = lane.router.order(upstream.replicas, ex)
     ex.t_forwarded = time.perf_counter()
 
@@ -239,7 +236,7 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, body_bytes: int)
     else:
         observer = StreamObserver(ex, drop_usage_chunk=not ex.client_wants_usage, scrubber=lane.upstream.scrubber,
                                   strip_ids=ex.token_ids_strip)
-    runs = chunk_run.Runs(observer, shape) if chunk_run.ENABLED and type(observer) is StreamObserver else None
+    runs = chunk_run.Runs(observer, shape) if type(observer) is StreamObserver else None
     timeouts = lane.upstream.timeouts
     # Wait for the first data before answering, so a stalled or dead upstream still gets a clean
     # 504/502 status; the client's first byte leaves the moment the upstream's arrives.

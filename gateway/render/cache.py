@@ -228,13 +228,16 @@ _default: SegmentCache | None = None
 _default_lock = threading.Lock()
 
 
+# Settings.render_cache_bytes (GATEWAY_RENDER_CACHE_BYTES), set as the process starts
+# (process_switches.py), before the first default_cache().
+BUDGET_BYTES = DEFAULT_BUDGET_BYTES
+
+
 def default_cache() -> SegmentCache:
-    """The process-wide cache (budget from GATEWAY_RENDER_CACHE_BYTES, default 256 MiB)."""
+    """The process-wide cache, of BUDGET_BYTES."""
     global _default
     if _default is None:
         with _default_lock:
             if _default is None:
-                import os
-
-                _default = SegmentCache(int(os.environ.get("GATEWAY_RENDER_CACHE_BYTES", DEFAULT_BUDGET_BYTES)))
+                _default = SegmentCache(BUDGET_BYTES)
     return _default

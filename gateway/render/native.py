@@ -16,7 +16,6 @@ GATEWAY_RENDER_NATIVE=0 always calls the macro (an A/B).
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, Callable
 
 import xxhash
@@ -63,9 +62,14 @@ def _digest(source: str) -> int | None:
     return xxhash.xxh64_intdigest(macros.encode()) if macros is not None else None
 
 
+# Settings.render_native (GATEWAY_RENDER_NATIVE), set as the process starts (process_switches.py); off,
+# every item goes through the macro.
+ENABLED = True
+
+
 def for_source(source: str) -> ItemRender | None:
     """`render_item` in Python when `source`'s macros are the ones it reproduces, else None."""
-    if os.environ.get("GATEWAY_RENDER_NATIVE", "1") == "0":
+    if not ENABLED:
         return None
     return render_item if _digest(source) == MACROS_DIGEST else None
 

@@ -35,6 +35,9 @@ def default_tokenizer_path() -> str:
 # thread, GATEWAY_ANALYSIS=thread) a large text goes to the tokenizer, which lets the event loop run.
 # The worker sets None (no bound) as it starts.
 PIECES_MAX_CHARS: int | None = 16_384
+# Settings.tokenizer_pieces (GATEWAY_TOKENIZER_PIECES), set as the process starts (process_switches.py),
+# before a tokenizer loads; off, every text goes through the tokenizer's own pre-tokenizer.
+PIECES = True
 
 
 class TextTokenizer:
@@ -51,9 +54,8 @@ class TextTokenizer:
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
         # The same ids without the tokenizer's pre-tokenizer where its configuration allows (pieces.py):
         # less CPU for a large text, and no call into the tokenizer for an agent's small turn.
-        # GATEWAY_TOKENIZER_PIECES=0 always calls the tokenizer (an A/B).
-        self._pieces = PieceEncoder.for_tokenizer(tok) if os.environ.get("GATEWAY_TOKENIZER_PIECES", "1") != "0" \
-            else None
+        # GATEWAY_TOKENIZER_PIECES=0 always calls the tokenizer (PIECES).
+        self._pieces = PieceEncoder.for_tokenizer(tok) if PIECES else None
 
     def encode(self, text: str) -> array:
         if self._pieces is not None and (PIECES_MAX_CHARS is None or len(text) <= PIECES_MAX_CHARS):

@@ -153,6 +153,8 @@ def load_client_keys(source: KeySource) -> KeyRing | None:
         return None
     entries: list[tuple[bytes, str]] = []
     if ck.env:
+        # Keys are read from the variables routes.yaml names, when keys are (re)loaded: a reload may name
+        # another, and secrets are never held in Settings (core/settings.py).
         raw = os.environ.get(ck.env, "")
         for k in raw.split(","):
             if k.strip():
@@ -176,7 +178,7 @@ def hashed_file_path(source: KeySource) -> Path | None:
 def load_admin_key(source: KeySource) -> bytes | None:
     if not source.admin_key_env:
         return None
-    value = os.environ.get(source.admin_key_env, "").strip()
+    value = os.environ.get(source.admin_key_env, "").strip()  # a secret: see load_client_keys
     return digest(value) if value else None
 
 
@@ -188,7 +190,7 @@ def production_problems(client_keys: KeyRing | None, admin_digest: bytes | None,
                         "and provide the keys)")
     if admin_digest is None:
         problems.append("no admin key (set gateway.admin_key_env in routes.yaml and that variable)")
-    elif admin_key_env and len(os.environ.get(admin_key_env, "").strip()) < MIN_PRODUCTION_ADMIN_KEY:
+    elif admin_key_env and len(os.environ.get(admin_key_env, "").strip()) < MIN_PRODUCTION_ADMIN_KEY:  # a secret
         problems.append(f"the admin key is shorter than {MIN_PRODUCTION_ADMIN_KEY} characters")
     return problems
 
@@ -373,7 +375,7 @@ class Security:
         if settings.production and problems:
             raise SecurityConfigError("GATEWAY_PRODUCTION=1 refuses to start: " + "; ".join(problems))
         for name, lane in self.runtime.snapshot.config.lanes.items():
-            if lane.api_key_env and not os.environ.get(lane.api_key_env):
+            if lane.api_key_env and not os.environ.get(lane.api_key_env):  # a secret routes.yaml names
                 log.warning("lane %s: upstream key variable %s is not set; requests go without one",
                             name, lane.api_key_env)
         if self.demo:

@@ -13,16 +13,15 @@ slow clients could hold the gateway's connections and tasks. Here:
   has started) and the connection closes; the application sees a disconnect and ends the exchange.
 - a request uvicorn cannot parse gets `400` in OpenAI's JSON shape instead of uvicorn's text.
 
-Deadlines come from routes.yaml's `gateway.http` through the environment (`gateway serve` exports
-them; worker processes inherit them), read once per process. One timer per connection
+Deadlines are the gateway's Settings (GATEWAY_HEADER_TIMEOUT_S, GATEWAY_BODY_TIMEOUT_S: `gateway serve`
+sets them from routes.yaml's `gateway.http` for every process it starts), read from the application
+the protocol serves. One timer per connection
 (`loop.call_later`), re-armed only when it would fire too late.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import os
 from typing import Any
 
 import orjson
@@ -30,22 +29,9 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from . import wire
 
-HEADER_TIMEOUT_ENV = "GATEWAY_HEADER_TIMEOUT_S"
-BODY_TIMEOUT_ENV = "GATEWAY_BODY_TIMEOUT_S"
-
-
-def _env_seconds(name: str, default: float) -> float:
-    try:
-        value = float(os.environ.get(name, default))
-    except ValueError:
-        return default
-    return value if value > 0 else default
-
-
-@functools.cache
-def _deadlines() -> tuple[float, float]:
-    """Read on the first connection (after `gateway serve` has set the environment)."""
-    return _env_seconds(HEADER_TIMEOUT_ENV, 10.0), _env_seconds(BODY_TIMEOUT_ENV, 60.0)
+# Under an application that is not the gateway's (no Settings to read): Settings' own defaults.
+HEADER_TIMEOUT_S = 10.0
+BODY_TIMEOUT_S = 60.0
 
 
 def error_response(status: int, message: str, code: str) -> bytes:
@@ -66,7 +52,10 @@ class DeadlineHttpToolsProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.header_timeout_s, self.body_timeout_s = _deadlines()
+        served = wire.served_app(self.app)  # the gateway's application, with its Settings
+        settings = served.settings if served is not None else None
+        self.header_timeout_s = settings.header_timeout_s if settings is not None else HEADER_TIMEOUT_S
+        self.body_timeout_s = settings.body_timeout_s if settings is not None else BODY_TIMEOUT_S
         # One timer per connection, checked when it fires: a phase sets when it is due (`_due`) and
         # what happens then (`_late`); the timer is re-armed only when it would fire too late, so a
         # request on a kept-alive connection arms none (a call_later and a cancel for each of a
@@ -76,7 +65,7 @@ class DeadlineHttpToolsProtocol(HttpToolsProtocol):
         self._late: Any = None
         self._in_request = False  # a byte of a request has arrived and its head is not complete
         self._refused: str | None = None  # a malformed request pipelined behind answers still being written
-        self._wire_routes = wire.handlers_of(self.app) if wire.ENABLED else None
+        self._wire_routes = served.wire_handler if served is not None and served.settings.wire else None
         self._wire_link: wire.WireLink | None = None
 
     # -- the proxy endpoints without ASGI (gateway/server/wire.py) ---------------------------------------

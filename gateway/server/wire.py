@@ -15,15 +15,14 @@ proxy paths the protocol hands the request to `serve` instead of starting the AS
   client_link.py): no watcher task per upstream wait.
 
 Everything else (admin, metrics, the other routes, CORS preflights, a request with CORS configured)
-goes through Starlette. GATEWAY_WIRE=0 turns this path off (the A/B of bench/anchors.py).
+goes through Starlette. GATEWAY_WIRE=0 (Settings.wire) turns this path off (the A/B of bench/anchors.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Protocol, TypeVar
 
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
@@ -33,11 +32,13 @@ from .client_link import AsgiLink, ClientGone, ClientLink
 from ..core.answer import Answer
 from ..core.errors import GatewayError
 
+if TYPE_CHECKING:
+    from ..core.settings import Settings
+
 log = logging.getLogger("gateway.wire")
 T = TypeVar("T")
 Handler = Callable[["WireRequest"], Awaitable[Answer]]
 
-ENABLED = os.environ.get("GATEWAY_WIRE", "1") != "0"
 # A body longer than this is handed to the pipeline in pieces of this size (its size limit is
 # checked per piece: a chunked upload over the limit is refused after at most this much more).
 PIECE = 8 * 1024 * 1024
@@ -333,12 +334,20 @@ def _nothing() -> None:
     return None
 
 
-def handlers_of(app: Any) -> Callable[[str], Handler | None] | None:
-    """The wire-route lookup of the gateway's app (below uvicorn's and our middleware), if any."""
+class Served(Protocol):
+    """What the HTTP protocol reads of the gateway's application (app.FastPath)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    def wire_handler(self, path: str) -> Handler | None: ...
+
+
+def served_app(app: Any) -> Served | None:
+    """The gateway's application below uvicorn's and our middleware (the one with wire routes), if any."""
     for _ in range(8):
-        lookup = getattr(app, "wire_handler", None)
-        if lookup is not None:
-            return lookup
+        if getattr(app, "wire_handler", None) is not None:
+            return app  # type: ignore[no-any-return]
         app = getattr(app, "app", None)
         if app is None:
             return None

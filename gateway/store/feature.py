@@ -1,4 +1,4 @@
-"""The state store: Redis when GATEWAY_REDIS_URL is set, memory otherwise."""
+"""The state store: Redis when GATEWAY_REDIS_URL is set, memory otherwise (GATEWAY_STATE_MAX_BYTES)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,6 @@ def build_store(settings: "Settings") -> tuple[StateStore, Any]:
     if settings.redis_url:
         from .redis_store import RedisStore
 
-        store = RedisStore(settings.redis_url)
+        store = RedisStore(settings.redis_url, local=MemoryStore(max_bytes=settings.state_max_bytes))
         return store, store.client
-    return MemoryStore(), None
+    return MemoryStore(max_bytes=settings.state_max_bytes), None

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import heapq
-import os
 import time
 from collections import OrderedDict
 
 # Conversation states are up to ~100 KB each: a key count alone would not bound the memory.
-DEFAULT_MAX_BYTES = int(os.environ.get("GATEWAY_STATE_MAX_BYTES") or 256 * 1024 * 1024)
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024  # Settings.state_max_bytes (GATEWAY_STATE_MAX_BYTES)
 _KEY_OVERHEAD = 120  # what a small entry costs beyond its key and value (tuple, dict slot, floats)
 
 

@@ -21,10 +21,9 @@ are measured: docs/performance.md). Like aiohttp's, it leaves no reference cycle
 parser must not hold its response's bound methods, or every request leaves work to the cyclic
 collector.
 
-The response offers what proxy.py reads of aiohttp's (status, headers.get, content_type,
-content.readany / at_eof, close, release), so GATEWAY_UPSTREAM_CLIENT=aiohttp can still swap
-aiohttp back in for an A/B. Every error is an OSError (ConnectionError), which proxy.py's and
-upstream.py's except clauses already take.
+The response offers what proxy.py reads of a response (status, headers.get, content_type,
+content.readany / at_eof, close, release), as aiohttp's does. Every error is an OSError
+(ConnectionError), which proxy.py's and upstream.py's except clauses take.
 """
 
 from __future__ import annotations

@@ -2,28 +2,23 @@
 
 The request path uses the gateway's own HTTP/1.1 client (upstream_client.py): the upstream client
 is what decides a Python proxy's overhead, and even aiohttp's, far cheaper than httpx's, was still
-the largest step of the hot path. GATEWAY_UPSTREAM_CLIENT=aiohttp puts aiohttp back on the request path (an A/B);
-health probes and /v1/models keep aiohttp's session either way.
+the largest step of the hot path. Health probes and /v1/models use aiohttp's session: they are
+not on the request path.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-import yarl
 
 from ..core.config import Lane, Timeouts
 from ..core.errors import GatewayError
 from ..relay.scrub import Scrubber
 from .client import Pool, Target
-
-# "raw" (default): upstream_client.py; "aiohttp": aiohttp's client, as before (the benchmark's A/B).
-CLIENT = os.environ.get("GATEWAY_UPSTREAM_CLIENT", "raw")
 
 
 @dataclass
@@ -97,7 +92,6 @@ class Upstream:
     failover_on: frozenset = _DEFAULT_FAILOVER
     _session: aiohttp.ClientSession | None = None
     scrubber: Scrubber = field(init=False)
-    _urls: dict[tuple[str, str], yarl.URL] = field(default_factory=dict, init=False, repr=False)
     _targets: dict[tuple[str, str], Target] = field(default_factory=dict, init=False, repr=False)
     _pool: Pool | None = field(default=None, init=False, repr=False)
 
@@ -164,13 +158,6 @@ class Upstream:
             head += b"traceparent: %b\r\n" % traceparent.encode("latin-1")
         return await pool.post(target, body, head)
 
-    async def _post_aiohttp(self, replica: Replica, path: str, body: bytes, request_id: str,
-                            traceparent: str | None = None) -> Any:
-        headers = self.headers(request_id)
-        if traceparent is not None:
-            headers["traceparent"] = traceparent
-        return await self.session().post(self._url(replica, path), data=body, headers=headers, allow_redirects=False)
-
     def headers(self, request_id: str) -> dict[str, str]:
         # identity: an HTTP client may otherwise ask for gzip/deflate, which engines behind a compressing
         # proxy then send, and the gateway relays an answer's bytes as JSON: it must get them uncompressed.
@@ -191,7 +178,7 @@ class Upstream:
         replica's breaker is open, 502 when nobody could be reached, 504 on a first-byte timeout.
         """
         last = "no replica answered"
-        post = self._post_aiohttp if CLIENT == "aiohttp" else self._post
+        post = self._post
         failover = self.failover_on
         tried = 0
         for i, replica in enumerate(order):
@@ -215,10 +202,9 @@ class Upstream:
                     504, "upstream_timeout",
                     f"the upstream did not answer within {self.timeouts.first_byte:g}s",
                 ) from None
-            except (aiohttp.ClientError, OSError, ValueError) as exc:
-                # Refused, reset, or an answer that is not HTTP (bad status line, huge header):
-                # OSErrors of upstream_client.py; aiohttp raises ClientResponseError for the
-                # latter, which is no connection error.
+            except (OSError, ValueError) as exc:
+                # Refused, reset, or an answer that is not HTTP (bad status line, huge header): the
+                # gateway's client (client.py) raises OSErrors for all of them.
                 replica.inflight -= 1
                 last = self.scrubber.text(f"{type(exc).__name__}: {exc}", 200)
                 self.record_failure(replica, last)
@@ -242,14 +228,6 @@ class Upstream:
         if not tried:
             raise UpstreamFailure(503, "no_healthy_replica", "every replica of this lane is failing; try again shortly")
         raise UpstreamFailure(502, "upstream_unavailable", f"no replica of this lane could be reached ({last})")
-
-    def _url(self, replica: Replica, path: str) -> yarl.URL:
-        """Parsed once per replica and path (yarl would parse a string URL on every request)."""
-        key = (replica.url, path)
-        url = self._urls.get(key)
-        if url is None:
-            url = self._urls[key] = yarl.URL(replica.url + path)
-        return url
 
     @staticmethod
     def _another(order: list[Replica], i: int) -> bool:
