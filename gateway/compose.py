@@ -235,7 +235,8 @@ def build(settings: Settings) -> Gateway:
     )
     qualification.ensure_token_file()
     pipeline = Pipeline(runtime, gates=[qualification.gate],
-                        policies=[rate_limits, limits, RestatePolicy(), conversations.policy, admission, heal, routing.step],
+                        policies=[rate_limits, limits, RestatePolicy(), conversations.policy, admission, heal,
+                                  routing.step],
                         memo=HistoryMemo(),
                         first_bytes=first_bytes, tracing=tracing)
     status = Status(runtime, settings, security)

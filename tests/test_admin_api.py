@@ -9,7 +9,6 @@ import yaml
 from starlette.testclient import TestClient
 
 from gateway.app import create_app
-from gateway.core.errors import GatewayError
 from gateway.core.settings import Settings
 from tests.test_records_units import exchange
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -123,7 +122,8 @@ class Agent:
                 {"role": "user", "content": "test_split fails on empty input. Find out why." + opening},
                 {"role": "assistant", "content": "", "reasoning_content": "Read the implementation first.",
                  "tool_calls": [{"id": "call_1", "type": "function",
-                                 "function": {"name": "read_file", "arguments": json.dumps({"path": "src/split.py"})}}]},
+                                 "function": {"name": "read_file",
+                                              "arguments": json.dumps({"path": "src/split.py"})}}]},
                 {"role": "tool", "tool_call_id": "call_1",
                  "content": [{"type": "text", "text": "def split(s, sep=','):"},
                              {"type": "text", "text": "    return s.split(sep)"}]},

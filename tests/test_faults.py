@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from gateway.core.config import Lane
-from gateway.upstream.replicas import Replica, Upstream
+from gateway.upstream.replicas import Upstream
 from tests.support.emulator_proc import run_emulator
 from tests.support.redis_proc import run_redis
 from tests.support.gateway_proc import free_port, run_gateway

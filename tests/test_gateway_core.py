@@ -273,7 +273,8 @@ def test_hot_reload_keeps_streams_and_switches_lanes(emu, emu_b):
             assert not any('"error"' in e for e in events)
             content = [json.loads(e[5:]) for e in events[:-1]]
             assert all(c["model"] == "m" for c in content), "the client's own model name, throughout"
-            assert [r for r in emu.stats()["recent"] if r["request_id"] == result["rid"]], "the stream stayed on its lane"
+            assert [r for r in emu.stats()["recent"] if r["request_id"] == result["rid"]], \
+                "the stream stayed on its lane"
 
             # A broken edit changes nothing, and says why.
             g.write_routes("lanes: {a: {replicas: [not-a-url]}}\nmodels: {m: a}\n")

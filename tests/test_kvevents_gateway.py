@@ -39,7 +39,8 @@ def test_stream_state_is_visible_and_loss_degrades(publisher):
     with run_emulator(flavour="vllm", tokenizer="dsv41", block_size=16) as emu:
         lane = {"engine": "vllm", "replicas": [emu.url], "upstream_model": "deepseek-v4-flash",
                 "qualification": "not_required", "cache": {"block_size": 16},
-                "kv_events": {"replicas": {emu.url: {"endpoint": publisher.endpoint, "replay": publisher.replay_endpoint,
+                "kv_events": {"replicas": {emu.url: {"endpoint": publisher.endpoint,
+                                                     "replay": publisher.replay_endpoint,
                                                      "topic": "kv", "pool_tokens": 4096}}}}
         with run_gateway({"lanes": {"ds": lane}, "models": {"ds": "ds"}}) as gw:
             def replica():
@@ -106,7 +107,8 @@ def test_emulated_replica_publishes_events_and_verdicts_name_the_displacer():
             rows = []
             for rnd in range(4):
                 for name, msgs in history.items():
-                    msgs.append({"role": "user", "content": f"round {rnd}: " + " ".join(f"x{name}{rnd}{i}" for i in range(120))})
+                    words = " ".join(f"x{name}{rnd}{i}" for i in range(120))
+                    msgs.append({"role": "user", "content": f"round {rnd}: " + words})
                     r = httpx.post(f"{gw.url}/v1/chat/completions", timeout=30, headers={"X-Conversation-Id": name},
                                    json={"model": "ds", "messages": msgs, "max_tokens": 8})
                     assert r.status_code == 200, r.text
@@ -114,14 +116,14 @@ def test_emulated_replica_publishes_events_and_verdicts_name_the_displacer():
                     turn = int(r.headers["x-gateway-conversation"].split("turn=")[1].split(";")[0])
                     cid = r.headers["x-gateway-conversation"].split(";")[0]
 
-                    def rec():
+                    def rec(cid=cid, turn=turn):
                         rows_ = httpx.get(f"{gw.url}/admin/api/records", params={"conversation": cid}).json()["records"]
                         return next((x for x in rows_ if x["turn"] == turn and x.get("kv")), None)
 
                     row = until(rec, what=f"record of {name} turn {turn}")
                     rows.append((name, cid, row, json.loads(row["kv"])))
             names = {cid: name for name, cid, _, _ in rows}
-            for name, cid, row, kv in rows:
+            for name, _cid, row, kv in rows:
                 assert kv["held_tokens"] == row["cached_tokens"], (name, row, kv)
             misses = [(name, row, kv) for name, _, row, kv in rows if row["verdict"] == "eviction"]
             assert misses, [(n, r["verdict"], r["cached_tokens"], r["predicted_cached_tokens"]) for n, _, r, _ in rows]

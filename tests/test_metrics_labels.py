@@ -41,7 +41,8 @@ def test_labels_primed_bounded_and_never_empty():
                 by = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in after}
                 if by.get(("gateway_model_requests_total",
                            (("lane", "none"), ("model", "unknown"), ("status_class", "4xx")))) == 3 and \
-                        by.get(("gateway_model_requests_total", (("lane", "a"), ("model", "pub"), ("status_class", "2xx")))):
+                        by.get(("gateway_model_requests_total",
+                                (("lane", "a"), ("model", "pub"), ("status_class", "2xx")))):
                     break
                 time.sleep(0.1)
             assert by[("gateway_model_requests_total", (("lane", "a"), ("model", "pub"), ("status_class", "2xx")))] == 1

@@ -78,7 +78,8 @@ def test_a_refused_request_is_traced_with_its_error() -> None:
     with otlp_receiver() as rx, scripted_upstream() as up:
         lane = {"engine": "openai", "replicas": [up.url], "upstream_model": "m", "qualification": "not_required"}
         with run_gateway({"lanes": {"up": lane}, "models": {"pub": "up"}}, env=_env(rx)) as gw:
-            r = httpx.post(gw.url + "/v1/chat/completions", json={"model": "nope", "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
+            r = httpx.post(gw.url + "/v1/chat/completions",
+                           json={"model": "nope", "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
             assert r.status_code == 404
             wait_until(lambda: rx.named("chat"), what="the refused request's span")
     span = rx.named("chat")[0]

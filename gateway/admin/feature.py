@@ -129,7 +129,8 @@ class AdminAPI:
                 p = probed.get(rep.url, {})
                 open_ = not rep.available(now)
                 health = "down" if open_ or p.get("reachable") is False else (
-                    "degraded" if rep.consecutive_failures else ("up" if p.get("reachable") or rep.last_ok else "unknown"))
+                    "degraded" if rep.consecutive_failures
+                    else ("up" if p.get("reachable") or rep.last_ok else "unknown"))
                 replicas.append({
                     "url": rep.url, "health": health, "inflight": rep.inflight, "requests": rep.requests,
                     "failures": rep.failures, "consecutive_failures": rep.consecutive_failures,
@@ -395,7 +396,8 @@ async def _db(awaitable: Any) -> Any:
 
 def _analysis(analyzer: "Analyzer") -> dict[str, Any]:
     process = analyzer.process
-    return {"analysed": analyzer.analysed, "analysis_failures": analyzer.failures, "analysis_last_ms": round(analyzer.last_ms, 1),
+    return {"analysed": analyzer.analysed, "analysis_failures": analyzer.failures,
+            "analysis_last_ms": round(analyzer.last_ms, 1),
             "analysis_in": "process" if process is not None else "thread",
             "analysis_inline": analyzer.inline,
             "analysis_worker_pid": process.pid() if process is not None else None,

@@ -316,7 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="run the gateway with emulated demo lanes (quick start)")
     _serve_args(p)
-    p.add_argument("--decode-tps", type=float, default=float(os.environ.get("GATEWAY_DEMO_DECODE_TPS", DEMO_DECODE_TPS)),
+    p.add_argument("--decode-tps", type=float,
+                   default=float(os.environ.get("GATEWAY_DEMO_DECODE_TPS", DEMO_DECODE_TPS)),
                    help=f"emulated decode speed, tokens/s (default {DEMO_DECODE_TPS:g})")
     p.add_argument("--prefill-tps", type=float,
                    default=float(os.environ.get("GATEWAY_DEMO_PREFILL_TPS", DEMO_PREFILL_TPS)),

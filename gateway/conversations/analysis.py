@@ -90,7 +90,8 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
     if renderer is not None:
         try:
             if reuse is not None and reuse.previous is not None:
-                rendered, generated = renderer.render_turn(body, generated_msg, options, reuse.previous, reuse.unchanged)
+                rendered, generated = renderer.render_turn(body, generated_msg, options, reuse.previous,
+                                                           reuse.unchanged)
             else:
                 rendered, generated = renderer.render_turn(body, generated_msg, options)
             if out is not None:
@@ -199,8 +200,8 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
 def _rendered_mode(options: RenderOptions, job: Job) -> tuple[bool | None, int | str | None]:
     """(thinking, effort number) the engine renders this turn with, as the analysis reads the body."""
     try:
-        return options.thinking, effective_effort(RenderOptions(thinking=True, reasoning_effort=options.reasoning_effort,
-                                                                effort_map=options.effort_map))
+        return options.thinking, effective_effort(RenderOptions(
+            thinking=True, reasoning_effort=options.reasoning_effort, effort_map=options.effort_map))
     except RenderError:
         return job.thinking, job.effort
 

@@ -199,7 +199,8 @@ def make_job(ex: Exchange, lane: LaneRuntime, found: Found, in_process: bool = T
         rewritten=ex.limits.history_rewritten, replica=ex.replica,
         # The router says this turn runs away from the conversation's cache (see routing/base.py).
         rehomed=isinstance(routing, dict) and bool(routing.get("expected_cold")),
-        repinned=found.repinned, state=found.state, healed=tuple((h.kind, i) for h in ex.healed if h.repairs_prefix for i in h.indices),
+        repinned=found.repinned, state=found.state,
+        healed=tuple((h.kind, i) for h in ex.healed if h.repairs_prefix for i in h.indices),
         prompt_token_ids=ex.generated.prompt_token_ids, generated_token_ids=ex.generated.token_ids or None,
         token_ids_why=token_ids.why_counts(ex),  # token ids (issue 13)
         # The render's block keys: for the KV-event index and the model of the replica's cache.

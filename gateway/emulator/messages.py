@@ -70,7 +70,8 @@ def block_events(plan: Plan) -> list[list[bytes]]:
 
 def tail(plan: Plan, use: dict[str, Any]) -> bytes:
     return (_event("message_delta", {"delta": {"stop_reason": _STOP.get(plan.finish_reason, "end_turn"),
-                                               "stop_sequence": None}, "usage": {"output_tokens": use["output_tokens"]}})
+                                               "stop_sequence": None},
+                                     "usage": {"output_tokens": use["output_tokens"]}})
             + _event("message_stop", {}))
 
 

@@ -320,7 +320,8 @@ class KVEventsService:
     def collect(self) -> Iterator[Any]:
         labels = ["lane", "replica"]
         fams = {
-            "up": GaugeMetricFamily("gateway_kv_stream_up", "1 when the replica's KV-event stream is live", labels=labels),
+            "up": GaugeMetricFamily("gateway_kv_stream_up", "1 when the replica's KV-event stream is live",
+                                    labels=labels),
             "pool": GaugeMetricFamily("gateway_kv_pool_tokens", "KV pool size in tokens", labels=labels),
             "held": GaugeMetricFamily("gateway_kv_held_tokens", "Tokens the index says the pool holds", labels=labels),
             "occ": GaugeMetricFamily("gateway_kv_pool_occupancy", "Held tokens / pool tokens", labels=labels),

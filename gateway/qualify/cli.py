@@ -332,7 +332,8 @@ def _read_record_file(ref: str) -> dict[str, Any] | None:
 
 
 def lane_states(config: Any, routes_path: str | Path | None, records_dir: str | None = None,
-                redis_url: str | None = None, observed: dict[str, str | None] | None = None) -> dict[str, dict[str, Any]]:
+                redis_url: str | None = None,
+                observed: dict[str, str | None] | None = None) -> dict[str, dict[str, Any]]:
     """Offline: each lane's state from routes.yaml and the records; `observed` = revisions the replicas
     reported (`gateway check --probe`), else the revision is not probed. A refused lane also gets
     `changed_fields`: what differs from its last passing record."""
@@ -379,8 +380,10 @@ def check_extra(config: Any, routes_path: str | Path | None = None, *, observed:
     states = lane_states(config, routes_path, records_dir, redis_url or os.environ.get("GATEWAY_REDIS_URL"), observed)
     print("qualification:")
     for name, s in states.items():
-        mark = {"qualified": "ok", "not_required": "ok", "overridden": "OVERRIDDEN", "unqualified": "REFUSED"}[s["state"]]
-        extra = f" (override in routes.yaml, not needed: {s['override']})" if s["override"] and s["state"] == "qualified" else ""
+        mark = {"qualified": "ok", "not_required": "ok", "overridden": "OVERRIDDEN",
+                "unqualified": "REFUSED"}[s["state"]]
+        extra = (f" (override in routes.yaml, not needed: {s['override']})"
+                 if s["override"] and s["state"] == "qualified" else "")
         print(f"  {name}: {s['state']} [{mark}] {s['reason']}{extra}")
     return {name: s for name, s in states.items() if s["state"] == "unqualified"}
 

@@ -143,8 +143,8 @@ class InProcessLane:
             async for _ in iterator:
                 pass
         elif response.status_code >= 400:
-            return Result(ok=False, status=response.status_code, error=bytes(response.body)[:300].decode("utf-8", "replace"),
-                          t_sent=t_sent)
+            return Result(ok=False, status=response.status_code,
+                          error=bytes(response.body)[:300].decode("utf-8", "replace"), t_sent=t_sent)
         return Result.from_exchange(ex, t_sent)
 
     async def revision(self) -> str | None:

@@ -30,11 +30,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from ..core.errors import GatewayError
 from ..core.exchange import Exchange
-from ..core.runtime import LaneRuntime, Snapshot
+from ..core.runtime import LaneRuntime, Runtime, Snapshot
 from ..server.security import Caller
 from .client import replica_revision
 from .identity import lane_identity
@@ -147,7 +146,7 @@ class QualificationService:
                 self.observed[key] = rev
                 changed = True
 
-        await asyncio.gather(*(one(l) for l in snap.lanes.values() if not getattr(l.config, "revision", None)))
+        await asyncio.gather(*(one(lane) for lane in snap.lanes.values() if not lane.config.revision))
         return changed
 
     async def watch(self, stop: asyncio.Event) -> None:

@@ -110,7 +110,8 @@ async def _relay_whole(ex, lane, replica, resp, decoder, link, on_end, have: byt
     except (aiohttp.ClientError, OSError) as exc:
         resp.close()
         _done(replica, lane, ok=False, why=type(exc).__name__)
-        raise GatewayError(502, f"the upstream connection failed: {type(exc).__name__}", code="upstream_error") from None
+        raise GatewayError(502, f"the upstream connection failed: {type(exc).__name__}",
+                           code="upstream_error") from None
     except DecodeError as exc:
         resp.close()
         _done(replica, lane, ok=False, why=str(exc))

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-import xxhash
 
 from ..core.config import Affinity
 from ..core.exchange import Exchange
@@ -85,7 +84,8 @@ class ConversationAffinity:
         hint = Hint()
         ex.routing_hint = hint
         if isinstance(messages, list) and messages:
-            hint.head = prefix_index.seed(self.lane, ex.tenant, ex.thinking_applied, ex.effort_applied, body.get("tools"))
+            hint.head = prefix_index.seed(self.lane, ex.tenant, ex.thinking_applied, ex.effort_applied,
+                                          body.get("tools"))
             hint.drift = _head_drift(state, ex, body, "vllm" if lane.config.engine == "vllm" else "sglang")
         wants_prefix = state is None or getattr(found, "is_new", True) or state.replica is None or hint.drift
         kv = self._kv()
@@ -301,7 +301,8 @@ def _head_drift(state: Any, ex: Exchange, body: dict[str, Any], engine: str) -> 
     last = getattr(state, "last", None)
     if last is None:
         return None
-    if last.thinking is not None and ex.thinking_applied is not None and bool(last.thinking) != bool(ex.thinking_applied):
+    if (last.thinking is not None and ex.thinking_applied is not None
+            and bool(last.thinking) != bool(ex.thinking_applied)):
         return "thinking"
     if ex.thinking_applied and last.effort is not None and ex.effort_applied is not None \
             and last.effort != ex.effort_applied:

@@ -125,7 +125,8 @@ def _parse_hashed_file(path: Path) -> list[tuple[bytes, str]]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise SecurityConfigError(f"client_keys.hashed_file {str(path)!r}: cannot read: {exc.strerror or exc}") from None
+        raise SecurityConfigError(
+            f"client_keys.hashed_file {str(path)!r}: cannot read: {exc.strerror or exc}") from None
     out = []
     for n, line in enumerate(text.splitlines(), 1):
         line = line.strip()
@@ -180,7 +181,8 @@ def load_admin_key(source: KeySource) -> bytes | None:
     return digest(value) if value else None
 
 
-def production_problems(client_keys: KeyRing | None, admin_digest: bytes | None, admin_key_env: str | None) -> list[str]:
+def production_problems(client_keys: KeyRing | None, admin_digest: bytes | None,
+                        admin_key_env: str | None) -> list[str]:
     """Why GATEWAY_PRODUCTION=1 would refuse to start with these keys (empty: it starts)."""
     problems = []
     if not client_keys:

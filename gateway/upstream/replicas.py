@@ -145,7 +145,7 @@ class Upstream:
         held = self._pool.held() if self._pool is not None else 0
         session = self._session
         if session is not None and not session.closed and session.connector is not None:
-            held += len(session.connector._acquired)  # noqa: aiohttp's own count
+            held += len(session.connector._acquired)  # aiohttp's own count
         return held
 
     async def _post(self, replica: Replica, path: str, body: bytes, request_id: str,
