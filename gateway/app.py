@@ -73,7 +73,7 @@ def _limit_malloc_arenas(arenas: int = 2) -> None:
 _PROTOCOL = "gateway.server.serving"
 
 
-def create_app(settings: Settings | None = None) -> "FastPath":
+def create_app(settings: Settings | None = None) -> CorsGate:
     settings = settings or Settings()
     # Other threads of this process (records, limits' counting near the window, analysis with
     # GATEWAY_ANALYSIS=thread) run Python loops; by default a thread keeps the GIL for 5 ms at a

@@ -23,7 +23,7 @@ from typing import Callable, Protocol, TypeVar
 
 from .server.access import Access, Endpoint
 from .observe.access_log import AccessLog, build_access_log
-from .observe.aftermath import Aftermath, FirstBytes
+from .observe.aftermath import Aftermath, FirstBytes, Step
 from .admin.feature import AdminAPI
 from .admission.policy import AdmissionPolicy
 from .ratelimits import RateLimits
@@ -223,8 +223,8 @@ def build(settings: Settings) -> Gateway:
     heal = HealPolicy(book)
     access_log = _part("access log", build_access_log)  # None when off (GATEWAY_ACCESS_LOG=0)
     tracing = build_tracing(settings)  # NO_TRACING unless an OTLP endpoint is configured
-    sinks = [metrics.observe, records.sink, *([access_log] if access_log is not None else []),
-             *([tracing.exchange_done] if tracing.enabled else [])]
+    sinks: list[Step] = [metrics.observe, records.sink, *([access_log] if access_log is not None else []),
+                         *([tracing.exchange_done] if tracing.enabled else [])]
     first_bytes = FirstBytes()  # requests on their way to their first byte go before the aftermath
     aftermath = Aftermath(analyzers=[conversations.analyzer], sinks=sinks, first_bytes=first_bytes)
     qualification.reload_index()  # at start-up, before serving (blocking is fine here), before the lane hooks

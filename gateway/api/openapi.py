@@ -85,7 +85,7 @@ def _schemas() -> dict[str, Any]:
             "cached_tokens": {"type": ["integer", "null"]}}},
         "completion_tokens_details": {"type": ["object", "null"], "properties": {
             "reasoning_tokens": {"type": ["integer", "null"]}}}}}
-    logprob = {"type": "object", "required": ["token", "logprob"], "properties": {
+    logprob: dict[str, Any] = {"type": "object", "required": ["token", "logprob"], "properties": {
         "token": _STR, "logprob": {"type": "number"}, "bytes": {"type": ["array", "null"], "items": _INT}}}
     logprob_top = {**logprob, "properties": {**logprob["properties"],
                                              "top_logprobs": {"type": "array", "items": logprob}}}

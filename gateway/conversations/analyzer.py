@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from ..pipeline import token_ids
+from ..pipeline.body_parts import Body
 from ..core.exchange import Exchange
 from ..render.options import options_for_lane
 from ..render.renderer import RenderOptions
@@ -184,7 +185,7 @@ def make_job(ex: Exchange, lane: LaneRuntime, found: Found, in_process: bool = T
     (a memory copy to send, where pickling the parsed body would cost the event loop milliseconds)."""
     cfg = lane.config
     routing = ex.routing
-    body: dict[str, Any] | bytes = ex.chat or {}
+    body: dict[str, Any] | Body = ex.chat or {}
     if not in_process:
         # A chat request's view is the body as forwarded; a Responses request's is its mapping
         # (gateway/pipeline/responses_chat.py), serialised here (measured 0.1-0.5 ms per MB with orjson).

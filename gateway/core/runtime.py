@@ -190,7 +190,7 @@ async def watch_routes(runtime: Runtime, stop: asyncio.Event,
     editors that replace the file included."""
     if runtime.routes_path is None:
         return
-    from watchfiles import awatch
+    from watchfiles import Change, awatch
 
     while not stop.is_set():
         files = {runtime.routes_path.resolve()}
@@ -201,8 +201,12 @@ async def watch_routes(runtime: Runtime, stop: asyncio.Event,
         # only these files: the data directory (records, WAL files) often lives right beside routes.yaml.
         folders = sorted({str(f.parent) for f in files if f.parent.is_dir()})
         names = {str(f) for f in files}
+
+        def named(change: Change, path: str, names: set[str] = names) -> bool:
+            return str(Path(path).resolve()) in names
+
         async for _ in awatch(*folders, stop_event=stop, debounce=200, step=50, recursive=False,
-                              watch_filter=lambda change, p, names=names: str(Path(p).resolve()) in names):
+                              watch_filter=named):
             runtime.reload_from_disk()
             await runtime.close_retired()
             now = also()

@@ -5,6 +5,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import overload
+
+
+@overload
+def _env(name: str, default: str) -> str: ...
+
+
+@overload
+def _env(name: str, default: None = None) -> str | None: ...
 
 
 def _env(name: str, default: str | None = None) -> str | None:

@@ -68,6 +68,7 @@ def config_from_args(argv: Sequence[str] | None = None,
 
 def run(config: EmulatorConfig, host: str = "127.0.0.1", port: int = 8100) -> None:
     """Serve until SIGINT/SIGTERM, on uvloop when it is installed."""
+    loop: asyncio.AbstractEventLoop
     try:
         import uvloop
 

@@ -6,7 +6,7 @@ import asyncio
 import random
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import xxhash
@@ -21,6 +21,9 @@ from .config import EmulatorConfig
 from .generation import Plan, plan_chat, plan_completion, requested_max_tokens
 from .stats import RequestRecord, Stats
 from .tokens import TokenizeGenerated, TokenizePrompt, count_images, tokenizers_for, words
+
+if TYPE_CHECKING:
+    from .kvevents import KVEventPublisher
 
 _JSON = "application/json"
 _MAX_BODY = 512 * 1024 * 1024  # agent conversations reach several MB; never 413 like aiohttp's 1 MB default
@@ -61,6 +64,7 @@ class Emulator:
         self._prefill_free_at = 0.0  # prefill_shared: when the shared prefill compute is free again
         self.stats = Stats(self.config.recent_requests)
         self._fail_rng = random.Random(self.config.seed)
+        self.kv_publisher: KVEventPublisher | None = None  # with kv_events_port, from start-up (kvevents.py)
 
     # -- app ---------------------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -100,7 +104,7 @@ class Emulator:
             self.cache.listener = self.kv_publisher.publish
 
     async def _stop_kv_events(self, app: web.Application) -> None:
-        if getattr(self, "kv_publisher", None) is not None:
+        if self.kv_publisher is not None:
             await self.kv_publisher.close()
 
     def set_config(self, config: EmulatorConfig) -> None:
@@ -509,7 +513,7 @@ class Emulator:
 
         digest = xxhash.xxh3_64_intdigest(data)
         plan = plan_chat(body, digest, cfg) if kind == "chat" else plan_completion(body, digest, cfg)
-        n_choices = body.get("n") if kind == "chat" and type(body.get("n")) is int and body["n"] > 1 else 1
+        n_choices = n if kind == "chat" and type(n := body.get("n")) is int and n > 1 else 1
         extra = [plan_chat(body, digest, cfg, i) for i in range(1, min(n_choices, 16))]
         rec.completion_tokens = plan.completion_tokens + sum(p.completion_tokens for p in extra)
         ttft = cfg.ttft_ms / 1000.0 + self._prefill_s(n_prompt - cached, cfg)

@@ -142,7 +142,7 @@ class ChatChunks:
     def tool_call(self, tc: ToolCallPlan) -> list[bytes]:
         """vLLM: header then argument fragments. SGLang: name chunk then the whole arguments."""
         if self.sglang:
-            calls = [
+            calls: list[dict[str, Any]] = [
                 {"id": tc.stream_id, "index": 0, "type": "function", "function": {"name": tc.name, "arguments": ""}},
                 {"id": None, "index": 0, "type": "function", "function": {"name": None, "arguments": tc.arguments}},
             ]

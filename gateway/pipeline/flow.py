@@ -63,34 +63,34 @@ class Pipeline:
         self.gates = tuple(gates)  # e.g. qualification: after the route is resolved, before policies
         self.policies = tuple(policies)  # e.g. limits, conversation and effort pin, routing lookups
 
-    async def chat(self, request: Request, caller: Caller) -> Response:
+    async def chat(self, request: Request, caller: Caller) -> Response | EndsExchange:
         return await self._handle(request, caller, "/v1/chat/completions", check_chat, history=True)
 
-    async def completions(self, request: Request, caller: Caller) -> Response:
+    async def completions(self, request: Request, caller: Caller) -> Response | EndsExchange:
         return await self._handle(request, caller, "/v1/completions", check_completion)
 
     # The pass-through endpoints (gateway/pipeline/passthrough.py): the same path, their own shape checks.
-    async def responses(self, request: Request, caller: Caller) -> Response:
+    async def responses(self, request: Request, caller: Caller) -> Response | EndsExchange:
         return await self._handle(request, caller, passthrough.RESPONSES, passthrough.check_responses)
 
-    async def messages(self, request: Request, caller: Caller) -> Response:
+    async def messages(self, request: Request, caller: Caller) -> Response | EndsExchange:
         return await self._handle(request, caller, passthrough.MESSAGES, messages_chat.check_messages)
 
-    async def count_tokens(self, request: Request, caller: Caller) -> Response:
+    async def count_tokens(self, request: Request, caller: Caller) -> Response | EndsExchange:
         return await self._handle(request, caller, passthrough.COUNT_TOKENS,
                                   lambda body: messages_chat.check_messages(body, count_only=True))
 
-    async def embeddings(self, request: Request, caller: Caller) -> Response:
+    async def embeddings(self, request: Request, caller: Caller) -> Response | EndsExchange:
         return await self._handle(request, caller, passthrough.EMBEDDINGS, passthrough.check_embeddings)
 
-    async def tokenize(self, request: Request, caller: Caller) -> Response:
+    async def tokenize(self, request: Request, caller: Caller) -> Response | EndsExchange:
         return await self._handle(request, caller, passthrough.TOKENIZE, passthrough.check_tokenize)
 
-    async def detokenize(self, request: Request, caller: Caller) -> Response:
+    async def detokenize(self, request: Request, caller: Caller) -> Response | EndsExchange:
         return await self._handle(request, caller, passthrough.DETOKENIZE, passthrough.check_detokenize)
 
     async def _handle(self, request: Request, caller: Caller, path: str, check: Callable[[dict], None],
-                      history: bool = False) -> Response:
+                      history: bool = False) -> Response | EndsExchange:
         hold = self.first_bytes.hold()  # on the CPU until it is forwarded: the aftermath waits
         try:
             return await self._answer(request, caller, path, check, history, hold)
@@ -98,7 +98,7 @@ class Pipeline:
             hold.release()
 
     async def _answer(self, request: Request, caller: Caller, path: str, check: Callable[[dict], None],
-                      history: bool, hold: Hold) -> Response:
+                      history: bool, hold: Hold) -> Response | EndsExchange:
         ex = Exchange(request_id=_request_id(request), path=path, request_headers=request.headers,
                       tenant=caller.tenant)
         self.tracing.begin(ex)

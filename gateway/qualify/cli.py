@@ -182,6 +182,7 @@ async def _qualify(args: argparse.Namespace) -> int:
     config = _load_config(args, required=not args.gateway)
     perf = _perf_options(args)
     opened: list[Any] = []
+    cand: GatewayLane | InProcessLane  # the lane qualified: a running gateway's, or reached from here
     try:
         if args.gateway:
             token = resolve_token(args, config)

@@ -41,7 +41,7 @@ from .records import InvalidRecordId, RecordIndex, RecordStore, Summary, check_r
 from .state import evaluate
 
 if TYPE_CHECKING:
-    from ..pipeline.flow import Pipeline
+    from ..pipeline.flow import EndsExchange, Pipeline
     from ..core.settings import Settings
 
 log = logging.getLogger("gateway.qualify")
@@ -236,10 +236,10 @@ class QualificationService:
         if self._task is not None:
             self._task.cancel()
 
-    async def route_chat(self, request: Request) -> Response:
+    async def route_chat(self, request: Request) -> Response | EndsExchange:
         return await self.pipeline.chat(request, QUALIFY_CALLER)
 
-    async def route_completions(self, request: Request) -> Response:
+    async def route_completions(self, request: Request) -> Response | EndsExchange:
         return await self.pipeline.completions(request, QUALIFY_CALLER)
 
     async def route_state(self, request: Request) -> Response:
@@ -272,13 +272,13 @@ class QualificationService:
                 raise GatewayError(409, f"record {record['id']!r} exists; records are never overwritten",
                                    param="id", code="record_exists")
             try:
-                record_id = await asyncio.to_thread(self.store.save, record)
+                saved = await asyncio.to_thread(self.store.save, record)
             except (ValueError, OverflowError) as exc:
                 raise GatewayError(400, f"bad record: {exc}", code="invalid_record") from None
             await asyncio.to_thread(self.reload_index)
             self.refresh()
             lane = self.runtime.snapshot.lanes.get(record["lane"])
-            return _json({"id": record_id, "state": lane.qualification if lane else None})
+            return _json({"id": saved, "state": lane.qualification if lane else None})
         record_id = request.query_params.get("id")
         if record_id:
             try:
@@ -287,9 +287,10 @@ class QualificationService:
                 raise GatewayError(400, str(exc), param="id", code="invalid_record_id") from None
             rec = await asyncio.to_thread(self.store.load, record_id)
             return _json(rec) if rec else _json({"error": {"message": "no such record", "code": "not_found"}}, 404)
-        lane = request.query_params.get("lane")
+        lane_name = request.query_params.get("lane")
         idx = await asyncio.to_thread(self.reload_index)
-        runs: list[Summary] = list(idx.by_lane.get(lane, ())) if lane else [s for v in idx.by_lane.values() for s in v]
+        runs: list[Summary] = (list(idx.by_lane.get(lane_name, ())) if lane_name
+                               else [s for v in idx.by_lane.values() for s in v])
         if request.query_params.get("passed") in ("1", "true"):
             runs = [s for s in runs if s.passed]
         if request.query_params.get("latest") in ("1", "true"):

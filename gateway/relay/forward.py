@@ -233,7 +233,7 @@ def _looks_like_sse(resp: UpstreamResponse, first: bytes) -> bool:
 async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end, body_bytes: int) -> Response:
     # token ids: the gateway asked for them, the client did not: the observer takes them out
     observer: EventObserver
-    shape = reshape.for_lane(ex, lane).event
+    shape: Callable[[bytes], bytes] = reshape.for_lane(ex, lane).event
     if ex.upstream_path is not None:  # Anthropic Messages, served by the engine's chat completions
         observer = messages_from_chat.ChatAsMessages(
             StreamObserver(ex, drop_usage_chunk=False, scrubber=lane.upstream.scrubber, strip_ids=ex.token_ids_strip),
@@ -317,7 +317,7 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, on_end, body_byt
                 raw = first
                 sent = False
                 while True:
-                    out = []
+                    out: list[bytes] = []
                     if sent and runs is not None:  # runs of token chunks at once (chunk_run.py)
                         runs.relay_read(splitter, data, not raw, out)
                     else:

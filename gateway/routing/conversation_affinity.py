@@ -78,7 +78,7 @@ class ConversationAffinity:
             ex.routing_single = True
             return  # nothing to choose: no lookups on the hot path
         found = ex.conversation
-        state = getattr(found, "state", None)
+        state = found.state if found is not None else None
         body = ex.chat if ex.chat is not None else body  # a Responses request: its chat view
         messages = body.get("messages")
         hint = Hint()
@@ -99,7 +99,7 @@ class ConversationAffinity:
         if state is not None:
             keys.append(HOME_PREFIX + state.id)
         lookup = None
-        if wants_prefix and hint.head is not None and not hint.from_kv:
+        if wants_prefix and hint.head is not None and not hint.from_kv and isinstance(messages, list):
             lookup = prefix_index.Lookup(messages, hint.head, [r.url for r in lane.upstream.replicas])
             keys += lookup.keys
         if not keys:
@@ -255,7 +255,7 @@ class ConversationAffinity:
             return
         writes: list[tuple[str, bytes, float]] = []
         found = ex.conversation
-        state = getattr(found, "state", None)
+        state = found.state if found is not None else None
         hint: Hint | None = ex.routing_hint
         if state is not None and (hint is None or hint.shared_home != replica.url):
             # Written only when the shared record does not say this replica already (a new home, a move,
@@ -265,10 +265,9 @@ class ConversationAffinity:
         messages = (ex.chat or {}).get("messages")
         if hint is not None and hint.head is not None and isinstance(messages, list) and messages:
             since = 0
-            last = getattr(state, "last", None)
-            if (last is not None and state.replica == replica.url and not hint.drift
+            if (state is not None and state.last is not None and state.replica == replica.url and not hint.drift
                     and (state.turn + 1) % REFRESH_EVERY_TURNS):
-                since = len(last.messages)  # the previous turn wrote the sampled positions before this
+                since = len(state.last.messages)  # the previous turn wrote the sampled positions before this
             for key in prefix_index.entries(messages, hint.head, replica.url, since):
                 writes.append((key, b"1", prefix_index.TTL_S))
         if writes:

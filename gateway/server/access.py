@@ -10,12 +10,23 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Protocol
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
-Handler = Callable[[Request], Awaitable[Response]]
+
+class Answer(Protocol):
+    """What a route answers: a Starlette Response, or the pipeline's, which ends the exchange once it
+    is sent (pipeline/flow.py EndsExchange)."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None: ...
+
+
+Handler = Callable[[Request], Awaitable[Answer]]
 
 
 class Access(enum.Enum):

@@ -38,9 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from starlette.requests import Request
-from starlette.responses import Response
 
-from .access import Access, Endpoint, Handler
+from .access import Access, Answer, Endpoint, Handler
 from ..core.config import ClientKeys, RoutesConfig
 from ..core.errors import GatewayError
 
@@ -64,7 +63,7 @@ class Caller:
     tenant: str = DEFAULT_TENANT
 
 
-ClientHandler = Callable[[Request, Caller], Awaitable[Response]]
+ClientHandler = Callable[[Request, Caller], Awaitable[Answer]]
 
 
 class SecurityConfigError(RuntimeError):
@@ -311,7 +310,9 @@ class Security:
         self._current()
         want = self.admin_digest
         key = request.headers.get("x-admin-key") or presented_key(request)
-        return want is not None and bool(key) and hmac.compare_digest(digest(key), want)
+        if want is None or not key:
+            return False
+        return hmac.compare_digest(digest(key), want)
 
     def check_admin(self, request: Request) -> None:
         self._current()
@@ -354,13 +355,13 @@ class Security:
             client_handler: ClientHandler = handler  # type: ignore[assignment]
             caller = self.caller
 
-            async def client_endpoint(request: Request) -> Response:
+            async def client_endpoint(request: Request) -> Answer:
                 return await client_handler(request, caller(request))
 
             return _named(client_endpoint, handler)
         check = self.check_qualify if access is Access.QUALIFY else self.check_admin
 
-        async def guarded(request: Request) -> Response:
+        async def guarded(request: Request) -> Answer:
             check(request)
             return await handler(request)
 

@@ -65,7 +65,7 @@ class WireHeaders(Headers):
             raise KeyError(key)
         return value
 
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, key: str, default: Any = None) -> Any:
         return (self._index or self._first()).get(key.lower().encode("latin-1"), default)
 
     def __contains__(self, key: Any) -> bool:

@@ -20,6 +20,7 @@ import yarl
 
 from ..core.config import Lane, Timeouts
 from ..core.errors import GatewayError
+from ..pipeline.body_parts import Body
 from ..relay.scrub import Scrubber
 from .client import Pool, Target
 
@@ -148,7 +149,7 @@ class Upstream:
             held += len(session.connector._acquired)  # aiohttp's own count
         return held
 
-    async def _post(self, replica: Replica, path: str, body: bytes, request_id: str,
+    async def _post(self, replica: Replica, path: str, body: Body, request_id: str,
                     traceparent: str | None = None) -> Any:
         """One request on the gateway's own client; its answer once the head is in."""
         pool = self._pool
@@ -165,7 +166,7 @@ class Upstream:
             head += b"traceparent: %b\r\n" % traceparent.encode("latin-1")
         return await pool.post(target, body, head)
 
-    async def _post_aiohttp(self, replica: Replica, path: str, body: bytes, request_id: str,
+    async def _post_aiohttp(self, replica: Replica, path: str, body: Body, request_id: str,
                             traceparent: str | None = None) -> Any:
         headers = self.headers(request_id)
         if traceparent is not None:
@@ -181,7 +182,7 @@ class Upstream:
         return headers
 
     async def send(
-        self, order: list[Replica], path: str, body: bytes, request_id: str, on_retry=None,
+        self, order: list[Replica], path: str, body: Body, request_id: str, on_retry=None,
         traceparent: str | None = None,
     ) -> tuple[Replica, Any]:
         """POST to the first replica that answers; what counts as "not this one, try the next" is the
