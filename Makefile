@@ -3,7 +3,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN = $(VENV)/bin
 
-.PHONY: install run test test-engine test-packaging test-agents fuzz-drift bench docs clean
+.PHONY: install run test lint test-engine test-packaging test-agents fuzz-drift bench docs clean
 
 $(BIN)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,11 @@ run: install
 
 test: install
 	$(BIN)/pytest -q
+
+# ruff over the code, mypy over the package (their settings: pyproject.toml); seconds, so CI runs it first.
+lint: install
+	$(BIN)/ruff check gateway tests bench scripts
+	$(BIN)/mypy gateway
 
 test-engine: install
 	$(BIN)/pytest -q -m engine

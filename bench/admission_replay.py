@@ -7,8 +7,8 @@ arrive while they run; every session grows each turn and thinks briefly between 
 everyone runs at once and the pool (LRU, like the engines) evicts prefixes that are needed again a
 moment later: those turns are prefilled again. With `admission: {policy: hold}` the newcomers wait until
 the long sessions end; with `{policy: divert}` they go to a second lane of the same size. Every mode in
-one run, the same emulator settings (prefill paced); printed: re-prefilled tokens (uncached tokens beyond each turn's new ones), turns completed, and the time until
-every session is done.
+one run, the same emulator settings (prefill paced); printed: re-prefilled tokens (uncached tokens beyond
+each turn's new ones), turns completed, and the time until every session is done.
 """
 
 from __future__ import annotations
@@ -112,13 +112,15 @@ def main() -> None:
                     help="one prefill compute for all requests in arrival order (the emulator's prefill_shared)")
     args = ap.parse_args()
     knobs = {"flavour": "vllm", "tokenizer": "dsv41", "block_size": 16, "cache_blocks": args.pool // 16,
-             "prefill_tps": args.prefill_tps, "prefill_shared": args.prefill_shared, "decode_tps": 0, "output_tokens": 16, "reasoning_tokens": 0}
+             "prefill_tps": args.prefill_tps, "prefill_shared": args.prefill_shared, "decode_tps": 0,
+             "output_tokens": 16, "reasoning_tokens": 0}
     with run_emulator(**knobs) as emu, run_emulator(**knobs) as overflow:
         results = {mode: replay(mode, emu, overflow, args.pool, args.think_s) for mode in ("admit", "hold", "divert")}
     print(f"pool {args.pool:,} tokens, prefill {args.prefill_tps:,.0f} tok/s"
           f"{' shared' if args.prefill_shared else ' per request'}, think {args.think_s} s; "
           f"2 long sessions + 2 newcomers; divert: a second lane of the same pool takes the newcomers")
-    print(f"{'mode':>6} {'re-prefilled tokens':>20} {'turns':>6} {'all done (s)':>13} {'refused':>8}  per session (done s)")
+    print(f"{'mode':>6} {'re-prefilled tokens':>20} {'turns':>6} {'all done (s)':>13} {'refused':>8}  "
+          "per session (done s)")
     for mode, ss in results.items():
         reprefilled = sum(s.reprefilled for s in ss)
         turns = sum(s.done_turns for s in ss)

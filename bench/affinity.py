@@ -38,7 +38,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -123,7 +122,8 @@ async def one_turn(session: aiohttp.ClientSession, url: str, cid: str, body: dic
                     usage = chunk["usage"]
                 for choice in chunk.get("choices") or ():
                     delta = choice.get("delta") or {}
-                    if ttft is None and (delta.get("content") or delta.get("reasoning") or delta.get("reasoning_content")):
+                    if ttft is None and (delta.get("content") or delta.get("reasoning")
+                                         or delta.get("reasoning_content")):
                         ttft = time.perf_counter() - t0
     if usage is None:
         raise RuntimeError("no usage in the stream")

@@ -86,13 +86,14 @@ def append_only(body: dict, options: RenderOptions, turns: int) -> None:
         memos().clear()
         renderer = Renderer(options, cache=SegmentCache())
         history = msgs[:[i for i, m in enumerate(msgs) if m["role"] == "assistant"][-1]]
-        cold, out = cpu_ms(lambda: analyse_job(job("c", body, history, options, None, as_bytes=as_bytes), renderer, None))
+        cold, out = cpu_ms(lambda history=history, as_bytes=as_bytes, renderer=renderer: analyse_job(
+            job("c", body, history, options, None, as_bytes=as_bytes), renderer, None))
         times = []
         for k in range(turns):
             history = [*history, said, {"role": "user", "content": f"Step {k}: go on."}]
             state = ConversationState.from_bytes(out.data)
             j = job("c", body, history, options, out.data, state, as_bytes)
-            ms, out = cpu_ms(lambda: analyse_job(j, renderer, None))
+            ms, out = cpu_ms(lambda j=j, renderer=renderer: analyse_job(j, renderer, None))
             times.append(ms)
         print(f"  append-only turn, {label}: median {statistics.median(times):.2f} ms, max {max(times):.2f} ms "
               f"over {turns} turns ({out.cache['rendered_prompt_tokens']} tokens, verdict {out.cache['verdict']}; "
@@ -104,7 +105,8 @@ def new_conversation(body: dict, options: RenderOptions, n: int) -> None:
     renderer = Renderer(options, cache=SegmentCache())
     memos().clear()
     cold, _ = cpu_ms(lambda: analyse_job(job("first", body, msgs, options, None), renderer, None))
-    warm = [cpu_ms(lambda: analyse_job(job(f"new{k}", body, msgs, options, None), renderer, None))[0] for k in range(n)]
+    warm = [cpu_ms(lambda k=k: analyse_job(job(f"new{k}", body, msgs, options, None), renderer, None))[0]
+            for k in range(n)]
     print(f"  new {len(msgs)}-message conversation, its items rendered before (warm render cache): median "
           f"{statistics.median(warm):.1f} ms over {n}   target <= 300 ms")
     print(f"  new {len(msgs)}-message conversation from nothing (render + tokenise every message): {cold:.0f} ms")
@@ -143,7 +145,7 @@ def shortcuts_ab(body: dict, options: RenderOptions, rounds: int, turns: int) ->
         for k in range(turns):
             history = [*history, said, {"role": "user", "content": f"Step {k}: go on."}]
             j = job("c", body, history, options, out.data, ConversationState.from_bytes(out.data))
-            ms, out = cpu_ms(lambda: analyse_job(j, renderer, None))
+            ms, out = cpu_ms(lambda j=j: analyse_job(j, renderer, None))
             times.append(ms)
         return statistics.median(times)
 

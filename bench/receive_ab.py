@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import sys
 import textwrap
 import time
@@ -103,7 +102,7 @@ def main() -> int:
 
     async def run() -> None:
         serving = asyncio.create_task(server.serve())
-        while not server.started:
+        while not server.started:  # noqa: ASYNC110 - uvicorn's Server has a flag, no event to wait on
             await asyncio.sleep(0.05)
         client = await asyncio.create_subprocess_exec(
             sys.executable, "-c", CLIENT, f"http://127.0.0.1:{port}/v1/chat/completions", str(a.requests),

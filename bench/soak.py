@@ -309,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample-s", type=float, default=30.0)
     p.add_argument("--redis", default=None, help="redis://... for the gateway's state (default: memory)")
     p.add_argument("--analysis-nice", type=int, default=None,
-                   help="the niceness of the analysis worker's polite batches (GATEWAY_ANALYSIS_NICE; the gateway's default is 5)")
+                   help="the niceness of the analysis worker's polite batches "
+                        "(GATEWAY_ANALYSIS_NICE; the gateway's default is 5)")
     p.add_argument("--verbose", "-v", action="store_true")
     args = p.parse_args(argv)
     if args.conversations < args.concurrency:
@@ -371,8 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, values in (("all", everything), ("streaming", tally.latency["stream"]),
                          ("non-streaming", tally.latency["whole"]), ("stream first byte", tally.ttfb)):
         print(f"  {name:18s} n={len(values):7d}  p50={percentile(values, 50):.4f}  p99={percentile(values, 99):.4f}")
-    print(f"gateway RSS (MiB, with its analysis worker): start {rss['start']:.1f}, after {rss['warmup_s']:.0f} s warm-up "
-          f"{rss['after_warmup']:.1f}, end {rss['end']:.1f} ({rss['end_parts']}); growth after warm-up {growth:+.1%}")
+    print(f"gateway RSS (MiB, with its analysis worker): start {rss['start']:.1f}, "
+          f"after {rss['warmup_s']:.0f} s warm-up {rss['after_warmup']:.1f}, "
+          f"end {rss['end']:.1f} ({rss['end_parts']}); growth after warm-up {growth:+.1%}")
     if series:
         print("  samples (t s, MiB, requests): " + ", ".join(f"({t:.0f}, {m:.1f}, {n})" for t, m, n in series))
         after = [x for x in series if x[0] >= rss["warmup_s"]] + [(rss["duration_s"], rss["end"], total)]

@@ -64,7 +64,7 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 _PROTOCOL = "gateway.server.serving"
 
 
-def create_app(settings: Settings | None = None) -> "FastPath":
+def create_app(settings: Settings | None = None) -> CorsGate:
     settings = settings or Settings()
     # Other threads of this process (records, limits' counting near the window, analysis with
     # GATEWAY_ANALYSIS=thread) run Python loops; by default a thread keeps the GIL for 5 ms at a

@@ -23,7 +23,7 @@ from typing import Callable, Protocol, TypeVar
 
 from .server.access import Access, Endpoint
 from .observe.access_log import AccessLog, build_access_log
-from .observe.aftermath import Aftermath, FirstBytes
+from .observe.aftermath import Aftermath, FirstBytes, Step
 from .admin.feature import AdminAPI
 from .admission.policy import AdmissionPolicy
 from .ratelimits import RateLimits
@@ -226,8 +226,8 @@ def build(settings: Settings) -> Gateway:
     heal = HealPolicy(book)
     access_log = _part("access log", lambda: build_access_log(settings.access_log))  # None when off
     tracing = build_tracing(settings)  # NO_TRACING unless an OTLP endpoint is configured
-    sinks = [metrics.observe, records.sink, *([access_log] if access_log is not None else []),
-             *([tracing.exchange_done] if tracing.enabled else [])]
+    sinks: list[Step] = [metrics.observe, records.sink, *([access_log] if access_log is not None else []),
+                         *([tracing.exchange_done] if tracing.enabled else [])]
     first_bytes = FirstBytes()  # requests on their way to their first byte go before the aftermath
     aftermath = Aftermath(analyzers=[conversations.analyzer], sinks=sinks, first_bytes=first_bytes,
                           workers=settings.aftermath_workers, coalesce=settings.aftermath_coalesce,
@@ -241,7 +241,8 @@ def build(settings: Settings) -> Gateway:
     )
     qualification.ensure_token_file()
     pipeline = Pipeline(runtime, gates=[qualification.gate],
-                        policies=[rate_limits, limits, RestatePolicy(), conversations.policy, admission, heal, routing.step],
+                        policies=[rate_limits, limits, RestatePolicy(), conversations.policy, admission, heal,
+                                  routing.step],
                         memo=HistoryMemo(int(settings.history_memo_mb * 2**20)),
                         first_bytes=first_bytes, tracing=tracing, link_of=link_of)
     status = Status(runtime, settings, security)

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
-from gateway.core.errors import GatewayError
 from tests.support.exchanges import exchange
 from tests.support.inprocess import make_app
 from tests.support.routes import lane, routes

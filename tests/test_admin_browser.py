@@ -45,7 +45,8 @@ OVERFLOWS_JS = """
   if (document.documentElement.scrollWidth > window.innerWidth + 1)
     out.push(`page scrolls sideways: ${document.documentElement.scrollWidth} > ${window.innerWidth}`);
   for (const el of document.querySelectorAll('body *')) {
-    if (!visible(el) || el.closest('svg') || el.closest('[hidden]') || el.id === 'tooltip' || el.closest('datalist')) continue;
+    if (!visible(el) || el.closest('svg') || el.closest('[hidden]') || el.id === 'tooltip'
+        || el.closest('datalist')) continue;
     const p = el.parentElement;
     if (!p || p === document.body) continue;
     const r = el.getBoundingClientRect(), q = p.getBoundingClientRect();
@@ -57,7 +58,8 @@ OVERFLOWS_JS = """
       continue;
     }
     if (r.right > q.right + 1 || r.left < q.left - 1)
-      out.push(`${name(el)} [${Math.round(r.left)}, ${Math.round(r.right)}] outside ${name(p)} [${Math.round(q.left)}, ${Math.round(q.right)}]`);
+      out.push(`${name(el)} [${Math.round(r.left)}, ${Math.round(r.right)}] outside `
+               + `${name(p)} [${Math.round(q.left)}, ${Math.round(q.right)}]`);
   }
   for (const svg of document.querySelectorAll('svg')) {
     if (!visible(svg)) continue;
@@ -105,7 +107,8 @@ def site() -> Iterator[dict[str, Any]]:
             # A deliberate re-pin: a new effort with X-Gateway-Repin.
             first = [{"role": "user", "content": "Plan the refactor."}]
             hdr = {"X-Conversation-Id": "repin-conv", "User-Agent": "opencode/0.5.1 ai-sdk/4"}
-            _, raw = post(gw.url, {"model": "agent", "messages": first, "reasoning_effort": "high", "tools": TOOLS}, hdr)
+            _, raw = post(gw.url, {"model": "agent", "messages": first, "reasoning_effort": "high", "tools": TOOLS},
+                          hdr)
             answer = json.loads(raw)["choices"][0]["message"]
             post(gw.url, {"model": "agent", "messages": first + [_back(answer), {"role": "user", "content": "Go on."}],
                           "reasoning_effort": "max", "tools": TOOLS}, {**hdr, "X-Gateway-Repin": "1"})
@@ -266,7 +269,8 @@ CHART_KIT_JS = """
   const labels = [...box.querySelectorAll('svg text')].map((t) => t.textContent);
   const b = box.querySelector('svg').getBoundingClientRect();
   const outside = [...box.querySelectorAll('svg text')].filter((t) => {
-    const r = t.getBoundingClientRect(); return r.left < b.left - 0.5 || r.right > b.right + 0.5; }).map((t) => t.textContent);
+    const r = t.getBoundingClientRect(); return r.left < b.left - 0.5 || r.right > b.right + 0.5;
+  }).map((t) => t.textContent);
   const grid = [...box.querySelectorAll('line.grid')].map((l) => +l.getAttribute('y1'));
   const tallest = Math.min(...[...box.querySelectorAll('rect')].map((r) => +r.getAttribute('y')));
   box.remove();
@@ -296,7 +300,7 @@ def test_mute_from_the_page_hides_the_alert_until_removed(site, browser) -> None
         card = page.locator("#drift .alert[data-cause='reasoning_dropped_by_template']")
         assert card.count() == 1
         card.locator("button[data-kind='mute']").click()
-        wait_js(page, 
+        wait_js(page,
             "!document.querySelector(\"#drift .alert[data-cause='reasoning_dropped_by_template']\")")
         rules = page.locator("#rules table.rules tbody tr")
         assert rules.count() == 1 and "known: aider" in rules.first.inner_text()

@@ -100,7 +100,7 @@ def test_held_newcomers_are_admitted_in_arrival_order(agent_emu) -> None:
             t = threading.Thread(target=arrive, args=(topic,))
             t.start()
             threads.append(t)
-            wait_until(lambda: _inflight(gw) >= n, what=f"{n} newcomers held")  # the first queues first
+            wait_until(lambda n=n: _inflight(gw) >= n, what=f"{n} newcomers held")  # the first queues first
         for t in threads:
             t.join(60)
     assert done == ["lambda", "mu"], done
@@ -147,8 +147,10 @@ def test_divert_names_the_lanes_it_may_send_to() -> None:
 
     base = diverting_routes("http://127.0.0.1:9")
     cases = [({"policy": "divert", "divert_to": []}, "lanes.ds.admission: divert_to: policy divert needs"),
-             ({"policy": "divert", "divert_to": ["nope"]}, "lanes.ds.admission.divert_to.0: lane 'nope' is not defined"),
-             ({"policy": "divert", "divert_to": ["ds"]}, "lanes.ds.admission.divert_to.0: a lane cannot divert to itself")]
+             ({"policy": "divert", "divert_to": ["nope"]},
+              "lanes.ds.admission.divert_to.0: lane 'nope' is not defined"),
+             ({"policy": "divert", "divert_to": ["ds"]},
+              "lanes.ds.admission.divert_to.0: a lane cannot divert to itself")]
     for admission, message in cases:
         routes = {**base, "lanes": {**base["lanes"], "ds": agent_lane("http://127.0.0.1:9", admission=admission)}}
         with pytest.raises(ConfigError) as err:

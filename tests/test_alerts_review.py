@@ -6,7 +6,6 @@ client's own conversation key, bad input as clear 400s.
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 
@@ -142,7 +141,8 @@ def api(tmp_path: Path):
                           conversation_id=key_id(sess), turn=i + 2, effort_action=action)
             ex.cache = {"verdict": "drift", "cause": cause, "tokens_lost": lost,
                                        "seconds_lost": lost / 4000, "divergence_message_index": 0,
-                                       "snippet_before": "<｜User｜>Today is Monday", "snippet_after": "<｜User｜>Today is Tuesday"}
+                                       "snippet_before": "<｜User｜>Today is Monday",
+                                       "snippet_after": "<｜User｜>Today is Tuesday"}
             records.sink(ex, None)
         records.db.flush()
         yield client

@@ -136,5 +136,6 @@ def test_an_agents_turns_get_the_same_verdicts_here_and_in_the_worker() -> None:
 
     here, there = asyncio.run(both())
     assert here == there
-    assert [(v["verdict"], v["cause"]) for v in here] == [("cold", None)] + [("drift", "reasoning_dropped_by_template")] * 5
+    assert ([(v["verdict"], v["cause"]) for v in here]
+            == [("cold", None)] + [("drift", "reasoning_dropped_by_template")] * 5)
     assert len({v["predicted_cached_tokens"] for v in here}) == 6, here

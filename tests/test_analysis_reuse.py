@@ -36,8 +36,9 @@ EXAMPLES = 300
 def _job(cid: str, body: dict, options: RenderOptions, engine: str, output: dict, state: ConversationState,
          stored: bytes | None, as_bytes: bool) -> Job:
     usage = {"prompt_tokens": 50, "completion_tokens": 7, "prompt_tokens_details": {"cached_tokens": 32}}
-    job = Job("r", "lane", options, options, 16, engine, 5000.0, orjson.dumps(body) if as_bytes else copy.deepcopy(body),
-              output, "stop", usage, options.thinking, options.reasoning_effort, None, None, False, False, state)
+    job = Job("r", "lane", options, options, 16, engine, 5000.0,
+              orjson.dumps(body) if as_bytes else copy.deepcopy(body), output, "stop", usage, options.thinking,
+              options.reasoning_effort, None, None, False, False, state)
     job.stored = stored
     return job
 
@@ -172,7 +173,8 @@ def test_a_job_sent_without_the_previous_print_reads_it_from_the_stored_state(he
     options = RenderOptions(thinking=True, reasoning_effort="high", engine="vllm")
     out = {"role": "assistant", "content": "answer", "reasoning_content": "why"}
     first = {"model": "m", "messages": history, "max_tokens": 8}
-    second = {"model": "m", "messages": [*history, sent_back(out), {"role": "user", "content": "next"}], "max_tokens": 8}
+    second = {"model": "m", "messages": [*history, sent_back(out), {"role": "user", "content": "next"}],
+              "max_tokens": 8}
     views = []
     for slim in (False, True):
         memos().clear()

@@ -35,7 +35,8 @@ def test_non_streaming_turns_are_tracked_too(agent_emu):
         agent.turn()
         for _ in range(3):
             _, cache = agent.turn()
-            assert cache["verdict"] == "hit" and cache["predicted_cached_tokens"] == cache["reported_cached_tokens"], cache
+            assert (cache["verdict"] == "hit"
+                    and cache["predicted_cached_tokens"] == cache["reported_cached_tokens"]), cache
 
 
 def test_effort_change_is_pinned(agent_emu):
@@ -271,7 +272,8 @@ def test_analysis_worker_leaves_when_the_gateway_is_killed(agent_emu):
         gw.proc.wait(10)
         wait_until(lambda: not Path(f"/proc/{worker}").exists(), what="the orphaned analysis worker to leave",
                    interval=0.1)
-        assert not set(Path("/dev/shm").glob(f"gateway-analysis-{gw.proc.pid}-*")) - before, "the spool directory is left"
+        left = set(Path("/dev/shm").glob(f"gateway-analysis-{gw.proc.pid}-*")) - before
+        assert not left, "the spool directory is left"
 
 
 def test_large_turns_go_to_the_worker_through_shared_memory_that_is_removed(agent_emu):
@@ -284,7 +286,8 @@ def test_large_turns_go_to_the_worker_through_shared_memory_that_is_removed(agen
         assert agent.turn()[1]["verdict"] == "cold"
         for _ in range(2):
             _, cache = agent.turn()
-            assert cache["verdict"] == "hit" and cache["predicted_cached_tokens"] == cache["reported_cached_tokens"], cache
+            assert (cache["verdict"] == "hit"
+                    and cache["predicted_cached_tokens"] == cache["reported_cached_tokens"]), cache
         spools = list(set(Path("/dev/shm").glob(f"gateway-analysis-{gw.proc.pid}-*")) - before)
         # No job's file is left; the bodies went through the ring (conversations/handoff.py).
         assert len(spools) == 1 and [p.name for p in spools[0].iterdir()] == ["bodies"], spools

@@ -35,7 +35,8 @@ def test_partial_map_is_completed_from_its_neighbours():
     ({"none": 10}, "effort_map.none"), ({"high": 0}, "effort_map.high"), ({"high": "50"}, "effort_map"),
 ])
 def test_bad_maps_are_refused_with_their_key(bad, where):
-    text = f"lanes:\n  a:\n    replicas: ['http://127.0.0.1:1']\n    upstream_model: m\n    render: {{effort_map: {bad}}}\nmodels: {{m: a}}\n"
+    text = (f"lanes:\n  a:\n    replicas: ['http://127.0.0.1:1']\n    upstream_model: m\n"
+            f"    render: {{effort_map: {bad}}}\nmodels: {{m: a}}\n")
     with pytest.raises(ConfigError, match=where):
         parse_routes(text)
 

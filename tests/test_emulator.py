@@ -84,7 +84,8 @@ async def sse(url: str, body: dict[str, Any], headers: dict[str, str] | None = N
     return out
 
 
-async def post(url: str, body: Any, headers: dict[str, str] | None = None, path: str = "/v1/chat/completions") -> tuple[int, Any]:
+async def post(url: str, body: Any, headers: dict[str, str] | None = None,
+               path: str = "/v1/chat/completions") -> tuple[int, Any]:
     async with aiohttp.ClientSession() as s:
         async with s.post(url + path, json=body, headers=headers or {}) as r:
             return r.status, await r.json(content_type=None)
@@ -152,8 +153,8 @@ async def test_stream_thinking_shapes(emu: EmulatorProc) -> None:
     else:
         assert role["choices"][0]["delta"] == {"reasoning_content": None, "role": "assistant", "content": ""}
         assert content[0]["usage"] is None
-        assert content[0]["choices"][0]["delta"] == {"role": None, "content": content[0]["choices"][0]["delta"]["content"],
-                                                     "reasoning_content": None, "tool_calls": None}
+        delta = content[0]["choices"][0]["delta"]
+        assert delta == {"role": None, "content": delta["content"], "reasoning_content": None, "tool_calls": None}
         assert "usage" not in reasoning[0]
         assert finish["choices"][0]["matched_stop"] is None
         assert u["reasoning_tokens"] == 8 and u["prompt_tokens_details"] is None
@@ -182,7 +183,8 @@ def test_reasoning_effort_and_openai_stream(emu: EmulatorProc) -> None:
             content += ch.delta.content or ""
     assert len(reasoning.split()) == 8 and len(content.split()) == 3
     assert usage is not None and usage.completion_tokens == 11
-    reported = usage.completion_tokens_details.reasoning_tokens if fl == "vllm" else usage.model_extra["reasoning_tokens"]
+    reported = (usage.completion_tokens_details.reasoning_tokens if fl == "vllm"
+                else usage.model_extra["reasoning_tokens"])
     assert reported == 8
 
 
@@ -205,7 +207,8 @@ async def test_tool_call_stream_and_nonstream(emu: EmulatorProc) -> None:
     finish = events[-3]
     assert finish["choices"][0]["finish_reason"] == "tool_calls"
 
-    resp = client(emu).chat.completions.create(model=MODEL, messages=body["messages"], tools=[WEATHER_TOOL], max_tokens=2)
+    resp = client(emu).chat.completions.create(model=MODEL, messages=body["messages"], tools=[WEATHER_TOOL],
+                                               max_tokens=2)
     msg = resp.choices[0].message
     assert resp.choices[0].finish_reason == "tool_calls"
     assert json.loads(msg.tool_calls[0].function.arguments) == parsed  # same prompt, same output
@@ -216,7 +219,8 @@ async def test_tool_result_turn_answers_with_content(emu: EmulatorProc) -> None:
     body = chat_body(tools=[WEATHER_TOOL])
     body["messages"] += [
         {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "18C sunny"},
     ]
     status, out = await post(emu.url, body)
@@ -225,12 +229,14 @@ async def test_tool_result_turn_answers_with_content(emu: EmulatorProc) -> None:
 
 
 async def test_completions_endpoint(emu: EmulatorProc) -> None:
-    status, out = await post(emu.url, {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 6}, path="/v1/completions")
+    status, out = await post(emu.url, {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 6},
+                             path="/v1/completions")
     assert status == 200 and out["object"] == "text_completion"
     assert len(out["choices"][0]["text"].split()) == 6 and out["usage"]["completion_tokens"] == 6
     async with aiohttp.ClientSession() as s:
-        async with s.post(emu.url + "/v1/completions", json={"model": MODEL, "prompt": "Once upon a time", "max_tokens": 6,
-                                                             "stream": True, "stream_options": {"include_usage": True}}) as r:
+        async with s.post(emu.url + "/v1/completions",
+                          json={"model": MODEL, "prompt": "Once upon a time", "max_tokens": 6,
+                                "stream": True, "stream_options": {"include_usage": True}}) as r:
             lines = [ln async for ln in r.content if ln.startswith(b"data: ")]
     assert lines[-1].strip() == b"data: [DONE]"
     text = "".join(json.loads(ln[6:])["choices"][0]["text"] for ln in lines[:-3])
@@ -299,7 +305,8 @@ async def test_append_only_turn_covers_previous_prompt_and_output(emu: EmulatorP
             reasoning += d.get("reasoning") or d.get("reasoning_content") or ""
             content += d.get("content") or ""
             for tc in d.get("tool_calls") or ():
-                slot = calls.setdefault(tc["index"], {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+                slot = calls.setdefault(tc["index"], {"id": None, "type": "function",
+                                                      "function": {"name": "", "arguments": ""}})
                 slot["id"] = tc.get("id") or slot["id"]
                 slot["function"]["name"] += (tc.get("function") or {}).get("name") or ""
                 slot["function"]["arguments"] += (tc.get("function") or {}).get("arguments") or ""
@@ -396,7 +403,8 @@ async def test_determinism_seed_salt_temperature(emu: EmulatorProc) -> None:
     assert a != await _text(emu, base, cfg_header(output_salt="x"))
     assert await _text(emu, base, cfg_header(output_salt="x")) == await _text(emu, base, cfg_header(output_salt="x"))
     assert a != await _text(emu, dict(base, seed=7))
-    assert await _text(emu, dict(base, seed=7, temperature=1.0)) == await _text(emu, dict(base, seed=7, temperature=1.0))
+    hot_seeded = dict(base, seed=7, temperature=1.0)
+    assert await _text(emu, hot_seeded) == await _text(emu, hot_seeded)
     hot = {await _text(emu, dict(base, temperature=1.0)) for _ in range(3)}
     assert len(hot) == 3
 
@@ -434,7 +442,8 @@ async def test_fail_rate(emu: EmulatorProc) -> None:
 async def test_die_after_chunks(emu: EmulatorProc) -> None:
     got: list[bytes] = []
     async with aiohttp.ClientSession() as s:
-        async with s.post(emu.url + "/v1/chat/completions", json=chat_body(stream=True), headers=cfg_header(die_after_chunks=3)) as r:
+        async with s.post(emu.url + "/v1/chat/completions", json=chat_body(stream=True),
+                          headers=cfg_header(die_after_chunks=3)) as r:
             with pytest.raises(aiohttp.ClientPayloadError):
                 async for line in r.content:
                     if line.startswith(b"data: "):
@@ -488,8 +497,8 @@ async def test_image_limit(emu: EmulatorProc) -> None:
     status, out = await post(emu.url, {"model": MODEL, "messages": msgs})
     assert status == 400
     if fl == "vllm":
-        assert out["error"]["message"] == ("At most 4 image(s) may be provided in one prompt. Set `--limit-mm-per-prompt` "
-                                           "to increase this limit. (parameter=image)")
+        assert out["error"]["message"] == ("At most 4 image(s) may be provided in one prompt. "
+                                           "Set `--limit-mm-per-prompt` to increase this limit. (parameter=image)")
         assert out["error"]["param"] == "image" and out["error"]["code"] == 400
     else:
         assert out == {"object": "error", "message": "Image count 5 exceeds limit 4 per request.",
@@ -517,7 +526,8 @@ async def test_context_length(emu: EmulatorProc) -> None:
     status, out = await post(emu.url, chat_body(" ".join(["x"] * 50)))
     assert status == 400
     msg = out["error"]["message"] if fl == "vllm" else out["message"]
-    assert "maximum context length is 40" in msg if fl == "vllm" else "longer than the model's context length (40" in msg
+    assert ("maximum context length is 40" in msg if fl == "vllm"
+            else "longer than the model's context length (40" in msg)
     status, out = await post(emu.url, chat_body("short", max_tokens=100))
     assert status == 400
     if fl == "vllm":
@@ -551,7 +561,8 @@ async def test_runtime_config_endpoint(emu: EmulatorProc) -> None:
 
 
 # -- cancellation and timing -------------------------------------------------------------------------
-async def _abandon(emu: EmulatorProc, body: dict[str, Any], headers: dict[str, str], read_chunks: int, rid: str) -> float:
+async def _abandon(emu: EmulatorProc, body: dict[str, Any], headers: dict[str, str], read_chunks: int,
+                   rid: str) -> float:
     """Start a stream, read some chunks, drop the connection; returns the wall time of the drop."""
     headers = dict(headers, **{"X-Request-Id": rid})
     reader, writer = await asyncio.open_connection("127.0.0.1", emu.port)
@@ -597,14 +608,16 @@ async def test_ttft_and_prefill(emu: EmulatorProc) -> None:
     t = time.monotonic()
     events: list[float] = []
     async with aiohttp.ClientSession() as s:
-        async with s.post(emu.url + "/v1/chat/completions", json=body, headers=cfg_header(ttft_ms=100, prefill_tps=1000)) as r:
+        async with s.post(emu.url + "/v1/chat/completions", json=body,
+                          headers=cfg_header(ttft_ms=100, prefill_tps=1000)) as r:
             async for line in r.content:
                 if line.startswith(b"data: "):
                     events.append(time.monotonic() - t)
     assert 0.29 <= events[0] < 0.5  # 100 ms + ~200 uncached tokens at 1000 tok/s
     t = time.monotonic()
     async with aiohttp.ClientSession() as s:  # cached now: only the fixed part remains
-        async with s.post(emu.url + "/v1/chat/completions", json=body, headers=cfg_header(ttft_ms=100, prefill_tps=1000)) as r:
+        async with s.post(emu.url + "/v1/chat/completions", json=body,
+                          headers=cfg_header(ttft_ms=100, prefill_tps=1000)) as r:
             first = None
             async for line in r.content:
                 if first is None and line.startswith(b"data: "):

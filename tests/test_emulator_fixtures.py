@@ -138,7 +138,8 @@ async def test_errors_match_fixtures(emu: tuple[str, EmulatorProc]) -> None:
     assert json.loads(raw) == json.loads((FIXTURES / f"{fl}_error_too_many_images.json").read_text())
 
     top = 21 if fl == "vllm" else 200000
-    body = {"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": top}
+    body = {"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": "hi"}], "logprobs": True,
+            "top_logprobs": top}
     status, raw, _ = await _post(proc.url, body)
     assert status == 400
     assert json.loads(raw) == json.loads((FIXTURES / f"{fl}_error_top_logprobs_too_large.json").read_text())
@@ -152,13 +153,15 @@ async def test_errors_match_fixtures(emu: tuple[str, EmulatorProc]) -> None:
     assert json.loads(raw) == json.loads((FIXTURES / f"{fl}_{name}.json").read_text())
 
     if fl == "sglang":  # prompt fits; prompt + completion reaches the limit, which SGLang already refuses
-        body = {"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": "x " * 61436}], "max_tokens": 4096}
+        body = {"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": "x " * 61436}],
+                "max_tokens": 4096}
         status, raw, _ = await _post(proc.url, body)
         assert status == 400
         ours, theirs = json.loads(raw), json.loads((FIXTURES / "sglang_error_context_too_long.json").read_text())
         assert shape(ours) == shape(theirs)
         assert ours["message"].startswith("Requested token count exceeds the model's maximum context length of 65536 "
-                                          "tokens. You requested a total of 65536 tokens: 61440 tokens from the input messages and 4096 tokens")
+                                          "tokens. You requested a total of 65536 tokens: 61440 tokens from the input "
+                                          "messages and 4096 tokens")
 
 
 async def test_midstream_error_matches_fixture(emu: tuple[str, EmulatorProc]) -> None:

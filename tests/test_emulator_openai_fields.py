@@ -40,7 +40,8 @@ def test_logprobs(client):
     assert all(len(t.top_logprobs) == 3 and t.logprob <= 0 for t in lp)
     streamed = [c for c in client.chat.completions.create(model="m", messages=MSGS, max_tokens=8, logprobs=True,
                                                           top_logprobs=2, stream=True)]
-    entries = [t for c in streamed for ch in c.choices if ch.logprobs and ch.logprobs.content for t in ch.logprobs.content]
+    entries = [t for c in streamed for ch in c.choices if ch.logprobs and ch.logprobs.content
+               for t in ch.logprobs.content]
     assert entries and all(len(t.top_logprobs) == 2 for t in entries)
 
 

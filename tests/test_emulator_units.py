@@ -18,7 +18,8 @@ TOOLS = [
             "name": "get_weather",
             "parameters": {
                 "type": "object",
-                "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                "properties": {"city": {"type": "string"},
+                               "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
                                "days": {"type": "integer"}},
                 "required": ["city", "unit"],
             },
@@ -38,7 +39,8 @@ def _turn(body: dict, cfg: EmulatorConfig) -> tuple[list[int], list[int], dict]:
 @pytest.mark.parametrize("tools", [None, TOOLS])
 def test_append_only_turn_starts_with_prompt_plus_generated(thinking: bool, tools: list | None) -> None:
     cfg = EmulatorConfig(default_thinking=thinking)
-    body: dict = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "weather in Paris?"}]}
+    body: dict = {"messages": [{"role": "system", "content": "be brief"},
+                               {"role": "user", "content": "weather in Paris?"}]}
     if tools:
         body["tools"] = tools
     prompt, gen, msg = _turn(body, cfg)

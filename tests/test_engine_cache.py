@@ -24,7 +24,6 @@ tests/artifacts/engine-cache.json.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import httpx

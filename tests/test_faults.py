@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from gateway.upstream.replicas import Replica, Upstream
+from gateway.upstream.replicas import Upstream
 from tests.support.emulator_proc import run_emulator
 from tests.support.redis_proc import run_redis
 from tests.support.gateway_proc import free_port, run_gateway
@@ -403,7 +403,7 @@ def test_broken_routes_during_traffic_keep_the_old_config() -> None:
                 for text in BROKEN_ROUTES:
                     tried = admin_get(gw, "/readyz")["config"]["last_reload_at"]
                     gw.write_routes(text)
-                    wait_until(lambda: admin_get(gw, "/readyz")["config"]["last_reload_at"] != tried,
+                    wait_until(lambda tried=tried: admin_get(gw, "/readyz")["config"]["last_reload_at"] != tried,
                                what=f"a reload attempt of {text[:30]!r}")
                 ready = admin_get(gw, "/readyz")["config"]
                 assert ready["version"] == version, "no broken file was applied"
@@ -441,7 +441,8 @@ def test_client_disconnect_reaches_the_engine_within_100ms() -> None:
             for i in range(5):
                 before = emu.stats()["cancelled_count"]
                 closed_at = _disconnect_mid_stream(gw.url, body("m", True, 2000, f"cancel me {i}"))
-                wait_until(lambda: emu.stats()["cancelled_count"] > before, what="the engine to see the cancellation",
+                wait_until(lambda before=before: emu.stats()["cancelled_count"] > before,
+                           what="the engine to see the cancellation",
                            interval=0.01)
                 stats = emu.stats()
                 assert stats["cancelled_count"] == before + 1

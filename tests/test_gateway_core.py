@@ -210,7 +210,8 @@ def test_client_disconnect_cancels_upstream(gw, agent_emulator):
             s.recv(4096)  # headers and the first events: the stream is running
             time.sleep(0.2)  # the scenario: the client reads a moment longer, then leaves mid-stream
         closed_at = time.time()
-        cancelled = wait_until(lambda: len(agent_emulator.stats()["cancelled"]) > before and agent_emulator.stats()["cancelled"],
+        cancelled = wait_until(lambda: len(agent_emulator.stats()["cancelled"]) > before
+                               and agent_emulator.stats()["cancelled"],
                                what="the engine to see the cancellation", interval=0.02)
         assert cancelled[-1]["at"] - closed_at < 0.5
     finally:
@@ -227,7 +228,8 @@ def _served_by(emu, g, model: str) -> bool:
 
 
 def test_hot_reload_keeps_streams_and_switches_lanes(agent_emulator, emu_b):
-    cfg = routes({"a": lane(agent_emulator.url), "b": lane(emu_b.url, model="other-model", engine="sglang")}, {"m": "a"})
+    cfg = routes({"a": lane(agent_emulator.url), "b": lane(emu_b.url, model="other-model", engine="sglang")},
+                 {"m": "a"})
     agent_emulator.configure(decode_tps=40)
     try:
         with run_gateway(cfg) as g:
@@ -254,7 +256,8 @@ def test_hot_reload_keeps_streams_and_switches_lanes(agent_emulator, emu_b):
             assert not any('"error"' in e for e in events)
             content = [json.loads(e[5:]) for e in events[:-1]]
             assert all(c["model"] == "m" for c in content), "the client's own model name, throughout"
-            assert [r for r in agent_emulator.stats()["recent"] if r["request_id"] == result["rid"]], "the stream stayed on its lane"
+            recent = agent_emulator.stats()["recent"]
+            assert [r for r in recent if r["request_id"] == result["rid"]], "the stream stayed on its lane"
 
             # A broken edit changes nothing, and says why.
             g.write_routes("lanes: {a: {replicas: [not-a-url]}}\nmodels: {m: a}\n")

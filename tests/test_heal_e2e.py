@@ -57,7 +57,8 @@ class Client:
         self.field = field  # where the client keeps reasoning in its history
         self.kw = kw
         self.messages: list[dict[str, Any]] = [
-            {"role": "system", "content": f"[{next(_TAGS)}] You are a coding agent. Read files before you change them."},
+            {"role": "system",
+             "content": f"[{next(_TAGS)}] You are a coding agent. Read files before you change them."},
             *(opening or []),
             {"role": "user", "content": "Find why test_split fails and fix it."}]
         self.cid: str | None = None
@@ -258,7 +259,8 @@ def test_renamed_reasoning_field_is_put_back_on_sglang():
         headers, cache = agent.turn()
         # The sglang emulator reports one token more than predicted on every hit, healed or not
         # (an unhealed append-only agent too): a prediction matter outside healing.
-        assert cache["verdict"] == "hit" and 0 <= cache["reported_cached_tokens"] - cache["predicted_cached_tokens"] <= 1
+        assert (cache["verdict"] == "hit"
+                and 0 <= cache["reported_cached_tokens"] - cache["predicted_cached_tokens"] <= 1)
         assert healed_kinds(headers) == ["reasoning_field"]
         plain = Client(gw, model="plain", field="reasoning_content", drift=rename_reasoning)
         plain.turn()

@@ -123,7 +123,8 @@ def test_drifted_copies_find_the_relayed_message():
 
 
 def test_plan_combines_kinds():
-    m = msg(reasoning_content=None, content=" Reading it.", tool_calls=calls(json.dumps(json.loads(ARGS), sort_keys=True)))
+    m = msg(reasoning_content=None, content=" Reading it.",
+            tool_calls=calls(json.dumps(json.loads(ARGS), sort_keys=True)))
     assert [kind for kind, _ in plan(m, RELAYED)] == ["arguments", "content", "reasoning"]
 
 
@@ -226,7 +227,8 @@ def test_the_plain_digest_is_the_lineage_digest(m):
     fast = _plain_digest(m, m["content"])
     assert fast is None or fast == message_digest(m)
     assert heal_digest(m) == message_digest(m)
-    if isinstance(m.get("tool_calls"), list) and all(isinstance(c["function"]["arguments"], str) for c in m["tool_calls"]):
+    if (isinstance(m.get("tool_calls"), list)
+            and all(isinstance(c["function"]["arguments"], str) for c in m["tool_calls"])):
         if all(a.startswith("{") and "not" not in a and "123456789012" not in a
                for a in (c["function"]["arguments"] for c in m["tool_calls"])):
             assert fast is not None  # the common shape takes the short way

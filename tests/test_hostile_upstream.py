@@ -302,7 +302,8 @@ def typed_stream_script(draw, events: list[dict | bytes], expect: str | None) ->
     if draw(st.integers(0, 4)) == 0:
         body = body[:draw(st.integers(0, len(body) - 1))]
         expect = None
-    raw = http_response(200, body, [("Content-Type", "text/event-stream")], draw(st.sampled_from(["length", "close", "chunked"])))
+    raw = http_response(200, body, [("Content-Type", "text/event-stream")],
+                        draw(st.sampled_from(["length", "close", "chunked"])))
     cuts = sorted(draw(st.lists(st.integers(0, len(raw) - 1), max_size=3)))
     pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)]) if raw[a:b]]
     return Script(pieces), expect
@@ -628,7 +629,8 @@ def test_an_event_split_over_several_data_lines_reaches_the_client_as_one_line(u
 
 
 def test_text_completions_are_checked_too(upstream, client):
-    ok = {"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": "done", "finish_reason": "stop"}]}
+    ok = {"id": "cmpl-1", "object": "text_completion",
+          "choices": [{"index": 0, "text": "done", "finish_reason": "stop"}]}
     upstream.script = Script([http_response(200, json.dumps(ok).encode(), [("Content-Type", "application/json")])])
     resp = client.post("/v1/completions", json={"model": "m", "prompt": "a", "max_tokens": 3})
     assert resp.status_code == 200 and resp.json()["choices"][0]["text"] == "done"

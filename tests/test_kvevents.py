@@ -463,7 +463,8 @@ async def test_rehoming_prefers_the_pool_with_room():
 ANY = st.one_of(
     st.none(), st.booleans(), st.integers(-(1 << 63), (1 << 64) - 1), st.floats(allow_nan=True),
     st.text(max_size=8), st.binary(max_size=40),
-    st.lists(st.integers(-(1 << 40), 1 << 40), max_size=4), st.dictionaries(st.text(max_size=4), st.integers(-9, 9), max_size=2),
+    st.lists(st.integers(-(1 << 40), 1 << 40), max_size=4),
+    st.dictionaries(st.text(max_size=4), st.integers(-9, 9), max_size=2),
 )
 HASH = st.one_of(st.binary(min_size=1, max_size=40), st.integers(-(1 << 63), (1 << 64) - 1), ANY)
 FIELDS = {

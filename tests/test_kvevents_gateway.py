@@ -84,7 +84,8 @@ def test_emulated_replica_publishes_events_and_verdicts_name_the_displacer():
             rows = []
             for rnd in range(4):
                 for name, msgs in history.items():
-                    msgs.append({"role": "user", "content": f"round {rnd}: " + " ".join(f"x{name}{rnd}{i}" for i in range(120))})
+                    words = " ".join(f"x{name}{rnd}{i}" for i in range(120))
+                    msgs.append({"role": "user", "content": f"round {rnd}: " + words})
                     r = httpx.post(f"{gw.url}/v1/chat/completions", timeout=30, headers={"X-Conversation-Id": name},
                                    json={"model": "ds", "messages": msgs, "max_tokens": 8})
                     assert r.status_code == 200, r.text
@@ -92,14 +93,14 @@ def test_emulated_replica_publishes_events_and_verdicts_name_the_displacer():
                     turn = int(r.headers["x-gateway-conversation"].split("turn=")[1].split(";")[0])
                     cid = r.headers["x-gateway-conversation"].split(";")[0]
 
-                    def rec():
+                    def rec(cid=cid, turn=turn):
                         rows_ = httpx.get(f"{gw.url}/admin/api/records", params={"conversation": cid}).json()["records"]
                         return next((x for x in rows_ if x["turn"] == turn and x.get("kv")), None)
 
                     row = wait_until(rec, what=f"record of {name} turn {turn}")
                     rows.append((name, cid, row, json.loads(row["kv"])))
             names = {cid: name for name, cid, _, _ in rows}
-            for name, cid, row, kv in rows:
+            for name, _cid, row, kv in rows:
                 assert kv["held_tokens"] == row["cached_tokens"], (name, row, kv)
             misses = [(name, row, kv) for name, _, row, kv in rows if row["verdict"] == "eviction"]
             assert misses, [(n, r["verdict"], r["cached_tokens"], r["predicted_cached_tokens"]) for n, _, r, _ in rows]

@@ -265,7 +265,7 @@ async def test_context_near_window_counts_with_cl100k_when_no_renderer():
     err, ex = await refused(lane, words_body(500, max_tokens=1500))
     assert err.code == "context_length_exceeded" and err.param == "messages"
     n = ex.limits.prompt_tokens_counted["n"]
-    assert f"maximum context length is 2000 tokens" in err.message
+    assert "maximum context length is 2000 tokens" in err.message
     assert f"about {n + 1500} tokens (about {n} in the messages, 1500 in the completion)" in err.message
     assert "cl100k" in err.message
 
@@ -418,14 +418,15 @@ def test_plan_is_attached_per_lane_on_reload():
     lane = make_lane(max_images=2, placeholder_tokens=[PH])
     policy.attach(lane)
     plan = lane.limits_plan
-    assert [l.name for l in plan.limits] == ["placeholder_tokens", "max_images"] and plan.tokens == (PH,)
+    assert [limit.name for limit in plan.limits] == ["placeholder_tokens", "max_images"] and plan.tokens == (PH,)
 
 
 # -- config ---------------------------------------------------------------------------------------------
 
 
 def test_limits_config_is_validated():
-    base = "lanes:\n  l:\n    replicas: ['http://127.0.0.1:1']\n    upstream_model: m\n    limits: {%s}\nmodels: {m: l}\n"
+    base = ("lanes:\n  l:\n    replicas: ['http://127.0.0.1:1']\n    upstream_model: m\n"
+            "    limits: {%s}\nmodels: {m: l}\n")
     parse_routes(base % "max_images: 4, images_policy: drop_oldest, top_logprobs_policy: clamp")
     for bad, needle in [
         ("images_policy: clamp", "images_policy"),

@@ -101,7 +101,7 @@ async def _reuse_after_idle(host: str, port: int, idle_s: float) -> list[bytes]:
             writer.write(request)
             await writer.drain()
             head = await reader.readuntil(b"\r\n\r\n")
-            length = int(next(l.split(b":")[1] for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")))
+            length = int(next(h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")))
             await reader.readexactly(length)
             lines.append(head.split(b"\r\n")[0])
     except (ConnectionError, asyncio.IncompleteReadError) as exc:

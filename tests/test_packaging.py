@@ -95,7 +95,8 @@ def test_serve_from_an_empty_folder_chats_through_template_lanes(venv: Path, use
     env = clean_env(venv.parent)
     with contextlib.ExitStack() as stack:
         emu = stack.enter_context(run_service("emulator", [str(venv / "gateway"), "emulate", "--port", str(emu_port),
-                                                           *EMULATOR_ARGS], env=env, cwd=user_dir, log_dir=user_dir.parent))
+                                                           *EMULATOR_ARGS],
+                                              env=env, cwd=user_dir, log_dir=user_dir.parent))
         wait_http(emu_url + "/health", 30, emu.proc)
         probe = gateway(venv, "check", "--probe", "routes.yaml", cwd=user_dir)
         assert probe.returncode == 0 and "serves deepseek-v4-flash" in probe.stdout_text, probe.stderr_text

@@ -126,7 +126,8 @@ def test_states_and_their_reasons(tmp_path: Path) -> None:
     cfg = lane()
     index = lambda: RecordIndex(store.summaries())  # noqa: E731
     s = evaluate("a", cfg, index())
-    assert s["state"] == "unqualified" and "no qualification record" in s["reason"] and "gateway qualify a" in s["reason"]
+    assert (s["state"] == "unqualified" and "no qualification record" in s["reason"]
+            and "gateway qualify a" in s["reason"])
     assert evaluate("a", lane(qualification="not_required"), index())["state"] == "not_required"
 
     store.save(record_for(cfg, passed=False, failures=["sink probe: 'Hey' empty"]))
@@ -199,7 +200,8 @@ def test_status_and_check_report_the_state(tmp_path: Path, capsys) -> None:
     assert main(["qualify", "--status", "--routes", str(routes), "--json"]) == 0
     states = json.loads(capsys.readouterr().out)
     assert states["a"]["state"] == "qualified"
-    routes.write_text(ROUTES.replace("limits: {max_images: 4}", "limits: {max_images: 4}\n    override: {reason: demo}"))
+    routes.write_text(ROUTES.replace("limits: {max_images: 4}",
+                                     "limits: {max_images: 4}\n    override: {reason: demo}"))
     main(["check", str(routes)])
     out = capsys.readouterr().out
     assert "a: qualified [ok]" in out and "not needed: demo" in out  # a record makes the override unnecessary

@@ -92,7 +92,8 @@ def test_two_gateways_share_one_postgres_and_both_show_the_fleet() -> None:
             gateway_cli("drift", "mute", "--url", b.url, "--cause", "system_prompt_changed", "--client", "claude-cli",
                         "--for", "1h", "--note", "told the authors")
             listed = json.loads(gateway_cli("drift", "--url", a.url, "--json"))
-            assert listed["counts"]["muted"] == 1 and all(x["cause"] != "system_prompt_changed" for x in listed["alerts"])
+            assert (listed["counts"]["muted"] == 1
+                    and all(x["cause"] != "system_prompt_changed" for x in listed["alerts"]))
             assert "told the authors" in gateway_cli("drift", "rules", "--url", a.url)
             timeline = gateway_cli("drift", "conversation", "fleet-conv", "--url", a.url)
             assert "client key 'fleet-conv'" in timeline and "system_prompt_changed" in timeline

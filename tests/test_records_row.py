@@ -20,5 +20,6 @@ COLUMNS = list(FIELDS)
        st.booleans())
 def test_row_reads_as_get_per_column(record: dict, whole: bool) -> None:
     if whole:  # a record from build_record: every column present
-        record = {c: record.get(c, i) for i, c in enumerate(COLUMNS)} | {k: v for k, v in record.items() if k == "extra"}
+        record = ({c: record.get(c, i) for i, c in enumerate(COLUMNS)}
+                  | {k: v for k, v in record.items() if k == "extra"})
     assert _row(record, operator.itemgetter(*COLUMNS), COLUMNS) == tuple(record.get(c) for c in COLUMNS)

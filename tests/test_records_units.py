@@ -273,8 +273,8 @@ def test_costs_rank_causes_clients_tenants_and_conversations() -> None:
 
     now = 1_800_000_000.0
     def r(ts, verdict, cause, tokens, client, tenant="default", conv="c1"):
-        return {"ts": now - ts, "verdict": verdict, "cause": cause, "tokens_lost": tokens, "seconds_lost": tokens / 4000,
-                "client": client, "tenant": tenant, "conversation": conv, "lane": "a"}
+        return {"ts": now - ts, "verdict": verdict, "cause": cause, "tokens_lost": tokens,
+                "seconds_lost": tokens / 4000, "client": client, "tenant": tenant, "conversation": conv, "lane": "a"}
     rows = [r(3000, "drift", "tools_changed", 40_000, "opencode", conv="c1"),
             r(2000, "drift", "tools_changed", 20_000, "opencode", conv="c2"),
             r(1000, "eviction", None, 30_000, "aider", tenant="acme", conv="c3"),

@@ -49,7 +49,8 @@ def engine_url():
         pytest.skip("vLLM CPU engine not installed (shared/engine/install.sh)")
     port = _free_port()
     log = open(f"/tmp/render-engine-{port}.log", "w")
-    proc = subprocess.Popen([str(serve), str(port), "--chat-template", str(REPO / "gateway" / "chat_templates" / "deepseek_v4.1.jinja")],
+    template = REPO / "gateway" / "chat_templates" / "deepseek_v4.1.jinja"
+    proc = subprocess.Popen([str(serve), str(port), "--chat-template", str(template)],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -169,7 +170,8 @@ def test_vllm_tool_and_system_normalisation():
         {"type": "function", "function": {"name": "f", "description": None, "parameters": {"type": "object"}}}]
     assert normalize_tools("sglang", tools) is tools
     msgs = [{"role": "system", "content": "x-anthropic-billing-header: cch=1\nYou are Claude Code."},
-            {"role": "tool", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "u"}}]}]
+            {"role": "tool", "content": [{"type": "text", "text": "a"},
+                                         {"type": "image_url", "image_url": {"url": "u"}}]}]
     out = normalize_messages("vllm", msgs)
     assert out[0]["content"] == "You are Claude Code."
     assert out[1] is msgs[1]  # mixed content stays a list

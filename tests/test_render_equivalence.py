@@ -59,7 +59,7 @@ def test_concurrent_distinct_renders_on_one_cache():
 
     def work(offset: int) -> None:
         try:
-            for rep in range(3):
+            for _rep in range(3):
                 for j in range(len(cases)):
                     k = (j + offset) % len(cases)
                     b, o = cases[k]

@@ -109,7 +109,8 @@ def test_wrong_content(r, messages, param):
 def test_bad_envelope(r):
     assert _err(r, {"messages": []}).param == "messages"
     assert _err(r, {}).param == "messages"
-    assert _err(r, {"messages": [{"role": "user", "content": "a"}], "tools": [{"type": "function"}]}).param == "tools[0]"
+    assert _err(r, {"messages": [{"role": "user", "content": "a"}],
+                    "tools": [{"type": "function"}]}).param == "tools[0]"
 
 
 def test_error_maps_to_openai_400(r):

@@ -92,7 +92,8 @@ def messages(draw) -> list[dict]:
             if draw(st.booleans()):
                 m["tool_calls"] = [{"id": draw(st.sampled_from(["c1", "c2", "", "c3"])), "type": "function",
                                     "function": {"name": draw(TEXT),
-                                                 "arguments": json.dumps(draw(st.dictionaries(TEXT, VALUE, max_size=3)))}}
+                                                 "arguments": json.dumps(draw(st.dictionaries(TEXT, VALUE,
+                                                                                              max_size=3)))}}
                                    for _ in range(draw(st.integers(0, 3)))]
             out.append(m)
         elif role == "tool":

@@ -24,7 +24,8 @@ def _body(assistant: dict) -> dict:
     ("openai", "from reasoning_content"),
 ])
 def test_reasoning_conflict_follows_the_engine(engine: str, expected: str) -> None:
-    m = {"role": "assistant", "content": "x", "reasoning": "from reasoning", "reasoning_content": "from reasoning_content"}
+    m = {"role": "assistant", "content": "x", "reasoning": "from reasoning",
+         "reasoning_content": "from reasoning_content"}
     assert reasoning_of(m, engine) == expected
 
 
@@ -40,7 +41,8 @@ def test_vllm_reads_reasoning_and_sglang_drops_it() -> None:
 
 
 def test_vllm_coerces_bad_arguments_and_drops_empty_tool_calls() -> None:
-    bad = {"role": "assistant", "content": "", "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": "{oops"}}]}
+    bad = {"role": "assistant", "content": "",
+           "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": "{oops"}}]}
     out = template_messages("vllm", [bad, {"role": "assistant", "content": "", "tool_calls": []}])
     assert out[0]["tool_calls"][0]["function"]["arguments"] == {}
     assert "tool_calls" not in out[1]

@@ -109,7 +109,8 @@ def test_an_effort_change_is_pinned_in_the_responses_body(agent_emu):
         headers, _ = agent.turn(reasoning={"effort": "low"})
         assert headers["x-gateway-effort"] == "50; requested=25; pinned", headers["x-gateway-effort"]
         sent = agent_emu.stats()["recent"][-1]["body"]
-        assert sent["chat_template_kwargs"]["reasoning_effort"] == 50 and not (sent.get("reasoning") or {}).get("effort")
+        assert sent["chat_template_kwargs"]["reasoning_effort"] == 50
+        assert not (sent.get("reasoning") or {}).get("effort")
         cache = _cache(g, agent)
         assert cache["verdict"] == "hit" and cache["predicted_cached_tokens"] == cache["reported_cached_tokens"], cache
 

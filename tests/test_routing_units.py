@@ -294,7 +294,8 @@ def test_after_an_outage_the_later_home_decision_wins():
         store = FallbackStore()
         router = ConversationAffinity()
         router.bind(RoutingShared(store, LoadBoard(store)), "lane", Affinity(load_window_s=0))
-        lane = SimpleNamespace(name="lane", config=SimpleNamespace(engine="vllm"), upstream=SimpleNamespace(replicas=replicas(0, 0, 0)))
+        lane = SimpleNamespace(name="lane", config=SimpleNamespace(engine="vllm"),
+                               upstream=SimpleNamespace(replicas=replicas(0, 0, 0)))
         # Redis kept the pre-outage home; during the outage this process moved the conversation to r2.
         await store.set("route:home:c1", orjson.dumps({"r": "http://r0", "t": 3, "at": 100.0}), 60)
         await store.local.set("route:home:c1", orjson.dumps({"r": "http://r2", "t": 5, "at": 200.0}), 60)
@@ -319,7 +320,8 @@ def test_served_writes_the_home_and_prefix_entries():
         router = ConversationAffinity()
         router.bind(shared, "lane", Affinity(load_window_s=0))
         reps = replicas(0, 0, 0)
-        lane = SimpleNamespace(name="lane", config=SimpleNamespace(engine="vllm"), upstream=SimpleNamespace(replicas=reps))
+        lane = SimpleNamespace(name="lane", config=SimpleNamespace(engine="vllm"),
+                               upstream=SimpleNamespace(replicas=reps))
         body = {"messages": _messages(10)}
         ex = exchange(is_new=True)
         ex.body = body

@@ -82,7 +82,8 @@ def test_an_agents_turns_carry_the_conversation_and_the_verdict() -> None:
 def test_a_refused_request_is_traced_with_its_error() -> None:
     with otlp_receiver() as rx, scripted_upstream() as up:
         with run_gateway(_routes(up.url), env=_env(rx)) as gw:
-            r = httpx.post(gw.url + "/v1/chat/completions", json={"model": "nope", "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
+            r = httpx.post(gw.url + "/v1/chat/completions", timeout=10,
+                           json={"model": "nope", "messages": [{"role": "user", "content": "hi"}]})
             assert r.status_code == 404
             wait_until(lambda: rx.named("chat"), what="the refused request's span")
     span = rx.named("chat")[0]

@@ -239,7 +239,8 @@ async def test_100_continue_is_skipped(pool) -> None:
     b"SPAM\r\n\r\n",
     b"HTTP/1.1 2x0 OK\r\nContent-Length: 0\r\n\r\n",
     b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 9000 + b"\r\nContent-Length: 0\r\n\r\n",
-    b"HTTP/1.1 200 OK\r\n" + b"X-Many: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n" * 2000 + b"Content-Length: 0\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\n" + b"X-Many: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n" * 2000
+    + b"Content-Length: 0\r\n\r\n",
     b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n",
 ], ids=["not http", "bad status", "header line too long", "head too large", "upgrade"])
 async def test_answers_that_are_not_http_raise_a_clear_oserror(pool, answer) -> None:

@@ -32,7 +32,8 @@ def test_the_gateway_reuses_one_upstream_connection_for_whole_answers_and_stream
                 up.script = Script(script if isinstance(script, list) else [script], keep_open=True)
                 r = client.post("/v1/chat/completions", json={**ask, "stream": is_stream})
                 assert r.status_code == 200, r.text
-                assert (b"data: [DONE]" in r.content) if is_stream else r.json()["choices"][0]["message"]["content"] == "hi"
+                assert ((b"data: [DONE]" in r.content) if is_stream
+                        else r.json()["choices"][0]["message"]["content"] == "hi")
             posts = [s for s in up.requests if s.method == "POST"]
             probes = len(up.requests) - len(posts)  # the gateway's GET /v1/models (aiohttp's session)
             assert len(posts) == 4 and up.connections <= 1 + probes, [(s.method, s.path) for s in up.requests]

@@ -9,7 +9,8 @@ from starlette.datastructures import Headers
 
 from gateway.server.wire import WireHeaders
 
-names = st.sampled_from([b"host", b"authorization", b"x-request-id", b"content-length", b"user-agent", b"a", b"x-conversation-id"])
+names = st.sampled_from([b"host", b"authorization", b"x-request-id", b"content-length", b"user-agent", b"a",
+                         b"x-conversation-id"])
 values = st.binary(max_size=12)
 keys = st.sampled_from(["Host", "AUTHORIZATION", "x-request-id", "Content-Length", "A", "a", "missing",
                         "X-Conversation-Id", "é", "ĉ"])
@@ -20,7 +21,8 @@ keys = st.sampled_from(["Host", "AUTHORIZATION", "x-request-id", "Content-Length
 def test_lookups_read_as_starlettes(raw: list, asked: list) -> None:
     ours, theirs = WireHeaders({"headers": list(raw)}), Headers(scope={"headers": list(raw)})
     for key in asked:
-        for look in (lambda h: h.get(key), lambda h: h.get(key, "d"), lambda h: key in h, lambda h: h[key]):
+        for look in (lambda h, k=key: h.get(k), lambda h, k=key: h.get(k, "d"), lambda h, k=key: k in h,
+                     lambda h, k=key: h[k]):
             try:
                 expected = ("ok", look(theirs))
             except (KeyError, UnicodeEncodeError) as exc:

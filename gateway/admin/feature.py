@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import orjson
 from starlette.requests import Request
@@ -129,7 +129,8 @@ class AdminAPI:
                 p = probed.get(rep.url, {})
                 open_ = not rep.available(now)
                 health = "down" if open_ or p.get("reachable") is False else (
-                    "degraded" if rep.consecutive_failures else ("up" if p.get("reachable") or rep.last_ok else "unknown"))
+                    "degraded" if rep.consecutive_failures
+                    else ("up" if p.get("reachable") or rep.last_ok else "unknown"))
                 replicas.append({
                     "url": rep.url, "health": health, "inflight": rep.inflight, "requests": rep.requests,
                     "failures": rep.failures, "consecutive_failures": rep.consecutive_failures,
@@ -209,7 +210,7 @@ class AdminAPI:
         records = self._records()
         f = filters_from(request).with_(verdict="drift")
         now = time.time()
-        found = [None]
+        found: Sequence[str | None] = [None]
         if q.get("conversation_key"):
             found = candidate_ids(q["conversation_key"], f.tenant or DEFAULT_TENANT)
         rows: list[dict[str, Any]] = []
@@ -343,7 +344,7 @@ def parse_rule(body: Any) -> dict[str, Any]:
     if "until" in body and "expires_in_s" in body:
         raise invalid_request("give until or expires_in_s, not both", param="until")
     raw_until = body.get("until")
-    raw_in = body.get("expires_in_s", 86400 if raw_until is None else None)
+    raw_in = body.get("expires_in_s", 86400)  # read only when `until` is not given
     try:
         until = float(raw_until) if raw_until is not None else now + float(raw_in)
     except (TypeError, ValueError):
@@ -377,9 +378,12 @@ def filters_from(request: Request) -> Filters:
             raise invalid_request(f"{name} must be epoch seconds, or negative seconds ago", param=name) from None
         return now + v if v < 0 else v
 
-    text = {name: (q.get(name) or "").strip()[:200] or None
-            for name in ("lane", "tenant", "client", "user_agent", "cause", "verdict", "conversation", "gateway")}
-    return Filters(**text, since=when("since"), until=when("until"))
+    def text(name: str) -> str | None:
+        return (q.get(name) or "").strip()[:200] or None
+
+    return Filters(lane=text("lane"), tenant=text("tenant"), client=text("client"), user_agent=text("user_agent"),
+                   cause=text("cause"), verdict=text("verdict"), conversation=text("conversation"),
+                   gateway=text("gateway"), since=when("since"), until=when("until"))
 
 
 async def _db(awaitable: Any) -> Any:
@@ -395,7 +399,8 @@ async def _db(awaitable: Any) -> Any:
 
 def _analysis(analyzer: "Analyzer") -> dict[str, Any]:
     process = analyzer.process
-    return {"analysed": analyzer.analysed, "analysis_failures": analyzer.failures, "analysis_last_ms": round(analyzer.last_ms, 1),
+    return {"analysed": analyzer.analysed, "analysis_failures": analyzer.failures,
+            "analysis_last_ms": round(analyzer.last_ms, 1),
             "analysis_in": "process" if process is not None else "thread",
             "analysis_inline": analyzer.inline,
             "analysis_worker_pid": process.pid() if process is not None else None,

@@ -15,6 +15,7 @@ model, the fallbacks and the lane's qualification state.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -92,7 +93,7 @@ class ModelCatalog:
         task = self._asking.get(key)
         if task is None:  # one question per lane at a time, whoever asks
             task = self._asking[key] = asyncio.ensure_future(_ask(lane))
-            task.add_done_callback(lambda t, k=key: self._answered(k, t))
+            task.add_done_callback(functools.partial(self._answered, key))
         if info is not None:
             return  # stale while it refreshes: only the very first list waits for the engine
         try:

@@ -81,10 +81,11 @@ def _schemas() -> dict[str, Any]:
             "description": _STR, "parameters": {"type": "object"}, "strict": {"type": "boolean"}}}}}
     usage = {"type": "object", "required": ["prompt_tokens", "total_tokens"], "properties": {
         "prompt_tokens": _INT, "completion_tokens": _INT, "total_tokens": _INT,
-        "prompt_tokens_details": {"type": ["object", "null"], "properties": {"cached_tokens": {"type": ["integer", "null"]}}},
+        "prompt_tokens_details": {"type": ["object", "null"], "properties": {
+            "cached_tokens": {"type": ["integer", "null"]}}},
         "completion_tokens_details": {"type": ["object", "null"], "properties": {
             "reasoning_tokens": {"type": ["integer", "null"]}}}}}
-    logprob = {"type": "object", "required": ["token", "logprob"], "properties": {
+    logprob: dict[str, Any] = {"type": "object", "required": ["token", "logprob"], "properties": {
         "token": _STR, "logprob": {"type": "number"}, "bytes": {"type": ["array", "null"], "items": _INT}}}
     logprob_top = {**logprob, "properties": {**logprob["properties"],
                                              "top_logprobs": {"type": "array", "items": logprob}}}

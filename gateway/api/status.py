@@ -16,7 +16,6 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..core.errors import GatewayError
 from .models import ModelCatalog
 
 if TYPE_CHECKING:

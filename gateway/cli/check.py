@@ -132,6 +132,7 @@ def compile_templates(config: Any, routes_file: str) -> None:
             except TemplateNotFound as exc:
                 raise CliError(f"{where(name, 'render.template')}: {exc}") from None
             except jinja2.TemplateError as exc:
-                line = f" line {exc.lineno}" if getattr(exc, "lineno", None) else ""
+                lineno = getattr(exc, "lineno", None)  # a syntax error's; other template errors have none
+                line = f" line {lineno}" if lineno else ""
                 raise CliError(f"{where(name, 'render.template')}: the template does not compile "
                                f"({r.template}{line}: {exc.message})") from None

@@ -27,7 +27,7 @@ class CliError(Exception):
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (the usage itself is one `--help` away)."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

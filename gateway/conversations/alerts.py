@@ -204,8 +204,8 @@ def review(rows: list[dict[str, Any]], rules: list[dict[str, Any]], now: float |
         counts[grp] += 1
         counts[sev] += 1
         counts["paging"] += pages
-        key = (not pages, grp != "actionable", order[sev], -a["tokens_lost_total"], -r["ts"])
-        listed.append((key, (cid, cause, a, rem, grp, sev, why, per_hour, state, rule_ref, pages, repinned)))
+        rank = (not pages, grp != "actionable", order[sev], -a["tokens_lost_total"], -r["ts"])
+        listed.append((rank, (cid, cause, a, rem, grp, sev, why, per_hour, state, rule_ref, pages, repinned)))
     listed.sort(key=lambda item: item[0])
     alerts = [_alert(*item[1]) for item in listed[:limit]]
     pats = sorted(patterns.values(), key=lambda p: -p["tokens_lost"])[:50]

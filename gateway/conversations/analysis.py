@@ -49,7 +49,9 @@ def analyse_job(job: Job, renderer: Renderer | None, estimator: Any) -> Outcome:
             state.last = fresh.last  # the print the hot path found, or a newer one (Analyzer.__call__)
     reuse: _Reuse | None = None
     read = None
+    body_size = 0  # the JSON's, for the memo's cost
     if isinstance(job.body, bytes):
+        body_size = len(job.body)
         read = rawbody.read(job.body, memo.body_print, memo.messages) if memo is not None else rawbody.read(job.body)
         body = read.body if read is not None else orjson.loads(job.body)
         if read is not None and read.unchanged and memo is not None and memo.engine == job.engine:
@@ -66,7 +68,7 @@ def analyse_job(job: Job, renderer: Renderer | None, estimator: Any) -> Outcome:
         previous = rendered.previous if rendered is not None else None
         estimated = out.get("estimated")
         book.put(state.id, TurnMemo(read.print, body["messages"], previous, new_state.last.messages, job.engine, data,
-                                    new_state, memo_cost(len(job.body), previous, read.print, estimated), estimated))
+                                    new_state, memo_cost(body_size, previous, read.print, estimated), estimated))
     return Outcome(cache, new_state.turn, data, divergence, snippets, out.get("kv_keys"), out.get("kv_ends"))
 
 
@@ -90,7 +92,8 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
     if renderer is not None:
         try:
             if reuse is not None and reuse.previous is not None:
-                rendered, generated = renderer.render_turn(body, generated_msg, options, reuse.previous, reuse.unchanged)
+                rendered, generated = renderer.render_turn(body, generated_msg, options, reuse.previous,
+                                                           reuse.unchanged)
             else:
                 rendered, generated = renderer.render_turn(body, generated_msg, options)
             if out is not None:
@@ -157,7 +160,7 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
             verdict, tokens_lost = "eviction", predicted - reported
         else:
             verdict, tokens_lost = "hit", 0
-    cache = {
+    cache: dict[str, Any] = {
         "predicted_cached_tokens": predicted,
         "reported_cached_tokens": reported,
         "verdict": verdict,
@@ -199,8 +202,8 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
 def _rendered_mode(options: RenderOptions, job: Job) -> tuple[bool | None, int | str | None]:
     """(thinking, effort number) the engine renders this turn with, as the analysis reads the body."""
     try:
-        return options.thinking, effective_effort(RenderOptions(thinking=True, reasoning_effort=options.reasoning_effort,
-                                                                effort_map=options.effort_map))
+        return options.thinking, effective_effort(RenderOptions(
+            thinking=True, reasoning_effort=options.reasoning_effort, effort_map=options.effort_map))
     except RenderError:
         return job.thinking, job.effort
 

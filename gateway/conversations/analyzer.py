@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from ..pipeline import token_ids
+from ..pipeline.body_parts import Body
 from ..core.exchange import Exchange
 from ..render.options import options_for_lane
 from ..render.renderer import RenderOptions
@@ -184,7 +185,7 @@ def make_job(ex: Exchange, lane: LaneRuntime, found: Found, in_process: bool = T
     (a memory copy to send, where pickling the parsed body would cost the event loop milliseconds)."""
     cfg = lane.config
     routing = ex.routing
-    body: dict[str, Any] | bytes = ex.chat or {}
+    body: dict[str, Any] | Body = ex.chat or {}
     if not in_process:
         # A chat request's view is the body as forwarded; a Responses request's is its mapping
         # (gateway/pipeline/responses_chat.py), serialised here, after the answer has gone.
@@ -199,7 +200,8 @@ def make_job(ex: Exchange, lane: LaneRuntime, found: Found, in_process: bool = T
         rewritten=ex.limits.history_rewritten, replica=ex.replica,
         # The router says this turn runs away from the conversation's cache (see routing/base.py).
         rehomed=isinstance(routing, dict) and bool(routing.get("expected_cold")),
-        repinned=found.repinned, state=found.state, healed=tuple((h.kind, i) for h in ex.healed if h.repairs_prefix for i in h.indices),
+        repinned=found.repinned, state=found.state,
+        healed=tuple((h.kind, i) for h in ex.healed if h.repairs_prefix for i in h.indices),
         prompt_token_ids=ex.generated.prompt_token_ids, generated_token_ids=ex.generated.token_ids or None,
         token_ids_why=token_ids.why_counts(ex),  # why the record compares counts, not ids
         # The render's block keys: for the KV-event index and the model of the replica's cache.

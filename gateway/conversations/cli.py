@@ -132,8 +132,9 @@ def format_review(data: dict[str, Any]) -> str:
         out.append("")
         out.append("PATTERNS (lane · cause · client, what to mute or forward)")
         for p in pats:
-            out.append(f"  {p['severity']:<8} {p['lane']} · {p['cause']} · {p['client']}: {p['conversations']} conversation(s),"
-                       f" {p['turns']} turn(s), {_tokens(p['tokens_lost'])} tokens, {p['seconds_lost']:.1f} s"
+            out.append(f"  {p['severity']:<8} {p['lane']} · {p['cause']} · {p['client']}: "
+                       f"{p['conversations']} conversation(s), {p['turns']} turn(s), "
+                       f"{_tokens(p['tokens_lost'])} tokens, {p['seconds_lost']:.1f} s"
                        + (f" [{p['state']}]" if p.get("state") else ""))
     for group in ("actionable", "unavoidable", "repin"):
         items = [a for a in alerts if a["group"] == group]
@@ -144,10 +145,10 @@ def format_review(data: dict[str, Any]) -> str:
         for a in items:
             flag = "PAGE" if a["pages"] else (a["state"] or "").upper()[:5]
             msg = "-" if a.get("message_index") is None else str(a["message_index"])
-            out.append(f"  [{a['severity'].upper():<8}] {flag:<5} {a['cause']} · lane {a['lane']} · client {a['client']}"
-                       f" · tenant {a['tenant']} · fix: {a['fixable_by']}")
-            out.append(f"      conv {a['conversation']} turn {a.get('turn') or 0} msg {msg} field {a.get('field') or '-'}"
-                       f" · ×{a['count']} · {_tokens(a['tokens_lost_total'])} tokens, "
+            out.append(f"  [{a['severity'].upper():<8}] {flag:<5} {a['cause']} · lane {a['lane']} "
+                       f"· client {a['client']} · tenant {a['tenant']} · fix: {a['fixable_by']}")
+            out.append(f"      conv {a['conversation']} turn {a.get('turn') or 0} msg {msg} "
+                       f"field {a.get('field') or '-'} · ×{a['count']} · {_tokens(a['tokens_lost_total'])} tokens, "
                        f"{a['seconds_lost_total']:.1f} s lost · last {_when(a['time'])}")
             out.append(f"      → {a['remedy']}")
             if a.get("snippet_before") or a.get("snippet_after"):
@@ -172,9 +173,11 @@ def format_rules(rules: list[dict[str, Any]]) -> str:
 
 def format_timeline(conv: dict[str, Any]) -> str:
     t = conv["totals"]
-    out = [f"conversation {conv['conversation']}" + (f" (client key {conv['looked_up_as']!r})" if conv.get("looked_up_as") else "")
+    out = [f"conversation {conv['conversation']}"
+           + (f" (client key {conv['looked_up_as']!r})" if conv.get("looked_up_as") else "")
            + f" · lane {conv['lane']} · client {conv['client']} · tenant {conv['tenant']}",
-           f"{t['turns']} turns · {t['drifts']} drifts · {_tokens(t['tokens_lost'])} tokens, {t['seconds_lost']:.1f} s lost",
+           f"{t['turns']} turns · {t['drifts']} drifts · {_tokens(t['tokens_lost'])} tokens, "
+           f"{t['seconds_lost']:.1f} s lost",
            f"{'turn':>4} {'time':<8} {'verdict':<9} {'cause':<28} {'pred':>8} {'cached':>8} {'lost':>8} "
            f"{'effort':<10} {'replica':<22} {'ttft':>7} {'tok/s':>7}"]
     for r in conv["turns"]:

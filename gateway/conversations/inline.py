@@ -85,5 +85,6 @@ class Placement:
         if last is None or cache is None:
             return None
         name = load_tokenizer(renderer.defaults.tokenizer_path).path if renderer is not None else ENCODING_NAME
-        keys = [(name, d, n) for prints in (last.segments, last.generated) for d, n in zip(prints.digests, prints.lengths)]
+        keys = [(name, d, n) for prints in (last.segments, last.generated)
+                for d, n in zip(prints.digests, prints.lengths)]
         return [(k, ids) for k, ids in zip(keys, cache.get_tokens(keys)) if ids is not None]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..pipeline.body_parts import Body
 from ..render.renderer import RenderOptions
 from .drift import Divergence
 from .handoff import InRing
@@ -25,8 +26,8 @@ class Job:
     engine: str
     prefill_tokens_per_s: float
     # the request as forwarded: parsed (threads) or its JSON (worker process: a large one as its place in
-    # shared memory until the worker takes it, handoff.py)
-    body: dict[str, Any] | bytes | InRing
+    # shared memory until the worker takes it, handoff.py; in parts until handoff.pack joins or places them)
+    body: dict[str, Any] | Body | InRing
     generated: dict[str, Any]  # the assistant message the response carried
     finish_reason: str | None
     usage: dict[str, Any] | None

@@ -47,7 +47,7 @@ class ConversationPolicy:
                 ex.analysis_skipped = "messages: " + view.unmapped
         chat = ex.chat
         messages = chat.get("messages") if chat is not None else None
-        if not isinstance(messages, list):  # /v1/completions: nothing to pin or compare
+        if chat is None or not isinstance(messages, list):  # /v1/completions: nothing to pin or compare
             return
         requested = effort_mod.resolve(chat, lane.config)
         lin = lineage(messages, lane.config.engine)

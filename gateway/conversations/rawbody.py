@@ -115,7 +115,7 @@ def _read(data: bytes, previous: BodyPrint | None, previous_messages: list[dict[
     body = orjson.loads(data[:open_at] + data[close_at:])  # everything but the messages (an empty array)
     if not isinstance(body, dict):
         return None
-    messages = (previous_messages[:unchanged] if unchanged else []) + tail
+    messages = (previous_messages[:unchanged] if unchanged and previous_messages is not None else []) + tail
     body["messages"] = messages
     return Body(body, unchanged, bp)
 

@@ -118,7 +118,7 @@ class TurnPrint:
     def from_json(cls, d: dict[str, Any]) -> "TurnPrint":
         return cls(SegmentPrints.from_json(d["s"]), SegmentPrints.from_json(d["g"]), MessagePrints.from_json(d["m"]),
                    MessagePrints.from_json(d["gm"]), d["th"], d["ef"], d["td"], d["rd"], d["pt"], d["ex"], d["rc"],
-                   d.get("kv"), tuple(d.get("dp") or (0, 0)), d.get("rt"))  # type: ignore[arg-type]
+                   d.get("kv"), tuple(d.get("dp") or (0, 0)), d.get("rt"))
 
 
 @dataclass

@@ -122,7 +122,8 @@ def preload(renders: list[RenderOptions], gc_thresholds: str = "") -> int:
 
     for options in renders:
         load_tokenizer(options.tokenizer_path)
-        load_template(options.template)
+        if options.template:
+            load_template(options.template)
         _renderer(options)
     from ..observe import gc_tuning
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
@@ -59,6 +59,10 @@ def complete_effort_map(given: dict[str, int] | None) -> dict[str, int]:
     return out
 
 
+Carry = Literal["reasoning_effort", "chat_template_kwargs", "thinking"]
+DEFAULT_CARRY: tuple[Carry, ...] = ("reasoning_effort", "chat_template_kwargs")
+
+
 class RenderConfig(_Strict):
     """How the lane's engine renders a request (gateway/render)."""
 
@@ -73,9 +77,7 @@ class RenderConfig(_Strict):
     thinking: bool = True
     drop_thinking: bool = True
     # How the request carries thinking/effort to this engine.
-    carry: list[Literal["reasoning_effort", "chat_template_kwargs", "thinking"]] = Field(
-        default_factory=lambda: ["reasoning_effort", "chat_template_kwargs"]
-    )
+    carry: list[Carry] = Field(default_factory=lambda: list(DEFAULT_CARRY))
 
     @field_validator("effort_map", mode="before")
     @classmethod
@@ -493,9 +495,12 @@ class RoutesConfig(_Strict):
     gateway: GatewaySection = Field(default_factory=GatewaySection)
     lanes: dict[str, Lane] = Field(min_length=1)
     # After validation every value is the lane's name (a str): the long form is split into
-    # `fallbacks` and `owned_by` below, so readers of `models` see one shape.
-    models: dict[str, str | ModelRoute] = Field(min_length=1, description="public model name -> lane name "
-                                                                          "(or {lane, fallbacks, owned_by})")
+    # `fallbacks` and `owned_by` below, so readers of `models` see one shape (the type checker too).
+    if TYPE_CHECKING:
+        models: dict[str, str]
+    else:
+        models: dict[str, str | ModelRoute] = Field(min_length=1, description="public model name -> lane name "
+                                                                              "(or {lane, fallbacks, owned_by})")
     fallbacks: dict[str, list[str]] = Field(default_factory=dict, description="public model name -> fallback lanes")
     owned_by: dict[str, str] = Field(default_factory=dict, description="public model name -> owned_by")
 
@@ -524,8 +529,8 @@ class RoutesConfig(_Strict):
                     raise ValueError(f"models.{alias}.fallbacks.{i}: lane {lane!r} is not defined under lanes")
                 if lane == models[alias] or lanes.index(lane) != i:
                     raise ValueError(f"models.{alias}.fallbacks.{i}: lane {lane!r} is listed twice")
-        for name, lane in self.lanes.items():
-            for i, other in enumerate(lane.admission.divert_to):
+        for name, spec in self.lanes.items():
+            for i, other in enumerate(spec.admission.divert_to):
                 if other not in self.lanes:
                     raise ValueError(f"lanes.{name}.admission.divert_to.{i}: lane {other!r} is not defined under lanes")
                 if other == name:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
@@ -134,8 +134,8 @@ class Runtime:
     def apply(self, config: RoutesConfig) -> Snapshot:
         old = self.snapshot
         new = self._build(config, old.version + 1, old)
-        kept = {id(l.upstream) for l in new.lanes.values()}
-        self._retired.extend(l.upstream for l in old.lanes.values() if id(l.upstream) not in kept)
+        kept = {id(lane.upstream) for lane in new.lanes.values()}
+        self._retired.extend(lane.upstream for lane in old.lanes.values() if id(lane.upstream) not in kept)
         self.snapshot = new  # one reference assignment: atomic for every later request
         self.last_reload_error = None
         self.last_reload_at = time.time()
@@ -190,7 +190,7 @@ async def watch_routes(runtime: Runtime, stop: asyncio.Event,
     editors that replace the file included."""
     if runtime.routes_path is None:
         return
-    from watchfiles import awatch
+    from watchfiles import Change, awatch
 
     while not stop.is_set():
         files = {runtime.routes_path.resolve()}
@@ -201,8 +201,12 @@ async def watch_routes(runtime: Runtime, stop: asyncio.Event,
         # only these files: the data directory (records, WAL files) often lives right beside routes.yaml.
         folders = sorted({str(f.parent) for f in files if f.parent.is_dir()})
         names = {str(f) for f in files}
+
+        def named(change: Change, path: str, names: set[str] = names) -> bool:
+            return str(Path(path).resolve()) in names
+
         async for _ in awatch(*folders, stop_event=stop, debounce=200, step=50, recursive=False,
-                              watch_filter=lambda change, p: str(Path(p).resolve()) in names):
+                              watch_filter=named):
             runtime.reload_from_disk()
             await runtime.close_retired()
             now = also()

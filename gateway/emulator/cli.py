@@ -36,7 +36,8 @@ def build_parser(prog: str = "gateway.emulator") -> argparse.ArgumentParser:
         kind = knob_type(name)
         default = default_field(name)
         if kind is bool:
-            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=f"default {default}")
+            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None,
+                           help=f"default {default}")
         elif kind is tuple:
             p.add_argument(flag, dest=name, action="append", default=None, help="repeatable")
         elif name in _CHOICES:
@@ -46,7 +47,8 @@ def build_parser(prog: str = "gateway.emulator") -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(argv: Sequence[str] | None = None, prog: str = "gateway.emulator") -> tuple[EmulatorConfig, str, int]:
+def config_from_args(argv: Sequence[str] | None = None,
+                     prog: str = "gateway.emulator") -> tuple[EmulatorConfig, str, int]:
     if argv and argv[0] == "--":
         argv = argv[1:]  # `gateway emulate -- --port ...` (the old spelling) still works
     args = build_parser(prog).parse_args(argv)
@@ -66,6 +68,7 @@ def config_from_args(argv: Sequence[str] | None = None, prog: str = "gateway.emu
 
 def run(config: EmulatorConfig, host: str = "127.0.0.1", port: int = 8100) -> None:
     """Serve until SIGINT/SIGTERM, on uvloop when it is installed."""
+    loop: asyncio.AbstractEventLoop
     try:
         import uvloop
 

@@ -200,7 +200,10 @@ def _coerce(name: str, value: Any) -> Any:
 
 def default_field(name: str) -> Any:
     f = _FIELDS[name]
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    assert f.default_factory is not dataclasses.MISSING  # every knob has a default
+    return f.default_factory()
 
 
 __all__ = ["EmulatorConfig", "Flavour", "knob_names", "knob_type", "default_field"]

@@ -247,7 +247,7 @@ def _object_for(schema: dict[str, Any], rng: random.Random, depth: int = 0) -> d
 def _tool_call(tool: dict[str, Any], rng: random.Random) -> ToolCallPlan:
     fn = tool.get("function") or {}
     name = str(fn.get("name") or "tool")
-    params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
+    params = p if isinstance(p := fn.get("parameters"), dict) else {}
     args = _object_for(params, rng)
     # json.dumps default separators, as DeepSeek's parsers re-serialise arguments.
     pairs = [orjson.dumps(k).decode() + ": " + _dumps_spaced(v) for k, v in args.items()]
@@ -299,7 +299,9 @@ def plan_chat(body: dict[str, Any], prompt_digest: int, cfg: EmulatorConfig, cho
         tool_tokens = len((call.name + " " + call.arguments).split())
         return Plan(reasoning, content, call, "tool_calls", tool_tokens)
     fmt = body.get("response_format")
-    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if not isinstance(fmt, dict):
+        fmt = {}
+    kind = fmt.get("type")
     if kind in ("json_object", "json_schema"):
         # Valid JSON text (json_schema: an object of the schema's shape), cut short only by max_tokens.
         schema = (fmt.get("json_schema") or {}).get("schema") if kind == "json_schema" else None

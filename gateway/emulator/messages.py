@@ -42,8 +42,9 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
 
 
 def head(model: str, use: dict[str, Any]) -> bytes:
-    start = {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant", "model": model,
-             "content": [], "stop_reason": None, "stop_sequence": None, "usage": {**use, "output_tokens": 0}}
+    start: dict[str, Any] = {"id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant",
+                             "model": model, "content": [], "stop_reason": None, "stop_sequence": None,
+                             "usage": {**use, "output_tokens": 0}}
     return _event("message_start", {"message": start})
 
 
@@ -53,7 +54,7 @@ def block_events(plan: Plan) -> list[list[bytes]]:
     for index, block in enumerate(_blocks(plan)):
         kind = block["type"]
         if kind == "thinking":
-            start = {"type": "thinking", "thinking": "", "signature": ""}
+            start: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
             deltas = [{"type": "thinking_delta", "thinking": p} for p in plan.reasoning]
         elif kind == "text":
             start = {"type": "text", "text": ""}
@@ -70,7 +71,8 @@ def block_events(plan: Plan) -> list[list[bytes]]:
 
 def tail(plan: Plan, use: dict[str, Any]) -> bytes:
     return (_event("message_delta", {"delta": {"stop_reason": _STOP.get(plan.finish_reason, "end_turn"),
-                                               "stop_sequence": None}, "usage": {"output_tokens": use["output_tokens"]}})
+                                               "stop_sequence": None},
+                                     "usage": {"output_tokens": use["output_tokens"]}})
             + _event("message_stop", {}))
 
 

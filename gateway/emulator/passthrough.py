@@ -82,7 +82,7 @@ def chat_body_of(body: dict[str, Any]) -> dict[str, Any]:
                     prev["reasoning"] = text
                 else:
                     messages.append({"role": "assistant", "content": None, "reasoning": text})
-    out: dict[str, Any] = {"model": body.get("model"), "messages": messages or [{"role": "user", "content": ""}]}
+    out = {"model": body.get("model"), "messages": messages or [{"role": "user", "content": ""}]}
     if isinstance(body.get("max_output_tokens"), int):
         out["max_tokens"] = body["max_output_tokens"]
     reasoning = body.get("reasoning")
@@ -227,9 +227,9 @@ def embedding(text: str, dims: int) -> list[float]:
 
 
 def embeddings_body(body: dict[str, Any], model: str, dims_default: int, count_tokens) -> dict[str, Any]:
-    inp = body.get("input")
+    inp: Any = body.get("input")  # a string, a list of them, or token ids (as the API accepts)
     items = [inp] if isinstance(inp, str) or (isinstance(inp, list) and inp and type(inp[0]) is int) else list(inp)
-    dims = body.get("dimensions") if type(body.get("dimensions")) is int else dims_default
+    dims = d if type(d := body.get("dimensions")) is int else dims_default
     as_b64 = body.get("encoding_format") == "base64"
     data = []
     tokens = 0

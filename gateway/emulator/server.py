@@ -6,7 +6,7 @@ import asyncio
 import random
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import xxhash
@@ -21,6 +21,9 @@ from .config import EmulatorConfig
 from .generation import Plan, plan_chat, plan_completion, requested_max_tokens
 from .stats import RequestRecord, Stats
 from .tokens import TokenizeGenerated, TokenizePrompt, count_images, tokenizers_for, words
+
+if TYPE_CHECKING:
+    from .kvevents import KVEventPublisher
 
 _JSON = "application/json"
 _MAX_BODY = 512 * 1024 * 1024  # agent conversations reach several MB; never 413 like aiohttp's 1 MB default
@@ -61,6 +64,7 @@ class Emulator:
         self._prefill_free_at = 0.0  # prefill_shared: when the shared prefill compute is free again
         self.stats = Stats(self.config.recent_requests)
         self._fail_rng = random.Random(self.config.seed)
+        self.kv_publisher: KVEventPublisher | None = None  # with kv_events_port, from start-up (kvevents.py)
 
     # -- app ---------------------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -100,7 +104,7 @@ class Emulator:
             self.cache.listener = self.kv_publisher.publish
 
     async def _stop_kv_events(self, app: web.Application) -> None:
-        if getattr(self, "kv_publisher", None) is not None:
+        if self.kv_publisher is not None:
             await self.kv_publisher.close()
 
     def set_config(self, config: EmulatorConfig) -> None:
@@ -413,7 +417,8 @@ class Emulator:
     def _validate(self, body: dict[str, Any], cfg: EmulatorConfig, kind: str) -> None:
         fl = cfg.flavour
         if cfg.strict_model and body.get("model") not in (None, cfg.model):
-            raise _Rejected(_error(cfg, 404, f"The model `{body.get('model')}` does not exist.", "NotFoundError", "model"))
+            raise _Rejected(_error(cfg, 404, f"The model `{body.get('model')}` does not exist.", "NotFoundError",
+                                   "model"))
         if kind == "chat" and not isinstance(body.get("messages"), list):
             msg = "1 validation error:\n  {'type': 'missing', 'loc': ('body', 'messages'), 'msg': 'Field required'}"
             raise _Rejected(_error(cfg, 400, msg, "Bad Request"))
@@ -438,8 +443,10 @@ class Emulator:
         if isinstance(top, int) and not isinstance(top, bool) and top > cfg.eff_max_top_logprobs:
             limit = cfg.eff_max_top_logprobs
             if fl == "sglang":
-                raise _Rejected(_error(cfg, 400, f"top_logprobs_num must be in [0, {limit}], got {top}", "BadRequestError"))
-            msg = f"Requested sample logprobs of {top}, which is greater than max allowed: {limit} (parameter=logprobs, value={top})"
+                raise _Rejected(_error(cfg, 400, f"top_logprobs_num must be in [0, {limit}], got {top}",
+                                       "BadRequestError"))
+            msg = (f"Requested sample logprobs of {top}, which is greater than max allowed: {limit} "
+                   f"(parameter=logprobs, value={top})")
             raise _Rejected(_error(cfg, 400, msg, "BadRequestError", "logprobs"))
 
     def _check_context(self, body: dict[str, Any], cfg: EmulatorConfig, n_prompt: int) -> None:
@@ -462,10 +469,10 @@ class Emulator:
         if max_tokens is not None and n_prompt + max_tokens >= limit + (0 if sglang else 1):
             if sglang:
                 msg = (
-                    f"Requested token count exceeds the model's maximum context length of {limit} tokens. You requested "
-                    f"a total of {n_prompt + max_tokens} tokens: {n_prompt} tokens from the input messages and "
-                    f"{max_tokens} tokens for the completion. Please reduce the number of tokens in the input messages "
-                    "or the completion to fit within the limit."
+                    f"Requested token count exceeds the model's maximum context length of {limit} tokens. "
+                    f"You requested a total of {n_prompt + max_tokens} tokens: {n_prompt} tokens from the input "
+                    f"messages and {max_tokens} tokens for the completion. Please reduce the number of tokens in the "
+                    "input messages or the completion to fit within the limit."
                 )
                 raise _Rejected(_error(cfg, 400, msg, "BadRequestError"))
             param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
@@ -506,7 +513,7 @@ class Emulator:
 
         digest = xxhash.xxh3_64_intdigest(data)
         plan = plan_chat(body, digest, cfg) if kind == "chat" else plan_completion(body, digest, cfg)
-        n_choices = body.get("n") if kind == "chat" and type(body.get("n")) is int and body["n"] > 1 else 1
+        n_choices = n if kind == "chat" and type(n := body.get("n")) is int and n > 1 else 1
         extra = [plan_chat(body, digest, cfg, i) for i in range(1, min(n_choices, 16))]
         rec.completion_tokens = plan.completion_tokens + sum(p.completion_tokens for p in extra)
         ttft = cfg.ttft_ms / 1000.0 + self._prefill_s(n_prompt - cached, cfg)
@@ -569,7 +576,8 @@ class _Job:
         prompt: list[int], data: bytes, hashes: list[int], seed: int, cached: int, plan: Plan,
     ) -> None:
         self.emu, self.body, self.cfg, self.rec, self.kind = emu, body, cfg, rec, kind
-        self.prompt, self.data, self.hashes, self.seed, self.cached, self.plan = prompt, data, hashes, seed, cached, plan
+        self.prompt, self.data, self.hashes = prompt, data, hashes
+        self.seed, self.cached, self.plan = seed, cached, plan
         self.extra: list[Plan] = []  # choices 1.. of n > 1
         top = body.get("top_logprobs")
         self.logprobs = (int(top) if type(top) is int and top > 0 else 0) if body.get("logprobs") is True else None
@@ -605,12 +613,15 @@ class _Job:
             return self._die(request, web.Response(status=200))
         if cfg.error_after_chunks is not None:
             self.emu.stats.error(rec, "injected_midstream", 500)
-            return _error(cfg, 500, "Emulated engine failure during generation (error_after_chunks)", "InternalServerError")
+            return _error(cfg, 500, "Emulated engine failure during generation (error_after_chunks)",
+                          "InternalServerError")
         self.emu.remember_output(self)
         if self.kind == "chat":
-            out = shapes.chat_response(cfg.flavour, self.rid, self.created, self.model, plan, cfg.eff_reasoning_field, self._usage(True))
+            out = shapes.chat_response(cfg.flavour, self.rid, self.created, self.model, plan, cfg.eff_reasoning_field,
+                                       self._usage(True))
             for i, p in enumerate(self.extra, 1):
-                more = shapes.chat_response(cfg.flavour, self.rid, self.created, self.model, p, cfg.eff_reasoning_field, {})
+                more = shapes.chat_response(cfg.flavour, self.rid, self.created, self.model, p,
+                                            cfg.eff_reasoning_field, {})
                 out["choices"].append({**more["choices"][0], "index": i})
             if shapes.wants_token_ids(cfg.flavour, self.body):  # vLLM return_token_ids
                 out["prompt_token_ids"] = list(self.prompt)
@@ -641,7 +652,8 @@ class _Job:
 
             def usage_so_far(k: int) -> None:
                 if continuous:
-                    ch.usage_suffix = orjson.dumps({"prompt_tokens": n_prompt, "completion_tokens": k, "total_tokens": n_prompt + k})
+                    ch.usage_suffix = orjson.dumps({"prompt_tokens": n_prompt, "completion_tokens": k,
+                                                    "total_tokens": n_prompt + k})
 
             usage_so_far(0)
             events.append(ch.role())
@@ -717,7 +729,8 @@ class _Job:
         self._prefilled()
 
         tps = cfg.decode_tps
-        marks = sorted({k for k in (cfg.die_after_chunks, cfg.error_after_chunks, cfg.stall_after_chunks) if k is not None})
+        marks = sorted({k for k in (cfg.die_after_chunks, cfg.error_after_chunks, cfg.stall_after_chunks)
+                        if k is not None})
         stalled = False
         shift = 0.0  # a mid-stream stall delays the rest of the schedule instead of causing a burst
         sent, n = 0, len(events)
@@ -726,7 +739,8 @@ class _Job:
                 if sent == cfg.die_after_chunks:
                     return self._die(request, resp)
                 if sent == cfg.error_after_chunks:
-                    await resp.write(shapes.error_event(cfg.flavour, f"Emulated engine failure after {sent} chunks") + shapes.DONE)
+                    await resp.write(shapes.error_event(cfg.flavour, f"Emulated engine failure after {sent} chunks")
+                                     + shapes.DONE)
                     self.emu.stats.error(rec, "injected_midstream", 200)
                     rec.status = 200
                     await resp.write_eof()

@@ -45,7 +45,8 @@ def usage(
     flavour: str, prompt: int, completion: int, cached: int, reasoning: int | None, *, report: bool, full: bool
 ) -> dict[str, Any]:
     """`full` = the non-streaming model_dump (vLLM adds its null detail fields there)."""
-    out: dict[str, Any] = {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion}
+    out: dict[str, Any] = {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+                           "completion_tokens": completion}
     if flavour == "sglang":
         # SGLang's _details_if_cached: null unless something was cached.
         out["prompt_tokens_details"] = {"cached_tokens": cached} if report and cached > 0 else None
@@ -141,7 +142,7 @@ class ChatChunks:
     def tool_call(self, tc: ToolCallPlan) -> list[bytes]:
         """vLLM: header then argument fragments. SGLang: name chunk then the whole arguments."""
         if self.sglang:
-            calls = [
+            calls: list[dict[str, Any]] = [
                 {"id": tc.stream_id, "index": 0, "type": "function", "function": {"name": tc.name, "arguments": ""}},
                 {"id": None, "index": 0, "type": "function", "function": {"name": None, "arguments": tc.arguments}},
             ]
@@ -219,12 +220,14 @@ def chat_response(
         for f in fields:
             message[f] = reasoning
         message["tool_calls"] = (
-            [{"id": tc.stream_id, "index": 0, "type": "function", "function": {"name": tc.name, "arguments": tc.arguments}}]
+            [{"id": tc.stream_id, "index": 0, "type": "function",
+              "function": {"name": tc.name, "arguments": tc.arguments}}]
             if tc
             else None
         )
         matched = 1 if plan.finish_reason == "stop" else None
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": plan.finish_reason, "matched_stop": matched}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": plan.finish_reason,
+                  "matched_stop": matched}
         return {
             "id": rid, "object": "chat.completion", "created": created, "model": model, "choices": [choice],
             "usage": usage_obj, "metadata": {"weight_version": "default"},
@@ -232,7 +235,8 @@ def chat_response(
     message = {
         "role": "assistant", "content": (text or None) if tc else text, "refusal": None, "annotations": None,
         "audio": None, "function_call": None,
-        "tool_calls": [{"id": tc.final_id, "type": "function", "function": {"name": tc.name, "arguments": tc.arguments}}]
+        "tool_calls": [{"id": tc.final_id, "type": "function",
+                        "function": {"name": tc.name, "arguments": tc.arguments}}]
         if tc
         else [],
     }
@@ -252,10 +256,12 @@ def chat_response(
 def completion_response(
     flavour: str, rid: str, created: int, model: str, plan: Plan, usage_obj: dict[str, Any]
 ) -> dict[str, Any]:
-    choice: dict[str, Any] = {"index": 0, "text": plan.content_text, "logprobs": None, "finish_reason": plan.finish_reason}
+    choice: dict[str, Any] = {"index": 0, "text": plan.content_text, "logprobs": None,
+                              "finish_reason": plan.finish_reason}
     if flavour == "sglang":
         choice["matched_stop"] = 1 if plan.finish_reason == "stop" else None
-        return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice], "usage": usage_obj}
+        return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice],
+                "usage": usage_obj}
     choice.update(stop_reason=None, prompt_logprobs=None)
     return {
         "id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice],

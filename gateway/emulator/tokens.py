@@ -10,6 +10,7 @@ the generated part is the body of the assistant message as the client will appen
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -130,7 +131,7 @@ def simple_tokenize_prompt(body: dict[str, Any]) -> list[int]:
         if not isinstance(m, dict):
             continue
         toks.append(_role(m.get("role")))
-        toks += _memo.get(m, lambda m=m: message_body(m))
+        toks += _memo.get(m, functools.partial(message_body, m))
     toks.append(ASSISTANT)
     return toks
 

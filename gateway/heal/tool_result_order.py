@@ -48,8 +48,8 @@ class ToolResultOrder:
         digests = tuple(_digest(m) for m in results)
         before = forwarded.get(a)
         ncalls = len(messages[a].get("tool_calls") or ())
-        if (not repair or before is None or before == digests or len(digests) != ncalls or len(set(digests)) != len(digests)
-                or sorted(before) != sorted(digests)):
+        if (not repair or before is None or before == digests or len(digests) != ncalls
+                or len(set(digests)) != len(digests) or sorted(before) != sorted(digests)):
             forwarded[a] = digests
             return False
         by_digest = dict(zip(digests, results))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Collection, Iterable, Sequence
+from typing import Any, Collection, Iterable, Sequence
 
 from . import chain
 from .events import Batch, Cleared, Hash, Removed, Stored
@@ -274,7 +274,7 @@ class ReplicaIndex:
         total += len(self.log) * (64 + 24 + 32)
         return total
 
-    def counters(self) -> dict[str, int | float | None]:
+    def counters(self) -> dict[str, int | float | dict[str, Any] | None]:
         return {"held_blocks": len(self.blocks), "held_tokens": self.held_tokens, "block_size": self.block_size,
                 "stored_blocks": self.stored_blocks, "removed_blocks": self.removed_blocks,
                 "reused_blocks": self.reused_blocks, "orphan_blocks": self.orphans, "forgotten": self.forgotten,

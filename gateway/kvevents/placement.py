@@ -40,7 +40,8 @@ class Boundaries:
         while len(table) > self.max_entries:
             table.popitem(last=False)
 
-    def held(self, lane: str, messages: Sequence[Any], head: int, indexes: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    def held(self, lane: str, messages: Sequence[Any], head: int,
+             indexes: dict[str, Any]) -> dict[str, tuple[int, int]]:
         """Per replica URL: (last message position, tokens) of the longest sampled prefix its pool holds."""
         table = self.by_lane.get(lane)
         if not table:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import statistics
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 from .index import ReplicaIndex
 
@@ -151,7 +152,7 @@ class Pressure:
         weighted = sum(c.tokens * 0.5 ** (max(0.0, now - c.last_t) / self.half_life_s) for c in alive)
         return weighted, sum(c.tokens for c in alive), len(alive)
 
-    def summary(self, index: ReplicaIndex, pool: int | None, now: float) -> dict[str, object]:
+    def summary(self, index: ReplicaIndex, pool: int | None, now: float) -> dict[str, Any]:
         weighted, total, n = self.working_set(now)
         forecasts = self.forecast(index, pool, now)
         over = pool is not None and weighted > pool

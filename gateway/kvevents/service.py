@@ -269,27 +269,27 @@ class KVEventsService:
 
     def _after_turn(self, r: ReplicaKV, now: float) -> dict[str, Any]:
         summary = r.pressure.summary(r.index, self._pool(r), now)
-        doomed = {f["conversation"] for f in summary["forecast"] if f["will_be_evicted"]}  # type: ignore[index]
+        doomed = {f["conversation"] for f in summary["forecast"] if f["will_be_evicted"]}
         for cid in sorted(doomed - r.warned):
-            f = next(f for f in summary["forecast"] if f["conversation"] == cid)  # type: ignore[union-attr]
+            f = next(f for f in summary["forecast"] if f["conversation"] == cid)
             self.warnings.append({"at": now, "kind": "forecast_eviction", "lane": r.lane, "replica": r.url,
                                   "conversation": cid, **f})
             log.warning("kv pool of %s: conversation %s will be evicted before its next turn (%s)", r.url, cid, f)
         r.warned = doomed
         alert = summary["alert"]
         if alert is not None:
-            alert["options"]["move_to"] = self._moves(r, alert["largest"])  # type: ignore[index]
-        if alert is not None and alert["since"] == now:  # type: ignore[index]
+            alert["options"]["move_to"] = self._moves(r, alert["largest"])
+        if alert is not None and alert["since"] == now:
             self.warnings.append({"at": now, "kind": "working_set_exceeds_pool", "lane": r.lane, "replica": r.url,
-                                  **alert})  # type: ignore[arg-type]
-            log.warning("kv pool of %s: %s", r.url, alert["message"])  # type: ignore[index]
+                                  **alert})
+            log.warning("kv pool of %s: %s", r.url, alert["message"])
         return {"pool_tokens": summary["pool_tokens"], "working_set_tokens": summary["working_set_tokens"],
                 "forecast_evictions": sorted(doomed), "alert": alert is not None}
 
     def _moves(self, r: ReplicaKV, largest: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Where the largest conversations of an over-full pool would fit: replicas of the same lane with room."""
-        room = {o.url: self.room(o.lane, o.url) for o in self.replicas.values() if o.lane == r.lane and o is not r}
-        room = {u: v for u, v in room.items() if v is not None}
+        rooms = {o.url: self.room(o.lane, o.url) for o in self.replicas.values() if o.lane == r.lane and o is not r}
+        room = {u: v for u, v in rooms.items() if v is not None}
         out = []
         for c in largest:
             fits = [u for u, v in room.items() if v >= c["tokens"]]
@@ -309,7 +309,7 @@ class KVEventsService:
                 continue
             summary = r.pressure.summary(r.index, self._pool(r), now)
             if summary["alert"] is not None:
-                summary["alert"]["options"]["move_to"] = self._moves(r, summary["alert"]["largest"])  # type: ignore
+                summary["alert"]["options"]["move_to"] = self._moves(r, summary["alert"]["largest"])
             out.append({"lane": r.lane, "replica": r.url, "pool_source": r.pool_source,
                         "stream": r.subscriber.snapshot(), "index": r.index.counters(), **summary})
         return {"now": now, "replicas": out, "judged": self.judged, "disagreements": self.disagreements,
@@ -319,8 +319,9 @@ class KVEventsService:
 
     def collect(self) -> Iterator[Any]:
         labels = ["lane", "replica"]
-        fams = {
-            "up": GaugeMetricFamily("gateway_kv_stream_up", "1 when the replica's KV-event stream is live", labels=labels),
+        fams: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+            "up": GaugeMetricFamily("gateway_kv_stream_up", "1 when the replica's KV-event stream is live",
+                                    labels=labels),
             "pool": GaugeMetricFamily("gateway_kv_pool_tokens", "KV pool size in tokens", labels=labels),
             "held": GaugeMetricFamily("gateway_kv_held_tokens", "Tokens the index says the pool holds", labels=labels),
             "occ": GaugeMetricFamily("gateway_kv_pool_occupancy", "Held tokens / pool tokens", labels=labels),

@@ -155,4 +155,4 @@ def _runs(start: int, removals: list, at: Moment) -> tuple[tuple[int, int, str, 
             out[-1][4] = max(out[-1][4], t)
         else:
             out.append([start + i, start + i, how, t, t])
-    return tuple(tuple(x) for x in out[:16])  # type: ignore[misc]
+    return tuple(tuple(x) for x in out[:16])

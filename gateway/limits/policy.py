@@ -76,7 +76,7 @@ class LimitsPolicy:
         self.chain = chain
 
     def plan_for(self, lane_limits: Any) -> Plan:
-        active = tuple(l for l in self.chain if l.active(lane_limits))
+        active = tuple(limit for limit in self.chain if limit.active(lane_limits))
         return Plan(active, tuple(lane_limits.placeholder_tokens))
 
     def attach(self, lane: Any) -> None:

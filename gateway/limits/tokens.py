@@ -122,8 +122,8 @@ def _render_count(renderer: Any, body: dict[str, Any]) -> int | None:
         try:
             from ..render import options_for_request
         except ImportError:  # pragma: no cover - renderer without the helper
-            options_for_request = None
-        if options_for_request is not None:
+            pass
+        else:
             options = options_for_request(body, defaults)
     rendered = renderer.render(body, options) if options is not None else renderer.render(body)
     if getattr(rendered, "exact", True) is False:

@@ -95,7 +95,7 @@ class AccessLog:
         self.sampled_out = 0
         self._rng = rng or random.Random()
         if settings.path:
-            handler: logging.Handler = logging.FileHandler(settings.path, encoding="utf-8")
+            handler: logging.StreamHandler[Any] = logging.FileHandler(settings.path, encoding="utf-8")
         else:
             handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(message)s"))

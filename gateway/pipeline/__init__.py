@@ -1,1 +1,2 @@
-"""A request on its way in: validation, the history memo, body parts, fallback, pass-through paths, the Responses view, token ids."""
+"""A request on its way in: validation, the history memo, body parts, fallback, pass-through paths, the
+Responses view, token ids."""

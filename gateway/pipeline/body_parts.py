@@ -11,9 +11,10 @@ reader that wants one buffer.
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Union, final
 
 
+@final
 class Parts:
     """The body as consecutive buffers (bytes or memoryviews of bytes); immutable."""
 

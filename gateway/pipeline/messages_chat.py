@@ -183,10 +183,10 @@ def chat_usage(usage: Any) -> dict[str, Any] | None:
     """Anthropic usage as chat usage: input_tokens count the uncached prompt, the cache fields the rest."""
     if not isinstance(usage, dict):
         return None
-    fresh = usage.get("input_tokens") if isinstance(usage.get("input_tokens"), int) else 0
-    read = usage.get("cache_read_input_tokens") if isinstance(usage.get("cache_read_input_tokens"), int) else 0
-    made = usage.get("cache_creation_input_tokens") if isinstance(usage.get("cache_creation_input_tokens"), int) else 0
-    out = usage.get("output_tokens") if isinstance(usage.get("output_tokens"), int) else 0
+    fresh = n if isinstance(n := usage.get("input_tokens"), int) else 0
+    read = n if isinstance(n := usage.get("cache_read_input_tokens"), int) else 0
+    made = n if isinstance(n := usage.get("cache_creation_input_tokens"), int) else 0
+    out = n if isinstance(n := usage.get("output_tokens"), int) else 0
     prompt = fresh + read + made
     return {"prompt_tokens": prompt, "completion_tokens": out, "total_tokens": prompt + out,
             "prompt_tokens_details": {"cached_tokens": read}}
@@ -196,7 +196,9 @@ def take_message(gen: GeneratedOutput, message: Any) -> None:
     """A whole Message's content blocks as what was generated."""
     if not isinstance(message, dict):
         return
-    content, reasoning, calls = [], [], {}
+    content: list[str] = []
+    reasoning: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
     for block in message.get("content") or ():
         if not isinstance(block, dict):
             continue

@@ -121,6 +121,10 @@ class ChatAsMessages:
     def done(self) -> bool:
         return self.chat.done or self.ended
 
+    @done.setter
+    def done(self, value: bool) -> None:
+        self.chat.done = value
+
     @property
     def error(self) -> dict[str, Any] | None:
         return self.chat.error

@@ -43,7 +43,7 @@ class MessagesObserver:
         obj = typed_event(payload)
         if obj["type"] == "error":
             self.done = True
-            err = obj.get("error") if isinstance(obj.get("error"), dict) else {}
+            err = e if isinstance(e := obj.get("error"), dict) else {}
             err["message"] = self.scrubber.text(str(err.get("message") or ""))
             obj["error"] = err
             self.error = {"message": err["message"], "code": self.scrubber.code(err.get("type"))}
@@ -55,7 +55,7 @@ class MessagesObserver:
         kind = obj["type"]
         ex = self.ex
         if kind == "message_start":
-            message = obj.get("message") if isinstance(obj.get("message"), dict) else {}
+            message = m if isinstance(m := obj.get("message"), dict) else {}
             if isinstance(message.get("usage"), dict):
                 self._usage.update(message["usage"])
         elif kind == "content_block_start":
@@ -63,13 +63,13 @@ class MessagesObserver:
             if isinstance(block, dict) and isinstance(obj.get("index"), int):
                 self._blocks[obj["index"]] = dict(block, partial="")
         elif kind == "content_block_delta":
-            delta = obj.get("delta") if isinstance(obj.get("delta"), dict) else {}
+            delta = d if isinstance(d := obj.get("delta"), dict) else {}
             now = time.perf_counter()
             if ex.t_first_token is None:
                 ex.t_first_token = now
             ex.t_last_token = now
             ex.token_chunk_times.append(now)
-            block = self._blocks.get(obj.get("index")) if isinstance(obj.get("index"), int) else None
+            block = self._blocks.get(i) if isinstance(i := obj.get("index"), int) else None
             if delta.get("type") == "text_delta" and block is not None:
                 block["text"] = str(block.get("text") or "") + str(delta.get("text") or "")
             elif delta.get("type") == "thinking_delta" and block is not None:
@@ -79,7 +79,7 @@ class MessagesObserver:
         elif kind == "message_delta":
             if isinstance(obj.get("usage"), dict):
                 self._usage.update({k: v for k, v in obj["usage"].items() if v is not None})
-            delta = obj.get("delta") if isinstance(obj.get("delta"), dict) else {}
+            delta = d if isinstance(d := obj.get("delta"), dict) else {}
             if isinstance(delta.get("stop_reason"), str):
                 ex.generated.finish_reason = delta["stop_reason"]
         elif kind == "message_stop":

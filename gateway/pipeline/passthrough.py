@@ -214,7 +214,7 @@ class ResponsesObserver:
             return False
         if kind in _END_EVENTS:
             self.done = True
-            resp = obj.get("response") if isinstance(obj.get("response"), dict) else {}
+            resp = r if isinstance(r := obj.get("response"), dict) else {}
             # The output items, as the client sends them back next turn, replace what the deltas gathered.
             take_output(ex.generated, resp.get("output"))
             usage = chat_usage(resp.get("usage"))
@@ -271,9 +271,9 @@ def map_responses_effort(body: dict[str, Any], lane: Any) -> None:
     from ..conversations import effort as effort_mod
 
     reasoning = body.get("reasoning")
-    value = reasoning.get("effort") if isinstance(reasoning, dict) else None
-    if value is None:
+    if not isinstance(reasoning, dict) or reasoning.get("effort") is None:
         return
+    value = reasoning["effort"]
     choice = effort_mod.resolve({"reasoning_effort": value}, lane)
     if lane.render.template is None:
         return

@@ -278,7 +278,8 @@ def _call(item: dict[str, Any]) -> dict[str, Any]:
     """A function or custom tool call item as a chat tool call, named and encoded as vLLM does."""
     if item.get("type") == "custom_tool_call":
         args = json.dumps({"input": item.get("input") or ""}, ensure_ascii=False)
-        return {"id": item.get("call_id"), "type": "function", "function": {"name": item.get("name"), "arguments": args}}
+        return {"id": item.get("call_id"), "type": "function",
+                "function": {"name": item.get("name"), "arguments": args}}
     name = _flat(item["namespace"], item.get("name")) if item.get("namespace") else item.get("name")
     return {"id": item.get("call_id"), "type": "function",
             "function": {"name": name, "arguments": item.get("arguments")}}

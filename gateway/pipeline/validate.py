@@ -123,7 +123,7 @@ def _check_message(i: int, msg: Any) -> None:
         raise invalid_request(f"messages[{i}].role {role[:40]!r} is not one of {sorted(ROLES)} (the roles this "
                               "gateway's chat templates render)",
                               param=f"messages[{i}].role", code="invalid_value")
-    content = msg.get("content")
+    content: Any = msg.get("content")  # JSON: its type is checked below
     kind = type(content)
     if kind is list:
         for j, part in enumerate(content):

@@ -186,6 +186,7 @@ async def _qualify(args: argparse.Namespace) -> int:
     config = _load_config(args, required=not args.gateway)
     perf = _perf_options(args)
     opened: list[Any] = []
+    cand: GatewayLane | InProcessLane  # the lane qualified: a running gateway's, or reached from here
     try:
         if args.gateway:
             token = resolve_token(args, config)
@@ -336,7 +337,8 @@ def _read_record_file(ref: str) -> dict[str, Any] | None:
 
 
 def lane_states(config: Any, routes_path: str | Path | None, records_dir: str | None = None,
-                redis_url: str | None = None, observed: dict[str, str | None] | None = None) -> dict[str, dict[str, Any]]:
+                redis_url: str | None = None,
+                observed: dict[str, str | None] | None = None) -> dict[str, dict[str, Any]]:
     """Offline: each lane's state from routes.yaml and the records; `observed` = revisions the replicas
     reported (`gateway check --probe`), else the revision is not probed. A refused lane also gets
     `changed_fields`: what differs from its last passing record."""
@@ -383,8 +385,10 @@ def check_extra(config: Any, routes_path: str | Path | None = None, *, observed:
     states = lane_states(config, routes_path, records_dir, redis_url, observed)
     print("qualification:")
     for name, s in states.items():
-        mark = {"qualified": "ok", "not_required": "ok", "overridden": "OVERRIDDEN", "unqualified": "REFUSED"}[s["state"]]
-        extra = f" (override in routes.yaml, not needed: {s['override']})" if s["override"] and s["state"] == "qualified" else ""
+        mark = {"qualified": "ok", "not_required": "ok", "overridden": "OVERRIDDEN",
+                "unqualified": "REFUSED"}[s["state"]]
+        extra = (f" (override in routes.yaml, not needed: {s['override']})"
+                 if s["override"] and s["state"] == "qualified" else "")
         print(f"  {name}: {s['state']} [{mark}] {s['reason']}{extra}")
     return {name: s for name, s in states.items() if s["state"] == "unqualified"}
 

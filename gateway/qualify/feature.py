@@ -30,12 +30,11 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from ..core.answer import Answer
 from ..core.errors import GatewayError
 from ..core.exchange import Exchange
-from ..core.runtime import LaneRuntime, Snapshot
+from ..core.runtime import LaneRuntime, Runtime, Snapshot
 from ..server.security import Caller
 from .client import replica_revision
 from .identity import lane_identity
@@ -146,7 +145,7 @@ class QualificationService:
                 self.observed[key] = rev
                 changed = True
 
-        await asyncio.gather(*(one(l) for l in snap.lanes.values() if not getattr(l.config, "revision", None)))
+        await asyncio.gather(*(one(lane) for lane in snap.lanes.values() if not lane.config.revision))
         return changed
 
     async def watch(self, stop: asyncio.Event) -> None:
@@ -274,13 +273,13 @@ class QualificationService:
                 raise GatewayError(409, f"record {record['id']!r} exists; records are never overwritten",
                                    param="id", code="record_exists")
             try:
-                record_id = await asyncio.to_thread(self.store.save, record)
+                saved = await asyncio.to_thread(self.store.save, record)
             except (ValueError, OverflowError) as exc:
                 raise GatewayError(400, f"bad record: {exc}", code="invalid_record") from None
             await asyncio.to_thread(self.reload_index)
             self.refresh()
             lane = self.runtime.snapshot.lanes.get(record["lane"])
-            return _json({"id": record_id, "state": lane.qualification if lane else None})
+            return _json({"id": saved, "state": lane.qualification if lane else None})
         record_id = request.query_params.get("id")
         if record_id:
             try:
@@ -289,9 +288,10 @@ class QualificationService:
                 raise GatewayError(400, str(exc), param="id", code="invalid_record_id") from None
             rec = await asyncio.to_thread(self.store.load, record_id)
             return _json(rec) if rec else _json({"error": {"message": "no such record", "code": "not_found"}}, 404)
-        lane = request.query_params.get("lane")
+        lane_name = request.query_params.get("lane")
         idx = await asyncio.to_thread(self.reload_index)
-        runs: list[Summary] = list(idx.by_lane.get(lane, ())) if lane else [s for v in idx.by_lane.values() for s in v]
+        runs: list[Summary] = (list(idx.by_lane.get(lane_name, ())) if lane_name
+                               else [s for v in idx.by_lane.values() for s in v])
         if request.query_params.get("passed") in ("1", "true"):
             runs = [s for s in runs if s.passed]
         if request.query_params.get("latest") in ("1", "true"):

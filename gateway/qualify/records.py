@@ -235,7 +235,7 @@ class RedisStore:
         out = []
         for key, raw in self.client.hgetall(REDIS_RECORDS_KEY).items():
             try:
-                out.append(Summary.of(key.decode(), orjson.loads(raw)))
+                out.append(Summary.of(key.decode() if isinstance(key, bytes) else key, orjson.loads(raw)))
             except (orjson.JSONDecodeError, TypeError, ValueError):
                 continue
         self._cache = (version, out)

@@ -142,8 +142,8 @@ async def _performance(name: str, client: LaneClient, engine: str, baseline: Bas
                       summary="no baseline to compare with: candidate numbers and A-to-A drift recorded"
                       if baseline is None else f"{baseline.label} holds no comparable numbers")
         return result
-    live = "B" in samples
-    if live:
+    interleaved = "B" in samples
+    if interleaved:
         result["note"] = "baseline measured in this session, interleaved A1 B A2 sample by sample"
     else:
         result["note"] = (f"baseline numbers from {baseline.label if baseline else '?'}: another session, so "

@@ -119,5 +119,5 @@ def judge(metric: str, a1: Sequence[float], a2: Sequence[float], b: Sequence[flo
         verdict = "better" if improved else "worse"
         why = (f"95% interval [{lo:.3g}, {hi:.3g}] excludes 0 and |difference| {abs(diff):.3g} "
                f"exceeds the bar {bar:.3g}")
-    return Verdict(metric, unit, higher_is_better, stat, mc, mb, diff, pct, (lo, hi), drift, drift_bound, bar, verdict, why,
-                   len(cand), len(b))
+    return Verdict(metric, unit, higher_is_better, stat, mc, mb, diff, pct, (lo, hi), drift, drift_bound, bar, verdict,
+                   why, len(cand), len(b))

@@ -143,7 +143,8 @@ def _k(n: int) -> str:
 
 THROUGHPUT_PROMPT_TOKENS = 512
 DEFAULT_SHAPES = "decode@2k,decode@32k,throughput@1,throughput@2,throughput@4"
-FULL_SHAPES = "decode@2k,decode@8k,decode@32k,decode@48k,throughput@1,throughput@2,throughput@4,throughput@8,throughput@16"
+FULL_SHAPES = ("decode@2k,decode@8k,decode@32k,decode@48k,"
+               "throughput@1,throughput@2,throughput@4,throughput@8,throughput@16")
 # Filler words per prompt token: ~1.0 with a whitespace tokenizer, ~1.12 tokens per word with DeepSeek's.
 WORDS_PER_TOKEN = 0.93
 

@@ -52,7 +52,7 @@ def _duration(seconds: float) -> str:
 def charged_tokens(ex: Exchange, what: str) -> int:
     """The tokens an answer costs, from the engine's usage (a cut stream: the chunks it relayed)."""
     usage = ex.usage if isinstance(ex.usage, dict) else {}
-    prompt = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else 0
+    prompt = p if isinstance(p := usage.get("prompt_tokens"), int) else 0
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     cached = cached if isinstance(cached, int) else 0

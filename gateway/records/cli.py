@@ -90,9 +90,9 @@ def _reader(args: argparse.Namespace) -> Any:
     if url:
         from .store_postgres import PostgresReader, redact
 
-        reader = PostgresReader(url)
-        reader.source = {"backend": "postgres", "scope": "fleet", "database": redact(url)}
-        return reader
+        fleet = PostgresReader(url)
+        fleet.source = {"backend": "postgres", "scope": "fleet", "database": redact(url)}
+        return fleet
     path = Path(args.data_dir) / FILENAME
     if not path.exists():
         raise OSError(f"no records file at {path} (is --data-dir the gateway's data directory?)")

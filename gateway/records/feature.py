@@ -258,6 +258,7 @@ def build_records(settings: "Settings", shared_client: Any = None,
         if not own_client:
             import redis.asyncio as aioredis
 
+            assert settings.redis_url is not None  # the stream that asks is made only with a URL (below)
             own_client.append(aioredis.from_url(settings.redis_url, socket_timeout=2.0,
                                                 socket_connect_timeout=2.0))
         return own_client[0]

@@ -264,8 +264,8 @@ def costs(rows: list[Row], window_s: float, buckets: int = 24, now: float | None
             k = key(r)
             g = out.get(k)
             if g is None:
-                g = out[k] = {"tokens": 0, "seconds": 0.0, "turns": 0, "conversations": set(), "causes": defaultdict(int),
-                              "series": [0] * buckets}
+                g = out[k] = {"tokens": 0, "seconds": 0.0, "turns": 0, "conversations": set(),
+                              "causes": defaultdict(int), "series": [0] * buckets}
             t = r.get("tokens_lost") or 0
             g["tokens"] += t
             g["seconds"] += r.get("seconds_lost") or 0.0

@@ -48,7 +48,7 @@ def redact(dsn: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def connect(dsn: str) -> psycopg.Connection:
+def connect(dsn: str) -> psycopg.Connection[dict[str, Any]]:
     # A statement that hangs (a locked table, a dying server) must not hold a reader forever.
     # (SET rather than `options=`, which would replace a search_path given in the DSN.)
     conn = psycopg.connect(dsn, connect_timeout=CONNECT_TIMEOUT_S, row_factory=dict_row, autocommit=True,
@@ -57,7 +57,7 @@ def connect(dsn: str) -> psycopg.Connection:
     return conn
 
 
-def ensure_schema(conn: psycopg.Connection) -> None:
+def ensure_schema(conn: psycopg.Connection[dict[str, Any]]) -> None:
     cols = ", ".join(f'"{name}" {_TYPES[kind]}' for name, kind in FIELDS.items())
     with conn.transaction():
         # Two gateways starting together would race on CREATE TABLE (a unique violation in pg_type).
@@ -81,7 +81,7 @@ class PostgresReader(SQLReader):
         self.dsn = dsn
         self._local = threading.local()
 
-    def _conn(self) -> psycopg.Connection:
+    def _conn(self) -> psycopg.Connection[dict[str, Any]]:
         conn = getattr(self._local, "conn", None)
         if conn is None or conn.closed or conn.broken:
             conn = self._local.conn = connect(self.dsn)
@@ -201,7 +201,7 @@ class PostgresStore(PostgresReader):
             self._cv.notify_all()
 
     def _loop(self) -> None:
-        conn: psycopg.Connection | None = None
+        conn: psycopg.Connection[dict[str, Any]] | None = None
         backoff = 0.5
         retry_at = 0.0
         last_prune = 0.0
@@ -217,7 +217,8 @@ class PostgresStore(PostgresReader):
                     if self.errors:
                         log.warning("records database %s is back; %d records waiting", redact(self.dsn), len(self._buf))
                 except Exception as exc:  # noqa: BLE001 - any failure: keep the queue, try later
-                    conn = self._failed(conn, exc, "connecting to")
+                    self._failed(conn, exc, "connecting to")
+                    conn = None
                     retry_at = time.monotonic() + backoff
                     backoff = min(backoff * 2, 10.0)
             while conn is not None and self._buf:
@@ -236,7 +237,8 @@ class PostgresStore(PostgresReader):
                         if over > 0:
                             self.dropped += over
                             self._settled(over)
-                    conn = self._failed(conn, exc, "writing records to")
+                    self._failed(conn, exc, "writing records to")
+                    conn = None
                     retry_at = time.monotonic() + backoff
                     backoff = min(backoff * 2, 10.0)
             if conn is not None and time.monotonic() - last_prune > 60.0:
@@ -244,19 +246,20 @@ class PostgresStore(PostgresReader):
                 try:
                     self.prune(conn)
                 except Exception as exc:  # noqa: BLE001
-                    conn = self._failed(conn, exc, "pruning records in")
+                    self._failed(conn, exc, "pruning records in")
+                    conn = None
             if stopping:
                 break
         if conn is not None:
             conn.close()
 
-    def _write(self, conn: psycopg.Connection, items: list[dict[str, Any]]) -> None:
+    def _write(self, conn: psycopg.Connection[dict[str, Any]], items: list[dict[str, Any]]) -> None:
         cols = self._columns
         with conn.transaction(), conn.cursor() as cur, cur.copy(self._copy_sql) as copy:
             for r in items:
                 copy.write_row([_clean(r.get(c)) for c in cols])
 
-    def prune(self, conn: psycopg.Connection | None = None) -> None:
+    def prune(self, conn: psycopg.Connection[dict[str, Any]] | None = None) -> None:
         own = conn is None
         conn = conn or connect(self.dsn)
         try:
@@ -274,7 +277,7 @@ class PostgresStore(PostgresReader):
             if own:
                 conn.close()
 
-    def _failed(self, conn: psycopg.Connection | None, exc: Exception, doing: str) -> None:
+    def _failed(self, conn: psycopg.Connection[dict[str, Any]] | None, exc: Exception, doing: str) -> None:
         self.errors += 1
         self.connected = False
         self.last_error = f"{type(exc).__name__}: {str(exc).strip()[:300]}"

@@ -91,7 +91,7 @@ class RedisRecordStream:
             entries = await client.xrevrange(self.key, max=end, min="-", count=500)
             if not entries:
                 break
-            for entry_id, fields in entries:
+            for _entry_id, fields in entries:
                 raw = fields.get(b"r") or fields.get("r")
                 if raw is None:
                     continue

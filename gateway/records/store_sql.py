@@ -22,6 +22,7 @@ TRIAGE_COLUMNS = ("id", "kind", "lane", "cause", "client", "until", "created", "
 
 class SQLReader:
     MARK = "?"
+    source: dict[str, Any]  # where the rows come from, as `gateway records` reports it (records/cli.py)
 
     def _query(self, sql: str, args: list[Any] | tuple[Any, ...]) -> list[dict[str, Any]]:
         raise NotImplementedError

@@ -4,7 +4,8 @@ Once the observer has learnt a stream's token-chunk shapes (chunk_shape.py), an 
 dozens of consecutive chunks that differ only in their text: `HEAD text TAIL HEAD text TAIL ...`.
 Relaying them one by one costs Python for every event (split, shape check, record, reshape). Here
 the relay walks the read's events itself, and where an event starts with a learnt shape's head, one
-`split` after each of the shape's tails cuts the following chunks apart, C-level calls keep the pieces that are the head and a text, one join
+`split` after each of the shape's tails cuts the following chunks apart, C-level calls keep the pieces
+that are the head and a text, one join
 checks that the texts are all plain JSON strings (no quote, backslash or control byte, as
 chunk_shape.Shape.text accepts) and one decode makes them text. The run is recorded (its texts, one
 timestamp for the read) and relayed as one piece: its own bytes when the reshaper leaves the shape

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, AsyncGenerator
+from typing import Any, AsyncGenerator, Callable
 
 import aiohttp
 import orjson
@@ -103,7 +103,8 @@ async def _relay_whole(ex, lane, replica, resp, decoder, link, have: bytes = b""
     except (aiohttp.ClientError, OSError) as exc:
         resp.close()
         _done(replica, lane, ok=False, why=type(exc).__name__)
-        raise GatewayError(502, f"the upstream connection failed: {type(exc).__name__}", code="upstream_error") from None
+        raise GatewayError(502, f"the upstream connection failed: {type(exc).__name__}",
+                           code="upstream_error") from None
     except DecodeError as exc:
         resp.close()
         _done(replica, lane, ok=False, why=str(exc))
@@ -223,7 +224,7 @@ def _looks_like_sse(resp: UpstreamResponse, first: bytes) -> bool:
 async def _relay_stream(ex, lane, replica, resp, decoder, link, body_bytes: int) -> Answer:
     # token ids: the gateway asked for them, the client did not: the observer takes them out
     observer: EventObserver
-    shape = reshape.for_lane(ex, lane).event
+    shape: Callable[[bytes], bytes] = reshape.for_lane(ex, lane).event
     if ex.upstream_path is not None:  # Anthropic Messages, served by the engine's chat completions
         observer = messages_from_chat.ChatAsMessages(
             StreamObserver(ex, drop_usage_chunk=False, scrubber=lane.upstream.scrubber, strip_ids=ex.token_ids_strip),
@@ -306,7 +307,7 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, body_bytes: int)
                 raw = first
                 sent = False
                 while True:
-                    out = []
+                    out: list[bytes] = []
                     if sent and runs is not None:  # runs of token chunks at once (chunk_run.py)
                         runs.relay_read(splitter, data, not raw, out)
                     else:

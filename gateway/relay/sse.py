@@ -82,7 +82,11 @@ class EventObserver(Protocol):
     """What the relay asks of a stream's observer, whatever the API (chat, completions, Responses)."""
 
     done: bool  # the stream's end was seen: what follows is not for the client
-    error: dict[str, Any] | None  # the upstream's own error, scrubbed, once one was relayed
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        """The upstream's own error, scrubbed, once one was relayed."""
+        ...
 
     def relay(self, event: bytes) -> bytes | None:
         """The bytes the client gets for this event (None: nothing). Raises BadStream."""
@@ -142,6 +146,7 @@ class StreamObserver:
                 if self._known(event):
                     return event
         simple = event[:5] == b"data:" and event.find(b"\n", 0, len(event) - 2) == -1
+        payload: bytes | None
         if simple:
             payload = event[5:].strip()
         else:

@@ -33,7 +33,8 @@ def effort_number(value: Any, emap: Mapping[str, int] | None) -> int:
         return value
     if type(value) is str and value in m:
         return int(m[value])
-    raise ValueError(f"invalid reasoning effort {value!r}; expected an integer 1-100 or one of {', '.join(map(str, m))}")
+    raise ValueError(f"invalid reasoning effort {value!r}; expected an integer 1-100 "
+                     f"or one of {', '.join(map(str, m))}")
 
 
 def effort_word(number: int | None, emap: Mapping[str, int] | None) -> str | None:

@@ -170,7 +170,8 @@ class Estimator:
             for j, toks in zip(missing, batch):
                 ids[j] = array("I", toks)
             self.cache.put_tokens([(keys[j], ids[j]) for j in missing])
-        segments = [Segment(i, role, text, seg_ids, [("content" if i >= 0 else prefix_kind, 0, len(text))], digest, (i,))
+        segments = [Segment(i, role, text, seg_ids, [("content" if i >= 0 else prefix_kind, 0, len(text))], digest,
+                            (i,))
                     for (i, role, text, digest), seg_ids in zip(entries, ids)]
         return segments, len(missing)
 

@@ -43,7 +43,7 @@ class RenderPreload:
         renders = [lane.config.render for lane in self.runtime.snapshot.lanes.values() if lane.config.render.template]
         for path in {r.tokenizer_path for r in renders}:
             await asyncio.to_thread(load_tokenizer, path)
-        for name in {r.template for r in renders}:
+        for name in {r.template for r in renders if r.template}:
             await asyncio.to_thread(load_template, name)
 
     async def stop(self) -> None:

@@ -35,7 +35,8 @@ USER = "<｜User｜>"
 ASSISTANT = "<｜Assistant｜>"
 TOOLS_HEAD = (
     "## Tools\n\nYou have access to a set of tools to help answer the user's question. You can invoke tools by "
-    "writing a \"<｜DSML｜ calls>\" block like the following:\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"$TOOL_NAME\">\n"
+    "writing a \"<｜DSML｜ calls>\" block like the following:\n\n<｜DSML｜ calls>\n"
+    "<｜DSML｜ invoke name=\"$TOOL_NAME\">\n"
     "<｜DSML｜ parameter name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE</｜DSML｜ parameter>\n...\n"
     "</｜DSML｜ invoke>\n<｜DSML｜ invoke name=\"$TOOL_NAME2\">\n...\n</｜DSML｜ invoke>\n</｜DSML｜ calls>\n\nString "
     "parameters should be specified as is and set `string=\"true\"`. For all other types (numbers, booleans, "
@@ -194,7 +195,8 @@ def _render(role: str, members: list, c: dict) -> tuple[str, Fields]:
                     if type(k) is not str:
                         raise _Plain
                     if type(v) is str:
-                        params.append('<｜DSML｜ parameter name="' + k + '" string="true">' + v + "</｜DSML｜ parameter>")
+                        params.append('<｜DSML｜ parameter name="' + k + '" string="true">' + v +
+                                      "</｜DSML｜ parameter>")
                     else:
                         params.append('<｜DSML｜ parameter name="' + k + '" string="false">' + _tojson(v) +
                                       "</｜DSML｜ parameter>")

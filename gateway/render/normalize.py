@@ -154,7 +154,8 @@ def _vllm_message(m: dict) -> dict:
         if parts and any(_is_billing(p) for p in parts):
             kept: list[Any] = []
             for p in parts:  # chat_utils._strip_claude_code_billing_header
-                text = p if isinstance(p, str) else p.get("text") if isinstance(p, dict) and p.get("type") == "text" else None
+                text = (p if isinstance(p, str)
+                        else p.get("text") if isinstance(p, dict) and p.get("type") == "text" else None)
                 if isinstance(text, str) and text.startswith(_CLAUDE_CODE_BILLING_HEADER):
                     rest = text.partition("\n")[2]
                     if rest:

@@ -34,8 +34,9 @@ PRE_TOKENIZER = {
     "pretokenizers": [
         {"type": "Split", "pattern": {"Regex": "\\p{N}{1,3}"}, "behavior": "Isolated", "invert": False},
         {"type": "Split", "pattern": {"Regex": "[一-龥぀-ゟ゠-ヿ]+"}, "behavior": "Isolated", "invert": False},
-        {"type": "Split", "pattern": {"Regex": "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}"
-                                               "\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"},
+        {"type": "Split", "pattern": {"Regex": "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+"
+                                               "|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*"
+                                               "|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"},
          "behavior": "Isolated", "invert": False},
         {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
     ],
@@ -157,7 +158,8 @@ class PieceEncoder:
         # Text the tokenizer itself must read (not ASCII), all in one call.
         other = [p for plan in plans for p in plan if type(p) is str]
         if other:
-            done = iter([array("I", e.ids).tobytes() for e in self._tok.encode_batch_fast(other, add_special_tokens=False)])
+            done = iter([array("I", e.ids).tobytes()
+                         for e in self._tok.encode_batch_fast(other, add_special_tokens=False)])
             plans = [[next(done) if type(p) is str else p for p in plan] for plan in plans]
         try:
             return self._assemble(plans, self._pieces)

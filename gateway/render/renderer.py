@@ -850,6 +850,7 @@ class Renderer:
         new: list[tuple[Any, ItemEntry]] = []
         tokenized: list[tuple[Any, ItemEntry]] = []  # derived items that came with their token ids
         tok_path = load_tokenizer(prep.options.tokenizer_path).path
+        entry: ItemEntry | None
         for j in range(r, len(prep.items)):
             it = prep.items[j]
             if found[j] is not None:
@@ -940,7 +941,7 @@ class Renderer:
             reused = max(0, bisect.bisect_left(previous.groups, prep.kept, key=_last) - 1)
             if reused:
                 groups = previous.groups[:reused]
-                segments = previous.segments[:reused]
+                segments.extend(previous.segments[:reused])
                 first = previous.groups[reused][0]
                 self._touch_joined(groups, segments, tok.path)
         prev_end = True
@@ -1015,7 +1016,8 @@ class Renderer:
                     e.seg = seg
                     attach.append((keys[g[0]], e, seg_ids))
                 else:
-                    fields, p = [], 0
+                    fields: list[tuple[str, int, int]] = []
+                    p = 0
                     for j in g:
                         ri = entries[j].item
                         fields.extend((n, s + p, x + p) for n, s, x in ri.fields)

@@ -99,7 +99,7 @@ def read(body: dict[str, Any], defaults: RenderOptions) -> RenderOptions:
 
 def untold(lane: "Lane") -> list[str]:
     """Lane render settings the engine cannot be told per request: each must equal the engine's default."""
-    out = []
+    out: list[str] = []
     r = lane.render
     if r.template is None:
         return out

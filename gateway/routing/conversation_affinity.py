@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
-import xxhash
 
 from ..core.config import Affinity
 from ..core.exchange import Exchange
@@ -88,7 +87,8 @@ class ConversationAffinity:
         hint = Hint()
         ex.routing_hint = hint
         if isinstance(messages, list) and messages:
-            hint.head = prefix_index.seed(self.lane, ex.tenant, ex.thinking_applied, ex.effort_applied, body.get("tools"))
+            hint.head = prefix_index.seed(self.lane, ex.tenant, ex.thinking_applied, ex.effort_applied,
+                                          body.get("tools"))
             hint.drift = _head_drift(state, ex, body, "vllm" if lane.config.engine == "vllm" else "sglang")
         wants_prefix = found is None or found.is_new or found.state.replica is None or hint.drift
         kv = self._kv()
@@ -102,7 +102,7 @@ class ConversationAffinity:
         if state is not None:
             keys.append(HOME_PREFIX + state.id)
         lookup = None
-        if wants_prefix and hint.head is not None and not hint.from_kv:
+        if wants_prefix and hint.head is not None and not hint.from_kv and isinstance(messages, list):
             lookup = prefix_index.Lookup(messages, hint.head, [r.url for r in lane.upstream.replicas])
             keys += lookup.keys
         if not keys:
@@ -305,7 +305,8 @@ def _head_drift(state: "ConversationState | None", ex: Exchange, body: dict[str,
     last = state.last if state is not None else None
     if last is None:
         return None
-    if last.thinking is not None and ex.thinking_applied is not None and bool(last.thinking) != bool(ex.thinking_applied):
+    if (last.thinking is not None and ex.thinking_applied is not None
+            and bool(last.thinking) != bool(ex.thinking_applied)):
         return "thinking"
     if ex.thinking_applied and last.effort is not None and ex.effort_applied is not None \
             and last.effort != ex.effort_applied:

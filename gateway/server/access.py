@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Union
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-Handler = Callable[[Request], Awaitable[Response]]
+from ..core.answer import Answer
+
+# What a route answers: a Starlette Response, or the pipeline's Answer (the proxy routes), which the
+# front end writes and closes (core/answer.py; under ASGI through server/asgi_answer.py).
+Reply = Union[Response, Answer]
+Handler = Callable[[Request], Awaitable[Reply]]
 
 
 class Access(enum.Enum):

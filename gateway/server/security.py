@@ -38,9 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from starlette.requests import Request
-from starlette.responses import Response
 
-from .access import Access, Endpoint, Handler
+from .access import Access, Endpoint, Handler, Reply
 from ..core.config import ClientKeys, RoutesConfig
 from ..core.errors import GatewayError
 
@@ -64,7 +63,7 @@ class Caller:
     tenant: str = DEFAULT_TENANT
 
 
-ClientHandler = Callable[[Request, Caller], Awaitable[Response]]
+ClientHandler = Callable[[Request, Caller], Awaitable[Reply]]
 
 
 class SecurityConfigError(RuntimeError):
@@ -125,7 +124,8 @@ def _parse_hashed_file(path: Path) -> list[tuple[bytes, str]]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise SecurityConfigError(f"client_keys.hashed_file {str(path)!r}: cannot read: {exc.strerror or exc}") from None
+        raise SecurityConfigError(
+            f"client_keys.hashed_file {str(path)!r}: cannot read: {exc.strerror or exc}") from None
     out = []
     for n, line in enumerate(text.splitlines(), 1):
         line = line.strip()
@@ -182,7 +182,8 @@ def load_admin_key(source: KeySource) -> bytes | None:
     return digest(value) if value else None
 
 
-def production_problems(client_keys: KeyRing | None, admin_digest: bytes | None, admin_key_env: str | None) -> list[str]:
+def production_problems(client_keys: KeyRing | None, admin_digest: bytes | None,
+                        admin_key_env: str | None) -> list[str]:
     """Why GATEWAY_PRODUCTION=1 would refuse to start with these keys (empty: it starts)."""
     problems = []
     if not client_keys:
@@ -311,7 +312,9 @@ class Security:
         self._current()
         want = self.admin_digest
         key = request.headers.get("x-admin-key") or presented_key(request)
-        return want is not None and bool(key) and hmac.compare_digest(digest(key), want)
+        if want is None or not key:
+            return False
+        return hmac.compare_digest(digest(key), want)
 
     def check_admin(self, request: Request) -> None:
         self._current()
@@ -354,13 +357,13 @@ class Security:
             client_handler: ClientHandler = handler  # type: ignore[assignment]
             caller = self.caller
 
-            async def client_endpoint(request: Request) -> Response:
+            async def client_endpoint(request: Request) -> Reply:
                 return await client_handler(request, caller(request))
 
             return _named(client_endpoint, handler)
         check = self.check_qualify if access is Access.QUALIFY else self.check_admin
 
-        async def guarded(request: Request) -> Response:
+        async def guarded(request: Request) -> Reply:
             check(request)
             return await handler(request)
 

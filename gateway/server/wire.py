@@ -67,7 +67,7 @@ class WireHeaders(Headers):
             raise KeyError(key)
         return value
 
-    def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, key: str, default: Any = None) -> Any:
         return (self._index or self._first()).get(key.lower().encode("latin-1"), default)
 
     def __contains__(self, key: Any) -> bool:
@@ -347,7 +347,7 @@ def served_app(app: Any) -> Served | None:
     """The gateway's application below uvicorn's and our middleware (the one with wire routes), if any."""
     for _ in range(8):
         if getattr(app, "wire_handler", None) is not None:
-            return app  # type: ignore[no-any-return]
+            return app
         app = getattr(app, "app", None)
         if app is None:
             return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import cast
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -59,7 +60,7 @@ class RedisStore:
     async def get(self, key: str) -> bytes | None:
         if self.available:
             try:
-                value = await self.client.get(PREFIX + key)
+                value = cast("bytes | None", await self.client.get(PREFIX + key))  # bytes: decode_responses off
                 self._ok()
                 return value if value is not None else await self.local.get(key)
             except (RedisError, OSError) as exc:
@@ -77,7 +78,7 @@ class RedisStore:
             try:
                 values = await self.client.mget([PREFIX + k for k in keys])
                 self._ok()
-                return list(values)
+                return cast("list[bytes | None]", list(values))  # bytes: decode_responses off
             except (RedisError, OSError) as exc:
                 self._failed(exc)
         return None
@@ -114,7 +115,7 @@ class RedisStore:
     async def index_newest(self, index: str, limit: int) -> list[str]:
         if self.available:
             try:
-                members = await self.client.zrevrange(PREFIX + index, 0, limit - 1)
+                members = cast("list[bytes | str]", await self.client.zrevrange(PREFIX + index, 0, limit - 1))
                 self._ok()
                 return [m.decode() if isinstance(m, bytes) else m for m in members]
             except (RedisError, OSError) as exc:

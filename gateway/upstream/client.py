@@ -116,7 +116,7 @@ class Target:
 class Headers(dict):
     """The response's headers by lower-case name (the first of repeated ones), read case-insensitively."""
 
-    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, name: str, default: Any = None) -> Any:
         return dict.get(self, name.lower(), default)
 
     def __getitem__(self, name: str) -> str:
@@ -139,7 +139,7 @@ class Response:
         self.keep_alive = False
         self._conn = conn
         self._loop = conn.loop
-        self._parser = httptools.HttpResponseParser(self)
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self._reused = reused
         self._seen = False  # any byte of the answer arrived
         self._raw: list[tuple[bytes, bytes]] = []
@@ -295,6 +295,7 @@ class Response:
 
     def on_headers_complete(self) -> None:
         parser = self._parser
+        assert parser is not None  # the parser's own callback
         status = parser.get_status_code()
         if 100 <= status < 200:
             if status == 101:

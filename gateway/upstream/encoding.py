@@ -113,7 +113,7 @@ def decoder_for(content_encoding: str | None, limit: int):
     if not content_encoding:
         return IDENTITY
     codings = [c.strip().lower() for c in content_encoding.split(",") if c.strip()]
-    decoders = []
+    decoders: list[_Zlib | _Brotli] = []
     for coding in reversed(codings):
         if coding in ("identity", ""):
             continue

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -45,8 +46,11 @@ class HealthProber:
         self._due: dict[int, float] = {}
         self._pending: dict[int, asyncio.Task[None]] = {}
 
+    def _settled(self, key: int, task: asyncio.Task[None]) -> None:
+        self._pending.pop(key, None)
+
     def _targets(self) -> list[tuple["LaneRuntime", "Replica", float]]:
-        out = []
+        out: list[tuple["LaneRuntime", "Replica", float]] = []
         for lane in self.runtime.snapshot.lanes.values():
             interval = lane.config.breaker.probe_interval_s
             if interval:
@@ -67,7 +71,7 @@ class HealthProber:
                 self._due[key] = due = now + interval
                 task = asyncio.get_running_loop().create_task(self.probe(lane, rep, interval))
                 self._pending[key] = task
-                task.add_done_callback(lambda _t, k=key: self._pending.pop(k, None))
+                task.add_done_callback(functools.partial(self._settled, key))
             wake = min(wake, due)
         return wake
 

@@ -17,6 +17,7 @@ import aiohttp
 
 from ..core.config import Lane, Timeouts
 from ..core.errors import GatewayError
+from ..pipeline.body_parts import Body
 from ..relay.scrub import Scrubber
 from .client import Pool, Target
 
@@ -138,10 +139,10 @@ class Upstream:
         held = self._pool.held() if self._pool is not None else 0
         session = self._session
         if session is not None and not session.closed and session.connector is not None:
-            held += len(session.connector._acquired)  # noqa: aiohttp's own count
+            held += len(session.connector._acquired)  # aiohttp's own count
         return held
 
-    async def _post(self, replica: Replica, path: str, body: bytes, request_id: str,
+    async def _post(self, replica: Replica, path: str, body: Body, request_id: str,
                     traceparent: str | None = None) -> Any:
         """One request on the gateway's own client; its answer once the head is in."""
         pool = self._pool
@@ -167,7 +168,7 @@ class Upstream:
         return headers
 
     async def send(
-        self, order: list[Replica], path: str, body: bytes, request_id: str, on_retry=None,
+        self, order: list[Replica], path: str, body: Body, request_id: str, on_retry=None,
         traceparent: str | None = None,
     ) -> tuple[Replica, Any]:
         """POST to the first replica that answers; what counts as "not this one, try the next" is the

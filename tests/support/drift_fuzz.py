@@ -209,7 +209,8 @@ def _none(s, draw):
 @mutation("content_as_one_part", lambda s: any(isinstance(m["content"], str) and m["role"] == "user"
                                                for m in s.turn2), _baseline)
 def _content_parts(s, draw):
-    i = draw(st.sampled_from([i for i, m in enumerate(s.turn2) if m["role"] == "user" and isinstance(m["content"], str)]))
+    i = draw(st.sampled_from([i for i, m in enumerate(s.turn2)
+                              if m["role"] == "user" and isinstance(m["content"], str)]))
     s.turn2[i]["content"] = [{"type": "text", "text": s.turn2[i]["content"]}]
 
 
@@ -550,7 +551,8 @@ def run(renderer: Renderer, s: Scenario, name: str, label: str | None = None) ->
                                           min(len(old_text), len(new_text)))
     cause = index = expected_index = None
     if not cmp.stable:
-        div = classify(old, new_turn(b2, o2.thinking, e2, engine=s.engine), r2, cmp, char_offset(r2, cmp, o2, old, tokens_of))
+        div = classify(old, new_turn(b2, o2.thinking, e2, engine=s.engine), r2, cmp,
+                       char_offset(r2, cmp, o2, old, tokens_of))
         cause, index = div.cause, div.message_index
         starts = _item_starts(renderer, b2, o2)
         expected_index = max(0, next((idx for pos, idx in reversed(starts) if pos <= (p or 0)), 0))

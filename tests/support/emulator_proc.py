@@ -90,7 +90,8 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = TIMEO
 
 
 @contextlib.contextmanager
-def run_emulator(*, port: int | None = None, extra_args: list[str] | None = None, **knobs: Any) -> Iterator[EmulatorProc]:
+def run_emulator(*, port: int | None = None, extra_args: list[str] | None = None,
+                 **knobs: Any) -> Iterator[EmulatorProc]:
     """Start `python -m gateway.emulator` with `knobs` (EmulatorConfig fields); kill it on exit."""
     port = port or free_port()
     log_path = Path(tempfile.mkdtemp(prefix="emu-test-")) / "emulator.log"

@@ -22,7 +22,8 @@ _SKIP = shutil.ignore_patterns(".venv", ".git", "var", "__pycache__", "*.egg-inf
 def _run(cmd: list, **kw) -> subprocess.CompletedProcess:
     out = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
     if out.returncode != 0:
-        raise AssertionError(f"{' '.join(map(str, cmd))} exited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+        raise AssertionError(f"{' '.join(map(str, cmd))} exited {out.returncode}:\n"
+                             f"{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     return out
 
 
