@@ -610,6 +610,14 @@ def test_the_final_blank_line_cut_off_still_completes(upstream, client):
     check_answer(_ask(client, True), True, "ok")
 
 
+def test_the_final_blank_line_cut_off_ends_a_translated_messages_stream_as_anthropic_does(upstream, client):
+    body = sse([json.dumps(c).encode() for c in chunks(["ok"])], b"\n", b"data: ") + b"data: [DONE]\n"
+    script = Script([http_response(200, body, [("Content-Type", "text/event-stream")], "close")])
+    text = messages_answer(upstream, client, script, "ok", "m-sg", True)
+    events = [e for e in (text or "").split("\n\n") if e.strip()]
+    assert "[DONE]" not in text and json.loads(events[-1].split("data:", 1)[1])["type"] == "message_stop", events[-3:]
+
+
 def test_data_after_done_is_not_relayed(upstream, client):
     body = sse([json.dumps(c).encode() for c in chunks(["ok"])] + [b"[DONE]", b'{"choices":[1]}'],
                b"\n", b"data: ")

@@ -343,10 +343,13 @@ async def _relay_stream(ex, lane, replica, resp, decoder, link, body_bytes: int)
                     raise TimeoutError
                 tail = splitter.rest().strip()
                 if not observer.done and tail[:5] == b"data:" and tail[5:].strip() == b"[DONE]":
-                    observer.done = True  # the final blank line was cut off: the answer is complete
+                    # The final blank line was cut off: the answer is complete, and ends as the observer
+                    # ends it (a Messages client served by chat completions gets its closing events).
+                    piece = observer.relay(tail + b"\n\n")
                     if ex.answered:
                         await _answered(ex)
-                    yield DONE
+                    if piece is not None:
+                        yield shape(piece)
                 if observer.done:
                     ok = True
                     clean = await _drain(resp)
