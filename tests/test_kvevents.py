@@ -449,8 +449,8 @@ async def test_rehoming_prefers_the_pool_with_room():
                                           is_new=False)
         # Least loaded alone would pick replica 2 (listed first, equally idle): the pool with room wins.
         chosen = policy.order(replicas, ex)[0]
-        assert chosen.url == urls[2] and ex.routing["reason"] == "rehomed_overload", ex.routing
-        assert ex.routing["room"]["needed"] == 3_000, ex.routing
+        assert chosen.url == urls[2] and ex.routing.reason == "rehomed_overload", ex.routing
+        assert ex.routing.room is not None and ex.routing.room.needed == 3_000, ex.routing
     finally:
         await service.stop()
         for p in pubs:

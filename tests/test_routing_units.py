@@ -11,6 +11,7 @@ import pytest
 from gateway.core.config import Affinity, ConfigError, parse_routes
 from gateway.core.exchange import Exchange
 from gateway.routing import POLICIES, make_policy, prefix_index
+from gateway.core.exchange import LoadAtMove, RouteDecision
 from gateway.routing.conversation_affinity import LONG_PREFIX_CHARS, ConversationAffinity, Hint
 from gateway.routing.load import LoadBoard
 from gateway.routing.round_robin import RoundRobin
@@ -52,8 +53,7 @@ def test_home_is_kept_while_healthy_and_not_overloaded():
     ex = exchange(home="http://r1")
     order = router.order(reps, ex)
     assert order[0].url == "http://r1"
-    assert ex.routing == {"policy": "conversation_affinity", "replica": "http://r1", "reason": "home",
-                                         "expected_cold": False, "previous": "http://r1"}
+    assert ex.routing == RouteDecision("conversation_affinity", "http://r1", "home", False, previous="http://r1")
     assert ex.response_headers["X-Gateway-Route"] == "home; replica=1"
     assert {r.url for r in order} == set(URLS)  # the rest follow, for failover
 
@@ -62,7 +62,7 @@ def test_idle_lane_does_not_bounce():
     router = affinity()
     ex = exchange(home="http://r0")
     assert router.order(replicas(1, 0, 0), ex)[0].url == "http://r0"  # 1 <= 1.25 x 0.33 + 1
-    assert ex.routing["reason"] == "home"
+    assert ex.routing.reason == "home"
 
 
 def test_overloaded_home_rehomes_to_the_least_loaded_and_says_cold():
@@ -71,18 +71,18 @@ def test_overloaded_home_rehomes_to_the_least_loaded_and_says_cold():
     order = router.order(replicas(5, 2, 1), ex)  # mean 2.67, bound 4.33
     assert order[0].url == "http://r2"
     rec = ex.routing
-    assert rec["reason"] == "rehomed_overload" and rec["expected_cold"] is True and rec["previous"] == "http://r0"
-    assert rec["load"] == {"home": 5, "mean": 2.67, "bound": 4.33}
+    assert rec.reason == "rehomed_overload" and rec.expected_cold is True and rec.previous == "http://r0"
+    assert rec.load == LoadAtMove(home=5, mean=2.67, bound=4.33)
     assert ex.response_headers["X-Gateway-Route"] == "rehomed_overload; replica=2; cold"
 
 
 def test_load_factor_and_slack_are_settings():
     ex = exchange(home="http://r0")
     affinity(max_load_factor=2.0, load_slack=0).order(replicas(4, 1, 1), ex)  # bound 4
-    assert ex.routing["reason"] == "home"
+    assert ex.routing.reason == "home"
     ex = exchange(home="http://r0")
     affinity(max_load_factor=1.0, load_slack=0).order(replicas(4, 1, 1), ex)  # bound 2
-    assert ex.routing["reason"] == "rehomed_overload"
+    assert ex.routing.reason == "rehomed_overload"
 
 
 def test_a_momentary_spike_does_not_rehome_with_a_load_window():
@@ -97,12 +97,12 @@ def test_a_momentary_spike_does_not_rehome_with_a_load_window():
     board.sample(t + 3.1)
     ex = exchange(home="http://r0")
     router.order(reps, ex)
-    assert ex.routing["reason"] == "home"  # over now, not on average
+    assert ex.routing.reason == "home"  # over now, not on average
     for i in range(40):  # it stays overloaded
         board.sample(t + 3.2 + 0.1 * i)
     ex = exchange(home="http://r0")
     router.order(reps, ex)
-    assert ex.routing["reason"] == "rehomed_overload"
+    assert ex.routing.reason == "rehomed_overload"
 
 
 def test_unhealthy_home_rehomes():
@@ -113,13 +113,13 @@ def test_unhealthy_home_rehomes():
     order = router.order(reps, ex)
     assert "http://r1" not in [r.url for r in order]
     rec = ex.routing
-    assert rec["reason"] == "rehomed_unhealthy" and rec["expected_cold"] is True
+    assert rec.reason == "rehomed_unhealthy" and rec.expected_cold is True
 
 
 def test_home_that_left_the_lane_rehomes():
     ex = exchange(home="http://gone")
     affinity().order(replicas(0, 0, 0), ex)
-    assert ex.routing["reason"] == "rehomed_unhealthy"
+    assert ex.routing.reason == "rehomed_unhealthy"
 
 
 def test_no_live_replica_gives_an_empty_order():
@@ -135,8 +135,8 @@ def test_new_conversations_spread_by_homes_then_load():
     for _ in range(6):
         ex = exchange(is_new=True)
         chosen.append(router.order(replicas(0, 0, 0), ex)[0].url)
-        assert ex.routing["reason"] == "least_loaded"
-        assert ex.routing["expected_cold"] is False
+        assert ex.routing.reason == "least_loaded"
+        assert ex.routing.expected_cold is False
     assert sorted(chosen) == sorted(URLS * 2)
 
 
@@ -147,14 +147,14 @@ def test_new_conversation_follows_the_longest_known_prefix():
     hint = Hint(prefix={"http://r0": (0.2, 100), "http://r2": (0.9, 5000)})
     ex = exchange(hint=hint, is_new=True)
     assert router.order(replicas(0, 0, 0), ex)[0].url == "http://r2"
-    assert ex.routing["reason"] == "prefix" and ex.routing["share"] == 0.9
+    assert ex.routing.reason == "prefix" and ex.routing.share == 0.9
 
 
 def test_short_prefix_share_is_ignored():
     router = affinity(prefix_min_share=0.5)
     ex = exchange(hint=Hint(prefix={"http://r2": (0.3, 500)}), is_new=True)
     router.order(replicas(0, 0, 0), ex)
-    assert ex.routing["reason"] == "least_loaded"
+    assert ex.routing.reason == "least_loaded"
 
 
 def test_prefix_on_a_crowded_replica_only_when_long():
@@ -175,7 +175,7 @@ def test_head_drift_places_anew_and_says_cold():
     order = router.order(replicas(0, 0, 0), ex)
     rec = ex.routing
     assert order[0].url != "http://r0"
-    assert rec["reason"] == "least_loaded" and rec["expected_cold"] is True and rec["drift"] == "effort"
+    assert rec.reason == "least_loaded" and rec.expected_cold is True and rec.drift == "effort"
 
 
 def test_shared_home_record_wins_when_fresher_than_the_state():
@@ -194,8 +194,8 @@ def test_failover_updates_the_record():
     router.order(reps, ex)
     router.served(reps[2], ex)  # r0 refused the connection; the failover walk reached r2
     rec = ex.routing
-    assert rec["replica"] == "http://r2" and rec["planned"] == "http://r0" and rec["failover"]
-    assert rec["reason"] == "rehomed_unhealthy" and rec["expected_cold"] is True
+    assert rec.replica == "http://r2" and rec.planned == "http://r0" and rec.failover
+    assert rec.reason == "rehomed_unhealthy" and rec.expected_cold is True
     assert ex.response_headers["X-Gateway-Route"] == "rehomed_unhealthy; replica=2; cold"
 
 
@@ -206,7 +206,7 @@ def test_round_robin_says_when_a_turn_moved():
     for _ in range(3):
         ex = exchange(home="http://r0")
         rr.order(reps, ex)
-        seen.append((ex.routing["replica"], ex.routing["expected_cold"]))
+        seen.append((ex.routing.replica, ex.routing.expected_cold))
     assert seen == [("http://r0", False), ("http://r1", True), ("http://r2", True)]
 
 
@@ -344,7 +344,7 @@ def test_requests_without_a_conversation_are_not_homes():
     router = affinity()
     ex = Exchange("completion")  # /v1/completions: no conversation
     assert router.order(replicas(0, 0, 0), ex)
-    assert ex.routing["reason"] == "least_loaded"
+    assert ex.routing.reason == "least_loaded"
     assert all(router.shared.board.home_count("lane", u) == 0 for u in URLS)
 
 

@@ -199,7 +199,7 @@ def make_job(ex: Exchange, lane: LaneRuntime, found: Found, in_process: bool = T
         thinking=ex.thinking_applied, effort=ex.effort_applied,
         rewritten=ex.limits.history_rewritten, replica=ex.replica,
         # The router says this turn runs away from the conversation's cache (see routing/base.py).
-        rehomed=isinstance(routing, dict) and bool(routing.get("expected_cold")),
+        rehomed=routing is not None and routing.expected_cold,
         repinned=found.repinned, state=found.state,
         healed=tuple((h.kind, i) for h in ex.healed if h.repairs_prefix for i in h.indices),
         prompt_token_ids=ex.generated.prompt_token_ids, generated_token_ids=ex.generated.token_ids or None,

@@ -103,6 +103,40 @@ class RateLimitNote:
     waited_s: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class LoadAtMove:
+    """Why a conversation left an overloaded home: in-flight requests there, the lane's mean, the bound."""
+
+    home: float | None
+    mean: float
+    bound: float
+
+
+@dataclass(frozen=True, slots=True)
+class Room:
+    """A moved conversation's prefix against the room the chosen pool had for it (KV events), in tokens."""
+
+    needed: int
+    chosen: int | None
+
+
+@dataclass(slots=True)
+class RouteDecision:
+    """What the lane's router decided for this request (routing/base.py) and what failover changed."""
+
+    policy: str
+    replica: str  # the replica that serves it (after failover)
+    reason: str  # home | prefix | least_loaded | rehomed_overload | rehomed_unhealthy, or the policy's name
+    expected_cold: bool  # the conversation's KV cache is not where this turn runs
+    previous: str | None = None  # where the conversation's last turn ran
+    planned: str | None = None  # failover: the replica planned first
+    failover: bool = False
+    drift: str | None = None  # what changed at the prompt's head (thinking, effort, tools)
+    load: LoadAtMove | None = None
+    share: float | None = None  # the placed prefix's share of the prompt
+    room: Room | None = None
+
+
 @dataclass
 class AdmissionNote:
     """What cache-protecting admission decided for a new conversation, and from which figures."""
@@ -178,7 +212,7 @@ class Exchange:
     # The engine's API when the gateway translates the client's (Anthropic Messages on a lane whose
     # engine does not serve it goes as chat completions: pipeline/messages_from_chat.py); None: the same.
     upstream_path: str | None = None
-    routing: dict[str, Any] | None = None  # the replica decision: policy, replica, reason, expected_cold
+    routing: RouteDecision | None = None  # the replica decision
     routing_single: bool = False  # the lane has one replica: no routing lookups were made
     routing_hint: Any = None  # what the affinity router read from the store before choosing
     routing_urls: list[str] = field(default_factory=list)  # replicas in the order they were tried

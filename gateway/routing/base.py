@@ -1,9 +1,6 @@
 """The routing interface: given a lane's replicas and a request, the order to try them in.
 
-Every policy also writes what it decided to ``ex.routing``:
-
-    {"policy": "conversation_affinity", "replica": URL, "reason": "home", "expected_cold": False, ...}
-
+Every policy also writes what it decided to ``ex.routing`` (a core.exchange.RouteDecision):
 `reason` is one of home | prefix | least_loaded | rehomed_overload | rehomed_unhealthy (affinity) or
 the policy's name (round_robin, least_inflight). `expected_cold` says the conversation's KV cache is
 not where this turn runs (it moved, or its prefix drifted at the head): the analyzer judges a miss
@@ -16,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..core.exchange import Exchange
+from ..core.exchange import Exchange, RouteDecision
 from ..upstream.replicas import Replica
 
 if TYPE_CHECKING:
@@ -59,23 +56,20 @@ def previous_replica(ex: Exchange) -> str | None:
     return found.state.replica if found is not None else None
 
 
-def note(ex: Exchange, policy: str, chosen: Replica, replicas: list[Replica], reason: str,
-         expected_cold: bool, **extra: Any) -> dict[str, Any]:
+def note(ex: Exchange, decision: RouteDecision, replicas: list[Replica]) -> RouteDecision:
     """Record a routing decision on the exchange (annotation and response header)."""
-    record: dict[str, Any] = {"policy": policy, "replica": chosen.url, "reason": reason,
-                              "expected_cold": expected_cold, **extra}
-    ex.routing = record
-    _header(ex, record, replicas)
-    return record
+    ex.routing = decision
+    _header(ex, decision, replicas)
+    return decision
 
 
-def _header(ex: Exchange, record: dict[str, Any], replicas: list[Replica] | None = None) -> None:
+def _header(ex: Exchange, decision: RouteDecision, replicas: list[Replica] | None = None) -> None:
     if replicas is not None:
         ex.routing_urls = [r.url for r in replicas]
     urls = ex.routing_urls or []
-    index = urls.index(record["replica"]) if record["replica"] in urls else -1
-    value = f"{record['reason']}; replica={index}"
-    if record.get("expected_cold"):
+    index = urls.index(decision.replica) if decision.replica in urls else -1
+    value = f"{decision.reason}; replica={index}"
+    if decision.expected_cold:
         value += "; cold"
     ex.response_headers[ROUTE_HEADER] = value
 
@@ -83,18 +77,19 @@ def _header(ex: Exchange, record: dict[str, Any], replicas: list[Replica] | None
 def moved_note(ex: Exchange, policy: str, chosen: Replica, replicas: list[Replica]) -> None:
     """For policies blind to conversations: say when a turn lands away from its previous replica."""
     prev = previous_replica(ex)
-    note(ex, policy, chosen, replicas, policy, prev is not None and prev != chosen.url, previous=prev)
+    note(ex, RouteDecision(policy, chosen.url, policy, prev is not None and prev != chosen.url, previous=prev),
+         replicas)
 
 
-def served_note(ex: Exchange, replica: Replica) -> dict[str, Any] | None:
-    """After failover the serving replica may differ from the planned one: update the record."""
-    record = ex.routing
-    if not isinstance(record, dict) or record.get("replica") == replica.url:
-        return record
-    record["planned"] = record["replica"]
-    record["replica"] = replica.url
-    record["failover"] = True
-    prev = record.get("previous")
-    record["expected_cold"] = prev is not None and prev != replica.url
-    _header(ex, record)
-    return record
+def served_note(ex: Exchange, replica: Replica) -> RouteDecision | None:
+    """After failover the serving replica may differ from the planned one: update the decision."""
+    decision = ex.routing
+    if decision is None or decision.replica == replica.url:
+        return decision
+    decision.planned = decision.replica
+    decision.replica = replica.url
+    decision.failover = True
+    prev = decision.previous
+    decision.expected_cold = prev is not None and prev != replica.url
+    _header(ex, decision)
+    return decision

@@ -1,6 +1,6 @@
 """conversation_affinity: a conversation's turns go where its KV cache lives.
 
-Decision, per request (ex.routing["reason"]):
+Decision, per request (ex.routing.reason):
 
 * home: the conversation has a home (the replica that served its last turn, from the shared home
   record or the conversation state, whichever is fresher) that is healthy and not overloaded.
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..core.config import Affinity
-from ..core.exchange import Exchange
+from ..core.exchange import Exchange, LoadAtMove, Room, RouteDecision
 from ..render.normalize import tools_digest
 from ..upstream.replicas import Replica
 from . import prefix_index
@@ -156,10 +156,10 @@ class ConversationAffinity:
         def least_loaded(candidates: list[Replica]) -> Replica:
             return min(candidates, key=lambda r: (load[r.url], board.home_count(lane, r.url)))
 
-        extra: dict[str, Any] = {"previous": home}
         by_url = {r.url: r for r in live}
-        if hint.drift:
-            extra["drift"] = hint.drift
+        moved_load: LoadAtMove | None = None
+        room: Room | None = None
+        placed_share: float | None = None
         if home is not None and not hint.drift:
             r = by_url.get(home)
             if r is not None and not over(r):
@@ -167,40 +167,41 @@ class ConversationAffinity:
             else:
                 others = [x for x in live if x.url != home] or live
                 reason = "rehomed_unhealthy" if r is None else "rehomed_overload"
-                chosen, cold = self._rehome(others, least_loaded, state, extra), True
-                extra["load"] = {"home": load.get(home), "mean": round(mean, 2), "bound": round(bound, 2)}
+                chosen, room = self._rehome(others, least_loaded, state)
+                cold = True
+                moved_load = LoadAtMove(load.get(home), round(mean, 2), round(bound, 2))
         else:
             chosen, reason, share = self._place(live, hint, load, over, conversation=state is not None)
             if share is not None:
-                extra["share"] = round(share, 3)
+                placed_share = round(share, 3)
             # A conversation with turns behind it whose head drifted: its cache is lost wherever it goes.
             cold = home is not None and hint.drift is not None
         if chosen.url != home and state is not None:  # a conversation's home (not a bare completion)
             self._moved(home, chosen.url)
         self.shared.count(lane, reason)
-        note(ex, self.name, chosen, replicas, reason, cold, **extra)
+        note(ex, RouteDecision(self.name, chosen.url, reason, cold, previous=home, drift=hint.drift or None,
+                               load=moved_load, share=placed_share, room=room), replicas)
         rest = sorted((r for r in live if r is not chosen), key=lambda r: (over(r), load[r.url]))
         return [chosen, *rest]
 
     def _kv(self) -> Any:
         return self.shared.kv if self.settings.prefix_source == "kv_events" else None
 
-    def _rehome(self, others: list[Replica], least_loaded, state: "ConversationState | None",
-                extra: dict[str, Any]) -> Replica:
+    def _rehome(self, others: list[Replica], least_loaded,
+                state: "ConversationState | None") -> tuple[Replica, Room | None]:
         """With KV events: a re-homed conversation goes where the pool has room for its prefix (least
         loaded among those), else where it has the most room; without them, the least loaded."""
         kv = self._kv()
         if kv is None or state is None:
-            return least_loaded(others)
+            return least_loaded(others), None
         need = kv.tokens_of(self.lane, state.id) or (state.last.prompt_tokens if state.last is not None else 0) or 0
         room = {r.url: kv.room(self.lane, r.url) for r in others}
         known = [r for r in others if room[r.url] is not None]
         if not known:
-            return least_loaded(others)
+            return least_loaded(others), None
         fits = [r for r in known if room[r.url] >= need]
         chosen = least_loaded(fits) if fits else max(known, key=lambda r: room[r.url])
-        extra["room"] = {"needed": need, "chosen": room[chosen.url]}
-        return chosen
+        return chosen, Room(need, room[chosen.url])
 
     def _place(self, live: list[Replica], hint: Hint, load: dict[str, float], over,
                conversation: bool = True) -> tuple[Replica, str, float | None]:
@@ -243,15 +244,14 @@ class ConversationAffinity:
     def served(self, replica: Replica, ex: Exchange) -> None:
         if ex.routing_single:
             return  # a single-replica lane: nothing was planned, nothing to remember
-        record = ex.routing
-        planned = record.get("replica") if isinstance(record, dict) else None
-        if record is not None and planned is not None and planned != replica.url:
+        decision = ex.routing
+        if decision is not None and decision.replica != replica.url:
             # Failover: the planned replica did not answer; this one is the conversation's home now.
-            previous = record.get("previous")
-            if previous == replica.url:
-                record["reason"] = "home"
-            elif previous is not None:
-                record["reason"] = "rehomed_unhealthy"
+            planned = decision.replica
+            if decision.previous == replica.url:
+                decision.reason = "home"
+            elif decision.previous is not None:
+                decision.reason = "rehomed_unhealthy"
             served_note(ex, replica)
             if ex.conversation is not None:
                 self._moved(planned, replica.url)
