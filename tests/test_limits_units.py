@@ -10,6 +10,8 @@ import threading
 import orjson
 import pytest
 
+from gateway.render.renderer import RenderOptions
+
 from gateway.core.config import ConfigError, Limits, parse_routes
 from gateway.core.errors import GatewayError
 from gateway.core.exchange import Exchange
@@ -284,11 +286,15 @@ async def test_clearly_too_long_is_refused_without_counting():
 
 
 class FakeRenderer:
+    """The renderer's interface as the limits use it (its defaults, render), with a count of its own."""
+
+    defaults = RenderOptions()
+
     def __init__(self, n: int, exact: bool = True, fail: bool = False) -> None:
         self.n, self.exact, self.fail = n, exact, fail
         self.threads: list[str] = []
 
-    def render(self, body):
+    def render(self, body, options=None):
         self.threads.append(threading.current_thread().name)
         if self.fail:
             raise ValueError("template says no")
@@ -320,7 +326,7 @@ async def test_event_loop_keeps_running_during_exact_count():
     lane = make_lane(max_context_tokens=2000)
 
     class Slow(FakeRenderer):
-        def render(self, body):
+        def render(self, body, options=None):
             import time
             time.sleep(0.3)  # the scenario: a slow render, holding its thread
             return super().render(body)
@@ -467,7 +473,7 @@ async def test_slow_exact_count_times_out_and_forwards(monkeypatch):
     done = threading.Event()
 
     class Slow(FakeRenderer):
-        def render(self, body):
+        def render(self, body, options=None):
             import time
             time.sleep(0.3)  # the scenario: a slow render, holding its thread
             body["messages"].append("late")  # its own copy: the request's body is not touched

@@ -286,6 +286,12 @@ class FallbackStore(MemoryStore):
         super().__init__()
         self.local = MemoryStore()
 
+    async def mget_fallback(self, keys: list[str]) -> list[bytes | None]:
+        return await self.local.mget(keys)
+
+    async def get_fallback(self, key: str) -> bytes | None:
+        return await self.local.get(key)
+
 
 def test_after_an_outage_the_later_home_decision_wins():
     import orjson

@@ -15,6 +15,7 @@ import orjson
 from ..pipeline import token_ids
 from ..heal.saved import tokens_saved
 from ..render.normalize import json_digest, template_response_format, tools_digest
+from ..render.estimate import Estimator
 from ..render.renderer import Rendered, RenderError, Renderer, RenderOptions, Segment, effective_effort
 from ..render.tokenizer import load_tokenizer
 from .drift import Comparison, Divergence, NewTurn, classify, common_prefix, compare, old_tokens_at
@@ -29,16 +30,16 @@ from .state import ConversationState, MessagePrints, SegmentPrints, TurnPrint
 log = logging.getLogger("gateway.drift")
 
 
-def analyse_job(job: Job, renderer: Renderer | None, estimator: Any) -> Outcome:
+def analyse_job(job: Job, renderer: Renderer | None, estimator: "Estimator | None") -> Outcome:
     """Compare with the freshest previous turn (another worker or process may have moved on);
     decoding and encoding the ~100 KB state happens here too, off the event loop. The previous
     turn's memo (memo.py), when this process has it, spares re-reading the unchanged history."""
     state = job.state
     token_ids.parse_job(job)  # the prompt's token ids, parsed here off the event loop
     if job.seed_tokens:  # the previous render's ids, from the process that analysed it (inline.py)
-        cache = renderer.cache if renderer is not None else getattr(estimator, "cache", None)
-        if cache is not None:
-            cache.put_tokens(job.seed_tokens)
+        segments = renderer.cache if renderer is not None else estimator.cache if estimator is not None else None
+        if segments is not None:
+            segments.put_tokens(job.seed_tokens)
     book = memos()
     memo = book.take(state.id)
     if job.stored is not None:

@@ -81,7 +81,7 @@ class Placement:
             return None
         last = ConversationState.from_bytes(stored).last
         renderer = lane.renderer
-        cache = renderer.cache if renderer is not None else getattr(lane.estimator, "cache", None)
+        cache = renderer.cache if renderer is not None else lane.estimator.cache if lane.estimator is not None else None
         if last is None or cache is None:
             return None
         name = load_tokenizer(renderer.defaults.tokenizer_path).path if renderer is not None else ENCODING_NAME

@@ -29,6 +29,8 @@ from .verdict import Question, Verdict, explain
 if TYPE_CHECKING:
     from ..core.exchange import Exchange
     from ..core.runtime import LaneRuntime, Runtime
+    from ..conversations.job import Outcome
+    from ..conversations.state import ConversationState
 
 log = logging.getLogger("gateway.kvevents")
 
@@ -166,7 +168,8 @@ class KVEventsService:
             return False
         return sub.last_gap_at is None or sub.last_gap_at < start
 
-    def judge(self, ex: "Exchange", lane: "LaneRuntime", state: Any, outcome: Any) -> Verdict | None:
+    def judge(self, ex: "Exchange", lane: "LaneRuntime", state: "ConversationState",
+              outcome: "Outcome") -> Verdict | None:
         """Adds `kv` to the turn's cache verdict (and refines an eviction's cause); records the turn."""
         t0 = time.perf_counter()
         try:
@@ -176,14 +179,15 @@ class KVEventsService:
             self.judge_ms_max = max(self.judge_ms_max, ms)
             self.judge_ms_total += ms
 
-    def _judge(self, ex: "Exchange", lane: "LaneRuntime", state: Any, outcome: Any) -> Verdict | None:
+    def _judge(self, ex: "Exchange", lane: "LaneRuntime", state: "ConversationState",
+               outcome: "Outcome") -> Verdict | None:
         r = self.replica(lane.name, ex.replica)
         cache = outcome.cache
         if r is None or not isinstance(cache, dict):
             return None
         now = self.clock()
         cid = state.id
-        raw = getattr(outcome, "kv_keys", None)
+        raw = outcome.kv_keys
         keys = array("Q", raw).tolist() if raw else []
         # The conversation moved: its prefix no longer counts in another replica's working set.
         for other in self.replicas.values():
@@ -201,7 +205,7 @@ class KVEventsService:
                           f"{engine_block} tokens: fix routes.yaml; verdict from counts only")
             return None
         live = r.pressure.live.get(cid)
-        since = live.last_t if live is not None else (getattr(state, "updated", None) if state.turn else None)
+        since = live.last_t if live is not None else (state.updated if state.turn else None)
         prompt = cache.get("rendered_prompt_tokens") or 0
         predicted = cache.get("predicted_cached_tokens") or 0
         reported = cache.get("reported_cached_tokens")
@@ -224,7 +228,7 @@ class KVEventsService:
         else:
             kv["note"] = f"the replica's KV-event stream is {sub.state}: verdict from counts only"
         block = r.index.block_size or 1
-        self._note_boundaries(ex, lane.name, keys, getattr(outcome, "kv_ends", None), block)
+        self._note_boundaries(ex, lane.name, keys, outcome.kv_ends, block)
         r.index.attribute(keys, cid)
         r.pressure.turn(cid, len(keys) * block, now)
         kv["pressure"] = self._after_turn(r, now)

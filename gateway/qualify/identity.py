@@ -73,7 +73,7 @@ def lane_identity(lane: Lane, revision: str | None = None) -> LaneIdentity:
 
     A `revision:` written in routes.yaml wins over what the replica reports.
     """
-    configured = getattr(lane, "revision", None)
+    configured = lane.revision
     fields: dict[str, Any] = {
         "engine": lane.engine,
         "upstream_model": lane.upstream_model,
@@ -104,4 +104,4 @@ def _render_identity(lane: Lane) -> dict[str, Any]:
 
 
 def revision_is_configured(lane: Lane) -> bool:
-    return bool(getattr(lane, "revision", None))
+    return bool(lane.revision)

@@ -21,7 +21,7 @@ STATES = ("qualified", "unqualified", "overridden", "not_required")
 def evaluate(name: str, lane: Lane, index: RecordIndex, observed_revision: str | None = None,
              index_error: str | None = None) -> dict[str, Any]:
     identity = lane_identity(lane, observed_revision)
-    configured = bool(getattr(lane, "revision", None))
+    configured = bool(lane.revision)
     override = lane.override.reason if lane.override is not None else None
     out: dict[str, Any] = {
         "state": "unqualified",

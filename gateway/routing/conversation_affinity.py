@@ -116,11 +116,9 @@ class ConversationAffinity:
             hint.shared_home = record[0] if record is not None and shared else None
             # After a store outage the shared copy may be older than what this process decided
             # meanwhile (kept in the store's local fallback): the later decision wins.
-            local = getattr(self.shared.store, "local", None)
-            if local is not None:
-                mine = _home_record(await local.get(HOME_PREFIX + state.id))
-                if mine is not None and (record is None or mine[2] > record[2]):
-                    record = mine
+            mine = _home_record(await self.shared.store.get_fallback(HOME_PREFIX + state.id))
+            if mine is not None and (record is None or mine[2] > record[2]):
+                record = mine
             if record is not None:
                 hint.home, hint.home_turn = record[0], record[1]
         if lookup is not None:

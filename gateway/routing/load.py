@@ -84,7 +84,7 @@ class LoadBoard:
 
     @property
     def shared(self) -> bool:
-        return self.store is not None and getattr(self.store, "name", "memory") != "memory"
+        return self.store is not None and self.store.name != "memory"
 
     def inflight(self, lane: str, url: str, local: int) -> float:
         return local + self.remote_inflight.get(lane, {}).get(url, 0.0)

@@ -64,20 +64,17 @@ class RoutingShared:
         """The values, and whether they are the shared copy's (False: a process-local fallback answered)."""
         self.lookups += 1
         try:
-            remote = getattr(self.store, "mget_shared", None)
-            if remote is None:  # a store with one copy only (memory)
-                return await self.store.mget(keys), True
-            values = await remote(keys)
+            values = await self.store.mget_shared(keys)
             if values is not None:
                 return values, True
             self.lookup_failures += 1
-            return await self.store.local.mget(keys), False
+            return await self.store.mget_fallback(keys), False
         except Exception:  # noqa: BLE001 - a routing hint is never worth failing a request for
             self.lookup_failures += 1
             log.debug("routing lookup failed", exc_info=True)
             return [None] * len(keys), False
 
     def describe(self) -> dict[str, Any]:
-        return {"store": getattr(self.store, "name", None), "writes": self.writes,
+        return {"store": self.store.name if self.store is not None else None, "writes": self.writes,
                 "write_failures": self.write_failures, "lookups": self.lookups,
                 "lookup_failures": self.lookup_failures, "decisions": self.decisions, "board": self.board.describe()}

@@ -12,6 +12,20 @@ class StateStore(Protocol):
 
     async def mget(self, keys: list[str]) -> list[bytes | None]: ...
 
+    async def mget_shared(self, keys: list[str]) -> list[bytes | None] | None:
+        """What the copy every gateway process shares holds; None when it did not answer (then the
+        shared copy is unknown, not merely empty). A store with one copy answers with it."""
+        ...
+
+    async def mget_fallback(self, keys: list[str]) -> list[bytes | None]:
+        """What this process's own copy holds (the shared copy did not answer)."""
+        ...
+
+    async def get_fallback(self, key: str) -> bytes | None:
+        """This process's own copy of `key` where the store keeps one beside the shared copy (after an
+        outage it may hold a later decision); None in a store with one copy."""
+        ...
+
     async def set(self, key: str, value: bytes, ttl_s: float) -> None: ...
 
     async def delete(self, key: str) -> None: ...

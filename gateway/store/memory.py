@@ -40,6 +40,15 @@ class MemoryStore:
     async def mget(self, keys: list[str]) -> list[bytes | None]:
         return [self._live(k) for k in keys]
 
+    async def mget_shared(self, keys: list[str]) -> list[bytes | None] | None:
+        return await self.mget(keys)  # one copy: this one
+
+    async def mget_fallback(self, keys: list[str]) -> list[bytes | None]:
+        return await self.mget(keys)
+
+    async def get_fallback(self, key: str) -> bytes | None:
+        return None  # no copy beside this one
+
     async def set(self, key: str, value: bytes, ttl_s: float) -> None:
         # A copy of exactly its length: orjson (3.13) hands back bytes whose buffer keeps the capacity it
         # wrote into, at least a page, so without it the byte bound below would count a small part of

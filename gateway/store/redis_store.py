@@ -71,6 +71,12 @@ class RedisStore:
         values = await self.mget_shared(keys)
         return values if values is not None else await self.local.mget(keys)
 
+    async def mget_fallback(self, keys: list[str]) -> list[bytes | None]:
+        return await self.local.mget(keys)
+
+    async def get_fallback(self, key: str) -> bytes | None:
+        return await self.local.get(key)
+
     async def mget_shared(self, keys: list[str]) -> list[bytes | None] | None:
         """What Redis holds, or None when Redis did not answer (the caller then knows the shared copy
         is unknown, not merely empty)."""
