@@ -22,6 +22,7 @@ from tests.support.conversations import wait_analysed, wait_record
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
 from tests.support.routes import lane, routes
+from tests.support.streamed_turn import add_tool_call_deltas, append_turn
 
 ALL_KINDS = ["arguments", "reasoning", "content", "tool_result_order", "reasoning_field"]
 TOOLS = [{"type": "function", "function": {
@@ -83,20 +84,9 @@ class Client:
             extra = d.model_extra or {}
             reasoning += extra.get("reasoning") or extra.get("reasoning_content") or ""
             content += d.content or ""
-            for tc in d.tool_calls or []:
-                c = calls.setdefault(tc.index, {"id": tc.id, "type": "function",
-                                                "function": {"name": "", "arguments": ""}})
-                c["function"]["name"] += tc.function.name or ""
-                c["function"]["arguments"] += tc.function.arguments or ""
-        msg: dict[str, Any] = {"role": "assistant", "content": content}
-        if reasoning:
-            msg[self.field] = reasoning
-        if calls:
-            msg["tool_calls"] = [calls[i] for i in sorted(calls)]
-        self.messages.append(msg)
-        for c in msg.get("tool_calls", []):
-            self.messages.append({"role": "tool", "tool_call_id": c["id"], "content": f"lines of {self.turns}.py"})
-        self.messages.append({"role": "user", "content": f"Continue with step {self.turns}."})
+            add_tool_call_deltas(calls, d.tool_calls)
+        append_turn(self.messages, content, reasoning, self.field, calls, f"lines of {self.turns}.py",
+                    f"Continue with step {self.turns}.")
         out_headers = dict(raw.headers)
         self.cid = out_headers["x-gateway-conversation"].split(";")[0]
         self.turns += 1

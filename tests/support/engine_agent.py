@@ -13,6 +13,7 @@ import httpx
 import openai
 
 from tests.support.poll import TIMEOUT_S, wait_until
+from tests.support.streamed_turn import add_tool_call_deltas, append_turn
 
 # Whole words with a leading space: each one token, and a run of them re-encodes to the same tokens.
 WORDS = {" the": 270, " code": 4181, " file": 4245, " read": 1733, " test": 1950, " fix": 11284,
@@ -116,21 +117,10 @@ class Agent:
                 t_last = now
             reasoning += piece_r
             content += piece_c
-            for tc in d.tool_calls or []:
-                c = calls.setdefault(tc.index, {"id": tc.id, "type": "function",
-                                                "function": {"name": "", "arguments": ""}})
-                c["function"]["name"] += tc.function.name or ""
-                c["function"]["arguments"] += tc.function.arguments or ""
+            add_tool_call_deltas(calls, d.tool_calls)
             finish = ch.finish_reason or finish
-        msg: dict[str, Any] = {"role": "assistant", "content": content}
-        if reasoning:
-            msg[self.reasoning_field] = reasoning
-        if calls:
-            msg["tool_calls"] = [calls[i] for i in sorted(calls)]
-        self.messages.append(msg)
-        for c in msg.get("tool_calls", []):
-            self.messages.append({"role": "tool", "tool_call_id": c["id"], "content": f"ok ({self.turns})"})
-        self.messages.append({"role": "user", "content": next_user or f"Step {self.turns + 1}: continue."})
+        append_turn(self.messages, content, reasoning, self.reasoning_field, calls, f"ok ({self.turns})",
+                    next_user or f"Step {self.turns + 1}: continue.")
         self.cid = headers["x-gateway-conversation"].split(";")[0]
         self.turns += 1
         state = wait_turn(self.gw, self.cid, self.turns)
