@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from .config import ConfigError, Lane, RoutesConfig, load_routes
-from .exchange import Exchange
+from .exchange import AdmissionNote, Exchange
 from ..upstream.replicas import Upstream
 
 if TYPE_CHECKING:
@@ -71,12 +71,12 @@ class Reroute(Exception):
     pipeline runs that lane's gates and its per-lane policies again on a fresh exchange
     (Exchange.rerouted); when the lane cannot take it (a gate refuses it), `refusal` is the answer."""
 
-    def __init__(self, lane: str, reason: str, refusal: Exception, note: Any = None) -> None:
+    def __init__(self, lane: str, reason: str, refusal: Exception, note: AdmissionNote | None = None) -> None:
         super().__init__(f"rerouted to {lane}: {reason}")
         self.lane = lane
         self.reason = reason
         self.refusal = refusal
-        self.note = note  # what the deciding policy records on the new exchange (an AdmissionNote)
+        self.note = note  # what the deciding policy records on the new exchange
 
 
 class Finisher(Protocol):

@@ -74,7 +74,8 @@ class TextTokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[array]:
         if not texts:
             return []
-        if self._pieces is not None and (PIECES_MAX_CHARS is None or sum(map(len, texts)) <= PIECES_MAX_CHARS):
+        chars = sum(map(len, texts))
+        if self._pieces is not None and (PIECES_MAX_CHARS is None or chars <= PIECES_MAX_CHARS):
             return self._pieces.encode_batch(texts)
         if len(texts) == 1:
             return [self.encode(texts[0])]
@@ -83,7 +84,7 @@ class TextTokenizer:
         encs = self._tok.encode_batch_fast(list(texts), add_special_tokens=False)
         out = [array("I", e.ids) for e in encs]
         del encs
-        if sum(map(len, texts)) >= memory.GIVE_BACK_AFTER_CHARS:
+        if chars >= memory.GIVE_BACK_AFTER_CHARS:
             memory.give_back()
         return out
 
