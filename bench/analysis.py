@@ -10,7 +10,8 @@ Prints:
    ../shared/tools/make_agent_corpus.py): the worker's `analyse_job` with the previous turn's memo
    (the unchanged history recognised from its bytes) and, for comparison, the full path;
 2. analysis CPU of a new 1,600-message conversation: its items already rendered by another
-   conversation (a fleet of agents on one task: the render cache is warm), and from nothing; and from
+   conversation (a fleet of agents on one task: the render cache is warm), and from nothing, tokenised
+   or with the engine's prompt ids (vLLM's `return_token_ids`) cut into its segments; and from
    nothing, and the append-only turn, with the render and tokenizer shortcuts off and on, alternated
    (--ab-rounds);
 3. the gateway-side cost of handing a job to the analysis worker process (pickle or spool, the
@@ -110,6 +111,19 @@ def new_conversation(body: dict, options: RenderOptions, n: int) -> None:
     print(f"  new {len(msgs)}-message conversation, its items rendered before (warm render cache): median "
           f"{statistics.median(warm):.1f} ms over {n}   target <= 300 ms")
     print(f"  new {len(msgs)}-message conversation from nothing (render + tokenise every message): {cold:.0f} ms")
+    # The same from nothing, where the engine returned the ids it prefilled (vLLM, `token_ids: auto`):
+    # they are cut into the segments (render/engine_ids.py) instead of tokenising; alternated with the above.
+    ids = orjson.dumps(Renderer(options, cache=SegmentCache()).render(body, options).token_ids)
+    pairs: dict[str, list[float]] = {"tokenised": [], "engine ids": []}
+    for k in range(n):
+        for label, prompt in (("tokenised", None), ("engine ids", ids)):
+            memos().clear()
+            j = job(f"ids{k}{label}", body, msgs, options, None)
+            j.prompt_token_ids = prompt
+            fresh = Renderer(options, cache=SegmentCache())
+            pairs[label].append(cpu_ms(lambda j=j, fresh=fresh: analyse_job(j, fresh, None))[0])
+    print(f"  new {len(msgs)}-message conversation from nothing, alternated over {n}: " +
+          ", ".join(f"{k} median {statistics.median(v):.0f} ms" for k, v in pairs.items()) + "   target <= 300 ms")
 
 
 def shortcuts_ab(body: dict, options: RenderOptions, rounds: int, turns: int) -> None:
@@ -225,7 +239,10 @@ def main() -> int:
     from gateway.render.template import load_template
     from gateway.render.tokenizer import load_tokenizer
 
-    load_tokenizer(options.tokenizer_path), load_template(options.template)  # once per process, as the worker's preload
+    load_tokenizer(options.tokenizer_path).spelling(), load_template(options.template)  # as the worker's preload
+    from gateway.observe import gc_tuning
+
+    gc_tuning.settle("")  # the collector as the worker sets it
     print(f"analysis CPU (process time; cores={os.cpu_count()}, load average {os.getloadavg()[0]:.1f}):")
     append_only(body, options, a.turns)
     new_conversation(body, options, 5)

@@ -91,12 +91,13 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
     rendered: Rendered | None = None
     generated = None
     if renderer is not None:
+        engine_ids = job.prompt_token_ids if isinstance(job.prompt_token_ids, list) else None
         try:
             if reuse is not None and reuse.previous is not None:
                 rendered, generated = renderer.render_turn(body, generated_msg, options, reuse.previous,
-                                                           reuse.unchanged)
+                                                           reuse.unchanged, engine_ids)
             else:
-                rendered, generated = renderer.render_turn(body, generated_msg, options)
+                rendered, generated = renderer.render_turn(body, generated_msg, options, engine_ids=engine_ids)
             if out is not None:
                 out["rendered"] = rendered
         except RenderError as exc:

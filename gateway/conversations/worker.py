@@ -121,7 +121,7 @@ def preload(renders: list[RenderOptions], gc_thresholds: str = "") -> int:
     from ..render.tokenizer import load_tokenizer
 
     for options in renders:
-        load_tokenizer(options.tokenizer_path)
+        load_tokenizer(options.tokenizer_path).spelling()  # for the engine's prompt ids (render/engine_ids.py)
         if options.template:
             load_template(options.template)
         _renderer(options)

@@ -52,6 +52,9 @@ FIELD_NAMES = (
 
 # The generation headers `_plan` gives an item (None: no model turn follows it); all are special tokens.
 HEADERS = (None, "<think>", "</think>")
+# Below this many characters to tokenize, the engine's prompt ids are not spelled out (engine_ids.py):
+# tokenizing a small text costs less than reading the whole prompt's ids.
+ENGINE_IDS_MIN_CHARS = 16_384
 _HEADER_AT = 7  # in an item's cache key (_item_key)
 
 # Per-process marker: the template emits it only when the gateway sets `segment_marker`.
@@ -115,6 +118,7 @@ class Rendered:
     exact: bool = True  # False: estimated (no known template / tokenizer)
     render_misses: int = 0  # items rendered by the template for this request (cache misses)
     token_misses: int = 0  # segments tokenized for this request
+    engine_cut: int = 0  # segments whose ids were cut from the engine's prompt ids (engine_ids.py)
     _prompt: str | None = field(default=None, repr=False)
     _ids: list[int] | None = field(default=None, repr=False)
     message_digests: list[int] | None = field(default=None, repr=False)  # per request message (render_turn)
@@ -641,11 +645,13 @@ class Renderer:
             raise _template_error(e) from None
 
     def render_turn(self, body: dict, assistant_message: dict, options: RenderOptions | None = None,
-                    previous: Previous | None = None, unchanged: int = 0) -> tuple[Rendered, Segment]:
+                    previous: Previous | None = None, unchanged: int = 0,
+                    engine_ids: Sequence[int] | None = None) -> tuple[Rendered, Segment]:
         """`render` and `render_generated` of one request, preparing it once (the per-turn path).
 
         `previous` and `unchanged`: the conversation's previous render (Rendered.previous) and how many
-        leading request messages are byte for byte the same; the result is the same as without them."""
+        leading request messages are byte for byte the same; the result is the same as without them.
+        `engine_ids`: the ids the engine prefilled for this request, if it said (_assemble)."""
         prep = self._prepare(body, options or self.defaults, previous if unchanged > 0 else None, unchanged)
         if previous is not None and unchanged > 0:
             prep.said = previous.said
@@ -656,7 +662,7 @@ class Renderer:
         key = (tok.path, item.digest, len(item.text))
         ids = self.cache.get_tokens([key])[0]
         also = [item.text] if ids is None else None
-        rendered = self._assemble(prep, entries, keys, tok, misses, reuse if prep.kept else None, also)
+        rendered = self._assemble(prep, entries, keys, tok, misses, reuse if prep.kept else None, also, engine_ids)
         if also:
             ids = also[1]
             self.cache.put_tokens([(key, ids)])
@@ -913,6 +919,25 @@ class Renderer:
                 return _with_header(sibling, other, header, tok_path)
         return None
 
+    @staticmethod
+    def _engine_cut(engine_ids: Sequence[int], tok: TextTokenizer, segments: list[Segment | None],
+                    todo: list[tuple[int, str, list[int]]], need: list[int], ids: list) -> list[int]:
+        """Fills `ids[j]` for the `need`ed texts from the engine's ids when that is cheaper than
+        tokenizing them and they spell the render; returns what is left to tokenize."""
+        chars = sum(len(todo[j][1]) for j in need)
+        texts: list[str] = [s.text if s is not None else "" for s in segments]
+        for pos, text, _ in todo:
+            texts[pos] = text
+        if chars < ENGINE_IDS_MIN_CHARS or chars * 2 < sum(map(len, texts)):
+            return need  # a few new segments: tokenizing them costs less than spelling the whole prompt
+        spelling = tok.spelling()
+        cut = spelling.cut(engine_ids, texts, [todo[j][0] for j in need], tok) if spelling is not None else None
+        if cut is None:
+            return need
+        for j, a in zip(need, cut):
+            ids[j] = a
+        return []
+
     def _touch_joined(self, groups: list[list[int]], segments: list, tok_path: str) -> None:
         """Segments of several items are looked up by their text's digest on every turn (below): do the
         same for the reused ones, so the cache ages as it would have."""
@@ -926,10 +951,13 @@ class Renderer:
             self.cache.put_tokens(missing)
 
     def _assemble(self, prep: _Prepared, entries: list[ItemEntry], keys: list[tuple], tok: TextTokenizer,
-                  misses: int, previous: Previous | None = None, also: list | None = None) -> Rendered:
+                  misses: int, previous: Previous | None = None, also: list | None = None,
+                  engine_ids: Sequence[int] | None = None) -> Rendered:
         """`also`: [text] to tokenize in the same tokenizer call as the segments (the generated answer:
         one call a turn instead of two; a call's fixed cost, with the tokenizer's tables cold between
-        turns, is most of a small text's); its ids are appended to the list."""
+        turns, is most of a small text's); its ids are appended to the list. `engine_ids`: the ids the
+        engine prefilled for this prompt, cut into the segments instead of tokenizing them where they
+        spell the render (engine_ids.py)."""
         # Group items into segments; join an item to the previous one when their boundary is not a
         # special token (tokenization could then merge across it).
         groups: list[list[int]] = []
@@ -978,7 +1006,7 @@ class Renderer:
             else:
                 todo.append((len(segments), "".join(entries[j].item.text for j in g), g))
             segments.append(None)
-        n_tok = 0
+        n_tok = cut = 0
         if todo:
             # Token ids by text digest (shared with other items and requests), then tokenize the rest.
             digests = [entries[g[0]].item.digest if len(g) == 1 else xxh64(t) for _, t, g in todo]
@@ -992,6 +1020,9 @@ class Renderer:
                     for j in missing:
                         ids[j] = held_ids.get((digests[j], len(todo[j][1])))
                     need = [j for j in missing if ids[j] is None]
+                if engine_ids is not None and need:
+                    left = self._engine_cut(engine_ids, tok, segments, todo, need, ids)
+                    cut, need = len(need) - len(left), left
                 texts = [todo[j][1] for j in need]
                 if also:
                     texts.append(also[0])
@@ -1004,7 +1035,7 @@ class Renderer:
                 # reads it); single items also keep their ids on their entry (attach below). The
                 # arrays are shared; the budget counts them in both places (conservative).
                 self.cache.put_tokens([(tkeys[j], ids[j]) for j in missing])
-            n_tok = len(missing)
+            n_tok = len(missing) - cut
             attach = []
             for (pos, text, g), d, seg_ids in zip(todo, digests, ids):
                 it = items[g[0]]
@@ -1029,7 +1060,7 @@ class Renderer:
                 self.cache.attach_tokens(attach)
         if also and len(also) == 1:  # nothing else to tokenize
             also.append(tok.encode(also[0]))
-        out = Rendered(segments, True, misses, n_tok)  # type: ignore[arg-type]
+        out = Rendered(segments, True, misses, n_tok, cut)  # type: ignore[arg-type]
         # Segments lent by the previous render were made findable when it was assembled.
         self.cache.keep_findable(tok.path, segments, max(0, len(previous.segments) - 1) if previous else 0)
         out.dropped = prep.dropped

@@ -18,6 +18,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer
 
 from ..core import memory
+from .engine_ids import Spelling
 from .pieces import PieceEncoder
 
 V41_ADDED_TOKENS = ("<｜System｜>", "<｜deepseek_image｜>")
@@ -56,6 +57,18 @@ class TextTokenizer:
         # less CPU for a large text, and no call into the tokenizer for an agent's small turn.
         # GATEWAY_TOKENIZER_PIECES=0 always calls the tokenizer (PIECES).
         self._pieces = PieceEncoder.for_tokenizer(tok) if PIECES else None
+        self._spelling: Spelling | None = None
+        self._spelling_built = False
+        self._spelling_lock = threading.Lock()
+
+    def spelling(self) -> Spelling | None:
+        """Each id's bytes (engine_ids.py), built on first use; None for a tokenizer of another make."""
+        if not self._spelling_built:
+            with self._spelling_lock:
+                if not self._spelling_built:
+                    self._spelling = Spelling.for_tokenizer(self._tok)
+                    self._spelling_built = True
+        return self._spelling
 
     def encode(self, text: str) -> array:
         if self._pieces is not None and (PIECES_MAX_CHARS is None or len(text) <= PIECES_MAX_CHARS):
