@@ -32,7 +32,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.conversations import lane  # noqa: E402
+from tests.support.routes import lane  # noqa: E402
 from tests.support.emulator_proc import run_emulator  # noqa: E402
 from tests.support.gateway_proc import run_gateway  # noqa: E402
 

@@ -16,9 +16,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.conversations import AGENT_EMULATOR, Agent, routes, wait_analysed  # noqa: E402
-from tests.support.emulator_proc import run_emulator  # noqa: E402
+from tests.support.conversations import Agent, wait_analysed  # noqa: E402
+from tests.support.emulator_proc import AGENT_EMULATOR, run_emulator  # noqa: E402
 from tests.support.gateway_proc import run_gateway  # noqa: E402
+from tests.support.routes import agent_routes  # noqa: E402
 
 
 def main() -> int:
@@ -27,7 +28,7 @@ def main() -> int:
     ap.add_argument("--retries", type=int, default=5)
     args = ap.parse_args()
     every = max(2, args.turns // max(1, args.retries))
-    with run_emulator(**AGENT_EMULATOR) as emu, run_gateway(routes(emu.url)) as gw:
+    with run_emulator(**AGENT_EMULATOR) as emu, run_gateway(agent_routes(emu.url)) as gw:
         agent = Agent(gw)
         agent.messages[0]["content"] += " " + "Follow the repository's conventions. " * 200
         conversations, right, retried = set(), 0, 0
