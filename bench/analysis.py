@@ -64,14 +64,21 @@ def corpus(path: Path) -> dict:
 
 
 def job(cid: str, body: dict, messages: list, options: RenderOptions, stored: bytes | None,
-        state: ConversationState | None = None, as_bytes: bool = True) -> Job:
+        state: ConversationState | None = None, as_bytes: bool = True, engine_ids: bool = False) -> Job:
+    """`engine_ids`: with the ids vLLM returns (`return_token_ids`) and the blocks keyed (KV events)."""
     data = dict(body, model="deepseek-v4-flash", messages=messages, max_tokens=8, stream=False)
     said = {"role": "assistant", "content": "Done.", "reasoning_content": "Looked at it."}
     j = Job("bench", "ds", options, options, 16, options.engine, 5000.0, orjson.dumps(data) if as_bytes else data,
             said, "stop", USAGE, options.thinking, options.reasoning_effort, None, None, False, False,
             state or ConversationState(cid, "key"))
     j.stored = stored
+    if engine_ids:
+        j.prompt_token_ids = orjson.dumps(_ids_of.render(data, options).token_ids)
+        j.kv_block_size = 16
     return j
+
+
+_ids_of = Renderer(cache=SegmentCache())  # the engine's side: its ids of each prompt, not timed
 
 
 def cpu_ms(fn) -> tuple[float, object]:
@@ -83,17 +90,19 @@ def cpu_ms(fn) -> tuple[float, object]:
 def append_only(body: dict, options: RenderOptions, turns: int) -> None:
     msgs = body["messages"]
     said = {"role": "assistant", "content": "Done.", "reasoning_content": "Looked at it."}
-    for label, as_bytes in (("with the memo (bytes recognised)", True), ("full path (parsed body, no memo)", False)):
+    for label, as_bytes, ids in (("with the memo (bytes recognised)", True, False),
+                                 ("with the memo, the engine's ids checked and blocks keyed", True, True),
+                                 ("full path (parsed body, no memo)", False, False)):
         memos().clear()
         renderer = Renderer(options, cache=SegmentCache())
         history = msgs[:[i for i, m in enumerate(msgs) if m["role"] == "assistant"][-1]]
-        cold, out = cpu_ms(lambda history=history, as_bytes=as_bytes, renderer=renderer: analyse_job(
-            job("c", body, history, options, None, as_bytes=as_bytes), renderer, None))
+        first = job("c", body, history, options, None, as_bytes=as_bytes, engine_ids=ids)
+        cold, out = cpu_ms(lambda first=first, renderer=renderer: analyse_job(first, renderer, None))
         times = []
         for k in range(turns):
             history = [*history, said, {"role": "user", "content": f"Step {k}: go on."}]
             state = ConversationState.from_bytes(out.data)
-            j = job("c", body, history, options, out.data, state, as_bytes)
+            j = job("c", body, history, options, out.data, state, as_bytes, engine_ids=ids)
             ms, out = cpu_ms(lambda j=j, renderer=renderer: analyse_job(j, renderer, None))
             times.append(ms)
         print(f"  append-only turn, {label}: median {statistics.median(times):.2f} ms, max {max(times):.2f} ms "

@@ -13,11 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.conversations import render_check
 from gateway.pipeline import token_ids
-from gateway.conversations.job import Job
-from gateway.conversations.state import ConversationState
 from gateway.core.exchange import Exchange
-from gateway.render.renderer import RenderOptions
 from gateway.relay.sse import EventSplitter
 from tests.support.conversations import wait_analysed, wait_record
 from tests.support.emulator_proc import AGENT_EMULATOR, run_emulator
@@ -82,12 +80,7 @@ def test_the_relay_keeps_the_ids_for_the_analysis_and_parses_the_prompts_later()
     assert out == plain
     assert ex.generated.prompt_token_ids == b"[0,129280,17]"  # its JSON: parsed by the analysis, off the loop
     assert ex.generated.token_ids == [1000 + i for i, e in enumerate(plain) if b'"token_ids":null' in e]
-    job = Job(request_id="r", lane="l", lane_render=None, options=RenderOptions(), block_size=16, engine="vllm",
-              prefill_tokens_per_s=1.0, body={}, generated={}, finish_reason=None, usage=None, thinking=None,
-              effort=None, rewritten=None, replica=None, rehomed=False, repinned=False,
-              state=ConversationState("c", "new"), prompt_token_ids=ex.generated.prompt_token_ids)
-    token_ids.parse_job(job)
-    assert job.prompt_token_ids == [0, 129280, 17]
+    assert render_check.parse(ex.generated.prompt_token_ids) == [0, 129280, 17]
 
 
 def test_whole_bodies_compact_or_spaced():

@@ -12,7 +12,6 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from ..pipeline import token_ids
 from ..heal.saved import tokens_saved
 from ..render.normalize import json_digest, template_response_format, tools_digest
 from ..render.estimate import Estimator
@@ -20,11 +19,12 @@ from ..render.renderer import Rendered, RenderError, Renderer, RenderOptions, Se
 from ..render.tokenizer import load_tokenizer
 from .drift import Comparison, Divergence, NewTurn, classify, common_prefix, compare, old_tokens_at
 from .identity import anchor_keys, message_digest, request_tail
-from . import rawbody
+from . import rawbody, render_check
 from .job import Job, Outcome
 from .memo import TurnMemo, memos
 from .memo import cost as memo_cost
 from .prints import message_prints, segment_prints
+from .render_check import Checked
 from .state import ConversationState, MessagePrints, SegmentPrints, TurnPrint
 
 log = logging.getLogger("gateway.drift")
@@ -35,7 +35,6 @@ def analyse_job(job: Job, renderer: Renderer | None, estimator: "Estimator | Non
     decoding and encoding the ~100 KB state happens here too, off the event loop. The previous
     turn's memo (memo.py), when this process has it, spares re-reading the unchanged history."""
     state = job.state
-    token_ids.parse_job(job)  # the prompt's token ids, parsed here off the event loop
     if job.seed_tokens:  # the previous render's ids, from the process that analysed it (inline.py)
         segments = renderer.cache if renderer is not None else estimator.cache if estimator is not None else None
         if segments is not None:
@@ -56,7 +55,10 @@ def analyse_job(job: Job, renderer: Renderer | None, estimator: "Estimator | Non
         read = rawbody.read(job.body, memo.body_print, memo.messages) if memo is not None else rawbody.read(job.body)
         body = read.body if read is not None else orjson.loads(job.body)
         if read is not None and read.unchanged and memo is not None and memo.engine == job.engine:
-            reuse = _Reuse(memo.previous, read.unchanged, memo.prints, memo.estimated)
+            # What the memo's turn left for its next one holds only when that turn is the stored one.
+            same = job.stored is not None and memo.data == job.stored and state is memo.state
+            reuse = _Reuse(memo.previous, read.unchanged, memo.prints, memo.estimated,
+                           memo.checked if same else None, memo.kv_keys if same else None)
     else:
         body = job.body
     out: dict[str, Any] = {}
@@ -68,8 +70,10 @@ def analyse_job(job: Job, renderer: Renderer | None, estimator: "Estimator | Non
         # and estimated segments are reused.
         previous = rendered.previous if rendered is not None else None
         estimated = out.get("estimated")
+        kv_keys = out.get("kv_keys")
         book.put(state.id, TurnMemo(read.print, body["messages"], previous, new_state.last.messages, job.engine, data,
-                                    new_state, memo_cost(body_size, previous, read.print, estimated), estimated))
+                                    new_state, memo_cost(body_size, previous, read.print, estimated, kv_keys),
+                                    estimated, out.get("checked"), kv_keys))
     return Outcome(cache, new_state.turn, data, divergence, snippets, out.get("kv_keys"), out.get("kv_ends"))
 
 
@@ -81,6 +85,8 @@ class _Reuse(NamedTuple):
     unchanged: int
     prints: MessagePrints
     estimated: Rendered | None = None  # the previous turn's estimate, on a lane without a template
+    checked: Checked | None = None  # the previous turn's prompt ids found equal to its render
+    kv_keys: bytes | None = None  # the previous turn's block keys (_block_keys)
 
 
 def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: Renderer | None,
@@ -91,7 +97,10 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
     rendered: Rendered | None = None
     generated = None
     if renderer is not None:
-        engine_ids = job.prompt_token_ids if isinstance(job.prompt_token_ids, list) else None
+        # The engine's ids, parsed unless the previous turn's check lets this one read only its new ids.
+        engine_ids = job.prompt_token_ids if isinstance(job.prompt_token_ids, list) else \
+            render_check.parse(job.prompt_token_ids) if job.prompt_token_ids is not None and \
+            (reuse is None or reuse.checked is None) else None
         try:
             if reuse is not None and reuse.previous is not None:
                 rendered, generated = renderer.render_turn(body, generated_msg, options, reuse.previous,
@@ -181,17 +190,21 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
         cache["healed_tokens"] = tokens_saved(segs, predicted, job.healed)  # by kind
     if job.prompt_token_ids is not None and rendered.exact:
         # The engine said which ids it prefilled: compare content, not counts.
-        ours = rendered.token_ids
+        checked = render_check.check(job.prompt_token_ids, engine_ids, rendered.token_array,
+                                     cmp.lcp_tokens if cmp is not None else 0, reuse.checked if reuse else None)
         cache["render_check"] = "token_ids"
-        cache["render_matches_engine"] = job.prompt_token_ids == ours
-        if not cache["render_matches_engine"]:
-            cache["render_first_difference"] = common_prefix(job.prompt_token_ids, ours)
+        cache["render_matches_engine"] = checked.matches
+        if not checked.matches:
+            cache["render_first_difference"] = checked.first_difference
+        if out is not None:
+            out["checked"] = checked.checked
     elif job.usage and isinstance(job.usage.get("prompt_tokens"), int) and rendered.exact:
         cache["render_check"] = "count"  # the engine gave no ids: a same-length difference would pass unseen
         cache["render_matches_engine"] = job.usage["prompt_tokens"] == n
         cache["render_check_why"] = job.token_ids_why  # why the engine gave no ids
     if out is not None and job.kv_block_size and rendered.exact:
-        out["kv_keys"] = _block_keys(rendered, generated, job.kv_block_size)
+        known = reuse.kv_keys if reuse is not None and cmp is not None else None
+        out["kv_keys"] = _block_keys(rendered, generated, job.kv_block_size, known, cmp.lcp_tokens if cmp else 0)
         out["kv_ends"] = _message_ends(rendered, len(body.get("messages") or ()))
     last = turn_print(new, rendered, generated, generated_msg, request_tail(body.get("messages") or [], job.engine),
                       _kv_tokens(job, n), job.engine, seg_prints)
@@ -273,9 +286,13 @@ def _retokenized_at(job: Job, rendered: Rendered, generated: Segment | None) -> 
     return None if k >= min(len(ids), len(generated.token_ids)) else rendered.n_tokens + k
 
 
-def _block_keys(rendered: Rendered, generated: Segment | None, block_size: int) -> bytes:
+def _block_keys(rendered: Rendered, generated: Segment | None, block_size: int, known: bytes | None = None,
+                common: int = 0) -> bytes:
     """The engine's blocks of this turn (prompt, then the output as the next turn will render
-    it) named as the KV-event index names them (gateway/kvevents/chain.py), here off the event loop."""
+    it) named as the KV-event index names them (gateway/kvevents/chain.py), here off the event loop.
+    `known`: the previous turn's keys, of which the blocks inside the first `common` ids (the
+    comparison's common prefix with the previous turn) are this turn's too: a key names its block
+    and every block before it."""
     from array import array
 
     from ..kvevents.chain import keys
@@ -283,7 +300,14 @@ def _block_keys(rendered: Rendered, generated: Segment | None, block_size: int) 
     ids = rendered.token_array
     if generated is not None and rendered.exact:
         ids.extend(generated.token_ids if isinstance(generated.token_ids, array) else array("I", generated.token_ids))
-    return array("Q", keys(ids, block_size)).tobytes()
+    kept = array("Q")
+    if known:
+        kept.frombytes(known[:8 * min(common // block_size, len(known) // 8, len(ids) // block_size)])
+    if not kept:
+        return array("Q", keys(ids, block_size)).tobytes()
+    n = len(kept)
+    kept.extend(keys(ids[n * block_size:], block_size, parent=kept[-1]))
+    return kept.tobytes()
 
 
 def _message_ends(rendered: Rendered, n_messages: int) -> bytes:

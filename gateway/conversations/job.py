@@ -40,7 +40,7 @@ class Job:
     state: ConversationState  # as the hot path found it
     healed: tuple[tuple[str, int], ...] = ()  # drift healing's repairs (kind, message index)
     stored: bytes | None = None  # the freshest stored state (another worker or process may have moved on)
-    # what the engine prefilled (vLLM return_token_ids), if it said; bytes: their JSON (token_ids.parse_job)
+    # what the engine prefilled (vLLM return_token_ids), if it said; bytes: their JSON (render_check.py)
     prompt_token_ids: list[int] | bytes | None = None
     generated_token_ids: list[int] | None = None  # what the engine generated, if it said
     token_ids_why: str | None = None  # why the engine gave no prompt ids (the record then compares counts)

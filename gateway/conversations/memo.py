@@ -21,6 +21,7 @@ from typing import Any
 
 from ..render.renderer import Previous, Rendered
 from .rawbody import BodyPrint
+from .render_check import Checked
 from .state import ConversationState, MessagePrints
 
 DEFAULT_MAX_BYTES = 128 * 1024 * 1024
@@ -39,6 +40,8 @@ class TurnMemo:
     state: ConversationState  # the same, decoded
     cost: int
     estimated: Rendered | None = None  # on a lane without a template: its estimate (render/estimate.py)
+    checked: Checked | None = None  # its prompt ids found equal to its render (render_check.py)
+    kv_keys: bytes | None = None  # its blocks' keys (analysis._block_keys)
 
 
 class Memos:
@@ -85,8 +88,9 @@ class Memos:
             self.bytes = self.hits = self.misses = 0
 
 
-def cost(body_bytes: int, previous: Previous | None, body_print: BodyPrint, estimated: Rendered | None = None) -> int:
-    kept = previous.nbytes() if previous else 0
+def cost(body_bytes: int, previous: Previous | None, body_print: BodyPrint, estimated: Rendered | None = None,
+         kv_keys: bytes | None = None) -> int:
+    kept = (previous.nbytes() if previous else 0) + (len(kv_keys) if kv_keys else 0)
     if estimated is not None:  # its segments' texts and ids (the token cache may drop its own copies)
         kept += sum(2 * len(s.text) + 4 * len(s.token_ids) + 200 for s in estimated.segments)
     return PARSED_PER_BODY_BYTE * body_bytes + body_print.nbytes() + kept + 1024

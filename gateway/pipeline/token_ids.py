@@ -44,7 +44,6 @@ import orjson
 
 if TYPE_CHECKING:
     from ..core.config import Lane
-    from ..conversations.job import Job
     from ..core.exchange import Exchange
 
 TokenIdsMode = Literal["auto", "off"]
@@ -225,8 +224,3 @@ def take_prompt(ex: "Exchange", data: bytes) -> bytes:
     ex.generated.prompt_token_ids = data[start:end]
     return data[:start] + b"null" + data[end:]
 
-
-def parse_job(job: "Job") -> None:
-    """In the analysis (a worker thread or process): the prompt ids kept as JSON become a list."""
-    if isinstance(job.prompt_token_ids, bytes):
-        job.prompt_token_ids = _ids(job.prompt_token_ids)
