@@ -1,16 +1,18 @@
 """A fleet of paced agent sessions through one gateway: how many can one process serve?
 
-    .venv/bin/python bench/fleet.py [--sessions 40] [--seconds 120] [--workers 1|2] [--modes direct,gateway]
+    .venv/bin/python bench/fleet.py [--sessions 40] [--seconds 120] [--workers 1|2] [--modes direct,router,gateway]
 
 N concurrent agent sessions run against an emulated lane paced like a real engine (decode and prefill
-rates of the demo), for a bounded time, first straight to the emulator ("direct"), then through one
-gateway process (or `--workers 2`, which shares state through a private Redis). Sessions have the
+rates of the demo), for a bounded time, first straight to the emulator ("direct"), then through
+vllm-router ("router": Rust, no analysis, the proxying share's reference, when ../shared/perf/setup.sh
+installed it), then through one gateway process (or `--workers 2`, which shares state through a
+private Redis). Sessions have the
 shape of real agents: a shared system prompt and tools (`--head-tokens`), a first user turn, then tool
 calls whose results grow the history each turn (`--growth-tokens`), a think time between turns, every
 request streamed with usage. Printed, per mode: sessions and turns served, TTFT p50/p99 (and what the
 gateway adds to direct), the gateway's CPU per turn (its whole process tree, from /proc), the share of
-turns with a cache verdict and with predicted == reported cached tokens, conversations formed, and
-RSS over the run (flat after warm-up is the goal; the growth per conversation is the state's cost).
+turns with a cache verdict and with predicted == reported cached tokens, conversations formed, the
+stored state per conversation, and RSS over the run (flat after warm-up is the goal).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import contextlib
 import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -97,7 +100,9 @@ class Stats:
     turns: int = 0
     errors: int = 0
     ttft: list[float] = field(default_factory=list)
-    sessions_done: int = 0
+    sessions_served: int = 0  # sessions with at least one turn answered
+    keys: list[str] = field(default_factory=list)  # each session's conversation, as the gateway named it
+    prompt_tokens: list[int] = field(default_factory=list)  # each session's last prompt
 
 
 async def session(i: int, client: httpx.AsyncClient, head: str, args: argparse.Namespace, deadline: float,
@@ -107,6 +112,7 @@ async def session(i: int, client: httpx.AsyncClient, head: str, args: argparse.N
     messages: list[dict[str, Any]] = [{"role": "system", "content": head},
                                       {"role": "user", "content": f"Task {i}: " + words(rng, 200)}]
     turn = 0
+    conversation = None
     while time.monotonic() < deadline:
         t0 = time.perf_counter()
         first = None
@@ -122,6 +128,7 @@ async def session(i: int, client: httpx.AsyncClient, head: str, args: argparse.N
                     await resp.aread()
                     await asyncio.sleep(args.think_s)
                     continue
+                conversation = (resp.headers.get("x-gateway-conversation") or "").split(";")[0] or conversation
                 async for line in resp.aiter_lines():
                     if not line.startswith("data:") or line.endswith("[DONE]"):
                         continue
@@ -148,7 +155,10 @@ async def session(i: int, client: httpx.AsyncClient, head: str, args: argparse.N
         stats.turns += 1
         if first is not None:
             stats.ttft.append(first)
+        if turn == 0:
+            stats.sessions_served += 1
         turn += 1
+        last_prompt = (usage or {}).get("prompt_tokens")
         # The answer goes back as it came (an append-only client), then the next observation: a tool
         # result when the model called a tool, else the user's next message.
         calls = [c for c in calls_by_index.values() if c["function"]["name"]]
@@ -160,7 +170,10 @@ async def session(i: int, client: httpx.AsyncClient, head: str, args: argparse.N
         messages += [{"role": "tool", "tool_call_id": c["id"], "content": observation} for c in calls[:1]] or \
             [{"role": "user", "content": observation}]
         await asyncio.sleep(args.think_s * rng.uniform(0.5, 1.5))
-    stats.sessions_done += 1
+    if turn:
+        stats.prompt_tokens.append(last_prompt or 0)
+    if conversation:
+        stats.keys.append(conversation)
 
 
 async def drive(url: str, args: argparse.Namespace, pid: int | None) -> dict[str, Any]:
@@ -185,14 +198,26 @@ async def drive(url: str, args: argparse.Namespace, pid: int | None) -> dict[str
         sampler.cancel()
         cpu = (cpu_s(pid) - cpu0) if pid else 0.0
     ttft = sorted(stats.ttft)
-    return {"turns": stats.turns, "errors": stats.errors, "sessions": stats.sessions_done,
+    return {"turns": stats.turns, "errors": stats.errors, "sessions": stats.sessions_served, "keys": stats.keys,
+            "prompt_tokens": statistics.mean(stats.prompt_tokens) if stats.prompt_tokens else 0,
             "ttft_p50": statistics.median(ttft) if ttft else None,
             "ttft_p99": ttft[min(len(ttft) - 1, int(len(ttft) * 0.99))] if ttft else None,
             "cpu_ms_per_turn": 1000 * cpu / stats.turns if pid and stats.turns else None, "rss": rss}
 
 
+def state_bytes(url: str, keys: list[str]) -> float | None:
+    """The mean size of a conversation's stored state (the admin API's timeline), over up to 20 sessions."""
+    sizes = []
+    for key in keys[:20]:
+        r = httpx.get(url + "/admin/api/conversations/" + key, timeout=30)
+        state = r.json().get("state") if r.status_code == 200 else None
+        if state and state.get("state_bytes"):
+            sizes.append(state["state_bytes"])
+    return statistics.mean(sizes) if sizes else None
+
+
 def verdicts(url: str, turns: int) -> dict[str, Any]:
-    rows = httpx.get(url + "/admin/api/records", params={"limit": 5000}, timeout=30).json()["records"]
+    rows = httpx.get(url + "/admin/api/records", params={"limit": 100_000}, timeout=60).json()["records"]
     rows = [r for r in rows if r.get("status") == 200]
     judged = [r for r in rows if r.get("verdict") not in (None, "unknown")]
     exact = [r for r in judged if r.get("cached_tokens") is not None
@@ -212,12 +237,34 @@ def private_redis(workers: int) -> Iterator[dict[str, str]]:
         yield {"GATEWAY_REDIS_URL": f"redis://127.0.0.1:{port}/0"}
 
 
+ROUTER = Path(os.environ.get("PERF_WORK", Path.home() / ".cache" / "gateway-perf")) / ".venv-vllmrouter" / "bin" / \
+    "vllm-router"
+
+
+@contextlib.contextmanager
+def run_router(upstream: str) -> Iterator[tuple[str, int]]:
+    """vllm-router (Rust, no analysis) in front of the emulator: the proxying share's reference."""
+    from tests.support.gateway_proc import free_port, wait_http
+
+    port = free_port()
+    proc = subprocess.Popen([str(ROUTER), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", upstream,
+                             "--policy", "round_robin", "--log-level", "warning"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/v1/models", 60)
+        yield f"http://127.0.0.1:{port}", proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sessions", type=int, default=40)
     ap.add_argument("--seconds", type=float, default=120)
     ap.add_argument("--workers", type=int, default=1)
-    ap.add_argument("--modes", default="direct,gateway")
+    ap.add_argument("--modes", default="direct,router,gateway", help="router: vllm-router, when installed "
+                    "(../shared/perf/setup.sh)")
     ap.add_argument("--head-tokens", type=int, default=15_000, help="shared system prompt (tools add ~2K)")
     ap.add_argument("--growth-tokens", type=int, default=2_000, help="tool result per turn")
     ap.add_argument("--answer-tokens", type=int, default=24)
@@ -230,40 +277,53 @@ def main() -> int:
                  max_model_len=1 << 20)
     results: dict[str, dict[str, Any]] = {}
     print(f"{args.sessions} sessions x {args.seconds:g} s, head {args.head_tokens} tokens, +{args.growth_tokens} "
-          f"per turn, think {args.think_s:g} s, decode {args.decode_tps:g} tok/s, prefill {args.prefill_tps:g} tok/s")
+          f"per turn, think {args.think_s:g} s, decode {args.decode_tps:g} tok/s, prefill {args.prefill_tps:g} tok/s, "
+          f"gateway workers {args.workers}")
     for mode in args.modes.split(","):
+        if mode == "router" and not ROUTER.exists():
+            print(f"router   skipped: {ROUTER} is not installed (../shared/perf/setup.sh)")
+            continue
         with run_emulator(**knobs) as emu:
             if mode == "direct":
                 results[mode] = asyncio.run(drive(emu.url, args, None))
+            elif mode == "router":
+                with run_router(emu.url) as (url, pid):
+                    results[mode] = asyncio.run(drive(url, args, pid))
             else:
                 with private_redis(args.workers) as env, \
                         run_gateway({"lanes": {"ds": lane(emu.url, render={"template": "deepseek_v4.1",
-                                                                           "thinking": False})},
+                                                                           "thinking": False},
+                                                          cache={"block_size": knobs["block_size"]})},
                                      "models": {"ds": "ds"}}, workers=args.workers, env=env) as gw:
                     results[mode] = asyncio.run(drive(gw.url, args, gw.proc.pid))
                     time.sleep(2)  # the last turns' analysis
                     results[mode].update(verdicts(gw.url, results[mode]["turns"]))
+                    results[mode]["state_bytes"] = state_bytes(gw.url, results[mode]["keys"])
         r = results[mode]
-        line = (f"{mode:8s} turns {r['turns']:5d} errors {r['errors']} sessions {r['sessions']} "
-                f"TTFT p50 {1000 * (r['ttft_p50'] or 0):.0f} ms p99 {1000 * (r['ttft_p99'] or 0):.0f} ms")
+        line = (f"{mode:8s} sessions served {r['sessions']} turns {r['turns']:5d} errors {r['errors']} "
+                f"TTFT p50 {1000 * (r['ttft_p50'] or 0):.0f} ms p99 {1000 * (r['ttft_p99'] or 0):.0f} ms, "
+                f"last prompt {r['prompt_tokens'] / 1000:.0f}K tokens on average")
         if r.get("cpu_ms_per_turn") is not None:
-            line += f" | CPU {r['cpu_ms_per_turn']:.1f} ms/turn"
+            line += f" | CPU {r['cpu_ms_per_turn']:.2f} ms/turn"
         if "judged" in r:
             line += (f" | verdicts {r['judged']}/{r['records']}, predicted == reported {r['exact']}/{r['judged']}, "
                      f"{r['conversations']} conversations")
+        if r.get("state_bytes"):
+            line += f" | stored state {r['state_bytes'] / 1024:.0f} KB per conversation"
         print(line)
         if r["rss"]:
             print("         RSS MB over time: " + " ".join(f"{t:.0f}s:{m:.0f}" for t, m in r["rss"]))
-    if "direct" in results and "gateway" in results:
-        d, g = results["direct"], results["gateway"]
-        if d["ttft_p50"] and g["ttft_p50"]:
-            print(f"TTFT added by the gateway: p50 {1000 * (g['ttft_p50'] - d['ttft_p50']):+.1f} ms, "
-                  f"p99 {1000 * (g['ttft_p99'] - d['ttft_p99']):+.1f} ms (paced emulator: a queue, not only proxying)")
-        rss = g["rss"]
-        if len(rss) >= 4 and g.get("conversations"):
-            warm = rss[len(rss) // 3][1]
-            print(f"RSS after warm-up {warm:.0f} MB -> end {rss[-1][1]:.0f} MB "
-                  f"({(rss[-1][1] - rss[0][1]) / g['conversations']:.2f} MB per conversation over the run)")
+    d = results.get("direct")
+    for mode in ("router", "gateway"):
+        g = results.get(mode)
+        if d and g and d["ttft_p50"] and g["ttft_p50"]:
+            print(f"TTFT added by {mode}: p50 {1000 * (g['ttft_p50'] - d['ttft_p50']):+.1f} ms, "
+                  f"p99 {1000 * (g['ttft_p99'] - d['ttft_p99']):+.1f} ms")
+    g = results.get("gateway")
+    if g and len(g["rss"]) >= 4 and g.get("conversations"):
+        warm = g["rss"][len(g["rss"]) // 3][1]
+        print(f"gateway RSS after warm-up {warm:.0f} MB -> end {g['rss'][-1][1]:.0f} MB "
+              f"({(g['rss'][-1][1] - g['rss'][0][1]) / g['conversations']:.2f} MB per conversation over the run)")
     return 0
 
 

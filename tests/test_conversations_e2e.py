@@ -3,6 +3,8 @@ behind the real gateway, driven like an agent with the official openai client.""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import contextlib
 import json
 import os
@@ -310,6 +312,26 @@ def test_a_new_session_is_predicted_the_prefix_another_session_left_on_its_repli
         assert cache["verdict"] == "hit" and cache["cause"] == "shared_prefix", cache
         _, cache = second.turn()  # its own history from then on
         assert cache["verdict"] == "hit" and cache["predicted_cached_tokens"] == cache["reported_cached_tokens"]
+
+
+def test_sessions_sent_together_are_not_credited_each_others_head(agent_emu):
+    """Sessions that start together each prefill their shared head: neither is predicted the other's
+    blocks, whichever is analysed first; a session sent once they answered is."""
+    agent_emu.configure(prefill_tps=1500)  # the head's prefill takes a while: both are in it together
+    with run_gateway(agent_routes(agent_emu.url)) as gw:
+        head = Agent(gw).messages[0]["content"] + " " + "Follow the repository's conventions. " * 80
+        agents = [Agent(gw) for _ in range(3)]
+        for k, agent in enumerate(agents):
+            agent.messages[0]["content"] = head
+            agent.messages[1]["content"] = f"Task {k}: write the release notes for part {k}."
+        with ThreadPoolExecutor(2) as pool:
+            together = [cache for _, cache in pool.map(lambda a: a.turn(), agents[:2])]
+        for cache in together:
+            assert cache["reported_cached_tokens"] == 0, cache  # the engine had nothing of it yet
+            assert cache["predicted_cached_tokens"] == 0 and cache["verdict"] == "cold", cache
+        _, cache = agents[2].turn()
+        assert cache["predicted_cached_tokens"] == cache["reported_cached_tokens"] > 200, cache
+        assert cache["verdict"] == "hit" and cache["cause"] == "shared_prefix", cache
 
 
 def test_a_retried_turn_with_an_edited_answer_stays_in_its_conversation(agent_emu):

@@ -21,3 +21,13 @@ def test_the_least_recently_used_blocks_leave_first() -> None:
     assert len(blocks) == 10 and blocks.evicted == 2
     assert blocks.held(list(range(100, 106))) == 6  # recently used: kept
     assert blocks.held(list(range(200, 205))) == 0  # its first blocks were the least recent
+
+
+def test_a_request_finds_only_the_blocks_there_when_it_was_sent() -> None:
+    blocks = ReplicaBlocks(None)
+    blocks.store([1, 2, 3, 4], prompt_blocks=3, ready=10.0, done=12.0)  # prompt prefilled at 10, output by 12
+    assert blocks.held([1, 2, 3, 4], at=9.0) == 0  # sent while it was still prefilling
+    assert blocks.held([1, 2, 3, 4], at=11.0) == 3  # the prompt's blocks, not yet the output's
+    assert blocks.held([1, 2, 3, 4], at=12.0) == 4
+    blocks.store([1, 2, 5], prompt_blocks=3, ready=20.0, done=21.0)  # a later use keeps when they were first there
+    assert blocks.held([1, 2, 5], at=11.0) == 2 and blocks.held([1, 2, 5], at=20.0) == 3

@@ -286,7 +286,7 @@ class AdminAPI:
 
                 st = ConversationState.from_bytes(raw)
                 state = {"turn": st.turn, "pinned_effort": st.pinned_effort, "pinned_thinking": st.pinned_thinking,
-                         "replica": st.replica, "parent": st.parent, "updated": st.updated}
+                         "replica": st.replica, "parent": st.parent, "updated": st.updated, "state_bytes": len(raw)}
         last = rows[-1]
         lost = [t for t in turns if t.get("tokens_lost")]
         return {

@@ -6,10 +6,16 @@ pool is full; SGLang's radix tree evicts least recently used leaves. Both keep a
 prefix is kept, so the longest held prefix of a prompt is the run of its first keys found here.
 Recency is a counter per block (a dict update per turn, at C speed); the oldest blocks leave in a
 batch once the pool is a tenth over its size, so a turn costs O(its blocks) and eviction is amortised.
+
+A block also keeps when it was first there: a prompt's blocks once its prefill is done (its first
+token), the output's once the answer ends. A request finds only blocks that were there when it reached
+the engine: sessions that start together each prefill their shared system prompt, and a turn judged
+after another turn that ended later must not be credited that turn's blocks.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from itertools import repeat
 from typing import TYPE_CHECKING
@@ -30,41 +36,51 @@ def key_block(lane: "Lane") -> int:
 
 
 class ReplicaBlocks:
-    __slots__ = ("capacity", "_used", "_clock", "evicted")
+    __slots__ = ("capacity", "_used", "_since", "_clock", "evicted")
 
     def __init__(self, capacity_blocks: int | None) -> None:
         self.capacity = capacity_blocks  # None: a pool larger than anything sent (nothing is evicted)
         self._used: dict[int, int] = {}  # block key -> the turn counter when a prompt last used it
+        self._since: dict[int, float] = {}  # block key -> when it was first there (a monotonic clock)
         self._clock = 0
         self.evicted = 0
 
     def __len__(self) -> int:
         return len(self._used)
 
-    def held(self, keys: Sequence[int]) -> int:
-        """How many of the first `keys` the pool holds, in a row."""
-        used = self._used
+    def held(self, keys: Sequence[int], at: float = math.inf) -> int:
+        """How many of the first `keys` the pool held, in a row, at time `at`."""
+        since = self._since
         n = 0
         for k in keys:
-            if k not in used:
+            t = since.get(k)
+            if t is None or t > at:
                 break
             n += 1
         return n
 
-    def store(self, keys: Sequence[int]) -> None:
-        """A prompt (and the output it produced) was served: its blocks are held and the most recent."""
+    def store(self, keys: Sequence[int], prompt_blocks: int | None = None, ready: float = -math.inf,
+              done: float = -math.inf) -> None:
+        """A prompt (and the output it produced) was served: its blocks are held and the most recent;
+        the first `prompt_blocks` (all: None) are there since `ready`, the others since `done`."""
         self._clock += 1
         self._used.update(zip(keys, repeat(self._clock)))
+        since = self._since
+        n = len(keys) if prompt_blocks is None else min(prompt_blocks, len(keys))
+        for part, t in ((keys[:n], ready), (keys[n:], done)):
+            since.update(dict.fromkeys(set(part).difference(since), t))  # the first time is kept
         cap = self.capacity
         if cap is not None and len(self._used) > cap + max(1, cap // 10):
             self._evict(cap)
 
     def clear(self) -> None:
         self._used.clear()
+        self._since.clear()
 
     def _evict(self, cap: int) -> None:
         by_age = sorted(self._used.items(), key=lambda kv: kv[1])
         drop = len(by_age) - cap
         for k, _ in by_age[:drop]:
             del self._used[k]
+            del self._since[k]
         self.evicted += drop

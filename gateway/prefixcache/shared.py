@@ -1,11 +1,13 @@
 """Prediction from the model of each replica's cache: a conversation's first turn (or any turn with
 nothing of its own to compare with) is predicted the longest prefix that the replica it goes to holds,
 whoever stored it: a new session whose system prompt and tools equal another's gets the shared blocks.
-After every analysed turn, its blocks (prompt, then the output as the next turn renders it) are held.
+After every analysed turn, its blocks (prompt, then the output as the next turn renders it) are held,
+from when they were there (model.py): a first turn is credited only what was there when it was sent.
 """
 
 from __future__ import annotations
 
+import time
 from array import array
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +46,7 @@ class SharedPrefixes:
         if cache.get("verdict") == "cold" and not cache.get("predicted_cached_tokens") and cache.get("cause") is None:
             # The engine never reuses the prompt's last token: a prefix ends one token short of it.
             usable = (max(0, prompt - 1) // block)
-            held = blocks.held(keys[:usable])
+            held = blocks.held(keys[:usable], ex.t_forwarded if ex.t_forwarded is not None else ex.started)
             if held:
                 predicted = held * block
                 reported = cache.get("reported_cached_tokens")
@@ -57,7 +59,8 @@ class SharedPrefixes:
                     cache["seconds_lost"] = round((predicted - reported) / lane.config.cache.prefill_tokens_per_s, 3)
                 else:
                     cache["verdict"], cache["cause"] = "hit", "shared_prefix"
-        blocks.store(keys)
+        ready = ex.t_first_token or ex.t_first_byte
+        blocks.store(keys, prompt // block, ready if ready is not None else time.perf_counter(), time.perf_counter())
         return changed
 
     def snapshot(self) -> dict[str, Any]:
