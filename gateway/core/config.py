@@ -165,7 +165,8 @@ class CacheModel(_Strict):
     block_size: int = Field(1, ge=1, description="cached tokens come in whole blocks of this many tokens")
     prefill_tokens_per_s: float = Field(20000.0, gt=0, description="to turn tokens lost into seconds lost")
     pool_tokens: int | None = Field(None, gt=0, description="each replica's KV pool in tokens, for the gateway's "
-                                    "model of its prefix cache (LRU by block); null: larger than anything sent")
+                                    "model of its prefix cache (LRU by block); null: modelled as 4M tokens "
+                                    "(bounded memory)")
 
 
 class Admission(_Strict):

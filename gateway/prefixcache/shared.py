@@ -19,6 +19,11 @@ if TYPE_CHECKING:
     from ..core.runtime import LaneRuntime
 
 
+# A lane that does not declare its pool (cache.pool_tokens) is modelled with this many blocks at most
+# (4M tokens in 16-token blocks): beyond any engine's pool here, and the model's memory stays bounded.
+UNDECLARED_POOL_BLOCKS = 1 << 18
+
+
 class SharedPrefixes:
     def __init__(self) -> None:
         self.replicas: dict[tuple[str, str], ReplicaBlocks] = {}
@@ -29,7 +34,8 @@ class SharedPrefixes:
         blocks = self.replicas.get(key)
         if blocks is None:
             pool = lane.config.cache.pool_tokens
-            blocks = self.replicas[key] = ReplicaBlocks(pool // key_block(lane.config) if pool else None)
+            capacity = pool // key_block(lane.config) if pool else UNDECLARED_POOL_BLOCKS
+            blocks = self.replicas[key] = ReplicaBlocks(capacity)
         return blocks
 
     def apply(self, ex: "Exchange", lane: "LaneRuntime", outcome: "Outcome") -> bool:
