@@ -100,6 +100,7 @@ class Stats:
     turns: int = 0
     errors: int = 0
     ttft: list[float] = field(default_factory=list)
+    by_turn: dict[tuple[int, int], float] = field(default_factory=dict)  # (session, turn) -> TTFT
     sessions_served: int = 0  # sessions with at least one turn answered
     keys: list[str] = field(default_factory=list)  # each session's conversation, as the gateway named it
     prompt_tokens: list[int] = field(default_factory=list)  # each session's last prompt
@@ -155,6 +156,7 @@ async def session(i: int, client: httpx.AsyncClient, head: str, args: argparse.N
         stats.turns += 1
         if first is not None:
             stats.ttft.append(first)
+            stats.by_turn[(i, turn)] = first
         if turn == 0:
             stats.sessions_served += 1
         turn += 1
@@ -199,6 +201,7 @@ async def drive(url: str, args: argparse.Namespace, pid: int | None) -> dict[str
         cpu = (cpu_s(pid) - cpu0) if pid else 0.0
     ttft = sorted(stats.ttft)
     return {"turns": stats.turns, "errors": stats.errors, "sessions": stats.sessions_served, "keys": stats.keys,
+            "by_turn": stats.by_turn,
             "prompt_tokens": statistics.mean(stats.prompt_tokens) if stats.prompt_tokens else 0,
             "ttft_p50": statistics.median(ttft) if ttft else None,
             "ttft_p99": ttft[min(len(ttft) - 1, int(len(ttft) * 0.99))] if ttft else None,
@@ -317,8 +320,11 @@ def main() -> int:
     for mode in ("router", "gateway"):
         g = results.get(mode)
         if d and g and d["ttft_p50"] and g["ttft_p50"]:
-            print(f"TTFT added by {mode}: p50 {1000 * (g['ttft_p50'] - d['ttft_p50']):+.1f} ms, "
-                  f"p99 {1000 * (g['ttft_p99'] - d['ttft_p99']):+.1f} ms")
+            # The sessions are the same in every mode (seeded): a turn's TTFT against the same turn's direct.
+            added = sorted(g["by_turn"][k] - d["by_turn"][k] for k in g["by_turn"].keys() & d["by_turn"].keys())
+            print(f"TTFT added by {mode}, turn by turn against direct ({len(added)} turns): "
+                  f"p50 {1000 * added[len(added) // 2]:+.1f} ms, p90 {1000 * added[int(len(added) * 0.9)]:+.1f} ms, "
+                  f"p99 {1000 * added[min(len(added) - 1, int(len(added) * 0.99))]:+.1f} ms")
     g = results.get("gateway")
     if g and len(g["rss"]) >= 4 and g.get("conversations"):
         warm = g["rss"][len(g["rss"]) // 3][1]

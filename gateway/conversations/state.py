@@ -8,7 +8,7 @@ cause). Arrays are stored as packed bytes: about 60 bytes per message, so a 1,60
 
 from __future__ import annotations
 
-import base64
+import binascii
 import time
 from array import array
 from dataclasses import dataclass, field
@@ -21,12 +21,16 @@ ROLE_NAMES = {v: k for k, v in ROLE_CODES.items()}
 
 
 def _pack(values: list[int], code: str) -> str:
-    return base64.b64encode(array(code, values).tobytes()).decode()
+    if not values:
+        return ""
+    return binascii.b2a_base64(array(code, values), newline=False).decode("ascii")
 
 
 def _unpack(data: str, code: str) -> list[int]:
+    if not data:
+        return []
     a = array(code)
-    a.frombytes(base64.b64decode(data))
+    a.frombytes(binascii.a2b_base64(data, strict_mode=True))
     return a.tolist()
 
 

@@ -16,8 +16,8 @@ after another turn that ended later must not be credited that turn's blocks.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Sequence
-from itertools import repeat
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -64,10 +64,11 @@ class ReplicaBlocks:
         """A prompt (and the output it produced) was served: its blocks are held and the most recent;
         the first `prompt_blocks` (all: None) are there since `ready`, the others since `done`."""
         self._clock += 1
-        self._used.update(zip(keys, repeat(self._clock)))
+        ks = keys.tolist() if isinstance(keys, array) else list(keys)  # each key made an int once
+        self._used.update(dict.fromkeys(ks, self._clock))
         since = self._since
-        n = len(keys) if prompt_blocks is None else min(prompt_blocks, len(keys))
-        for part, t in ((keys[:n], ready), (keys[n:], done)):
+        n = len(ks) if prompt_blocks is None else min(prompt_blocks, len(ks))
+        for part, t in ((ks[:n], ready), (ks[n:], done)):
             since.update(dict.fromkeys(set(part).difference(since), t))  # the first time is kept
         cap = self.capacity
         if cap is not None and len(self._used) > cap + max(1, cap // 10):
