@@ -101,7 +101,7 @@ class Stats:
     errors: int = 0
     ttft: list[float] = field(default_factory=list)
     by_turn: dict[tuple[int, int], float] = field(default_factory=dict)  # (session, turn) -> TTFT
-    sessions_served: int = 0  # sessions with at least one turn answered
+    sessions_served: int = 0  # sessions with at least one turn answered (ended ones included)
     keys: list[str] = field(default_factory=list)  # each session's conversation, as the gateway named it
     prompt_tokens: list[int] = field(default_factory=list)  # each session's last prompt
 
@@ -110,9 +110,14 @@ async def session(i: int, client: httpx.AsyncClient, head: str, args: argparse.N
                   stats: Stats) -> None:
     rng = random.Random(i)
     await asyncio.sleep(rng.uniform(0, args.think_s))  # arrivals spread over one think time
-    messages: list[dict[str, Any]] = [{"role": "system", "content": head},
-                                      {"role": "user", "content": f"Task {i}: " + words(rng, 200)}]
-    turn = 0
+    generation = 0  # a session whose prompt reached --max-prompt-tokens ends; a new one takes its place
+
+    def fresh() -> list[dict[str, Any]]:
+        return [{"role": "system", "content": head},
+                {"role": "user", "content": f"Task {i}.{generation}: " + words(rng, 200)}]
+
+    messages = fresh()
+    turn = last_prompt = 0
     conversation = None
     while time.monotonic() < deadline:
         t0 = time.perf_counter()
@@ -157,8 +162,6 @@ async def session(i: int, client: httpx.AsyncClient, head: str, args: argparse.N
         if first is not None:
             stats.ttft.append(first)
             stats.by_turn[(i, turn)] = first
-        if turn == 0:
-            stats.sessions_served += 1
         turn += 1
         last_prompt = (usage or {}).get("prompt_tokens")
         # The answer goes back as it came (an append-only client), then the next observation: a tool
@@ -172,8 +175,16 @@ async def session(i: int, client: httpx.AsyncClient, head: str, args: argparse.N
         messages += [{"role": "tool", "tool_call_id": c["id"], "content": observation} for c in calls[:1]] or \
             [{"role": "user", "content": observation}]
         await asyncio.sleep(args.think_s * rng.uniform(0.5, 1.5))
+        if (last_prompt or 0) >= args.max_prompt_tokens:
+            stats.prompt_tokens.append(last_prompt or 0)
+            stats.sessions_served += 1
+            if conversation:
+                stats.keys.append(conversation)
+            generation += 1
+            messages, turn, conversation = fresh(), 0, None
     if turn:
         stats.prompt_tokens.append(last_prompt or 0)
+        stats.sessions_served += 1
     if conversation:
         stats.keys.append(conversation)
 
@@ -270,6 +281,8 @@ def main() -> int:
                     "(../shared/perf/setup.sh)")
     ap.add_argument("--head-tokens", type=int, default=15_000, help="shared system prompt (tools add ~2K)")
     ap.add_argument("--growth-tokens", type=int, default=2_000, help="tool result per turn")
+    ap.add_argument("--max-prompt-tokens", type=int, default=200_000,
+                    help="a session whose prompt reaches this ends; a new session takes its place")
     ap.add_argument("--answer-tokens", type=int, default=24)
     ap.add_argument("--think-s", type=float, default=3.0)
     ap.add_argument("--decode-tps", type=float, default=60.0)
@@ -280,8 +293,8 @@ def main() -> int:
                  max_model_len=1 << 20)
     results: dict[str, dict[str, Any]] = {}
     print(f"{args.sessions} sessions x {args.seconds:g} s, head {args.head_tokens} tokens, +{args.growth_tokens} "
-          f"per turn, think {args.think_s:g} s, decode {args.decode_tps:g} tok/s, prefill {args.prefill_tps:g} tok/s, "
-          f"gateway workers {args.workers}")
+          f"per turn up to {args.max_prompt_tokens}, think {args.think_s:g} s, decode {args.decode_tps:g} tok/s, "
+          f"prefill {args.prefill_tps:g} tok/s, gateway workers {args.workers}")
     for mode in args.modes.split(","):
         if mode == "router" and not ROUTER.exists():
             print(f"router   skipped: {ROUTER} is not installed (../shared/perf/setup.sh)")
@@ -305,7 +318,7 @@ def main() -> int:
         r = results[mode]
         line = (f"{mode:8s} sessions served {r['sessions']} turns {r['turns']:5d} errors {r['errors']} "
                 f"TTFT p50 {1000 * (r['ttft_p50'] or 0):.0f} ms p99 {1000 * (r['ttft_p99'] or 0):.0f} ms, "
-                f"last prompt {r['prompt_tokens'] / 1000:.0f}K tokens on average")
+                f"a session's last prompt {r['prompt_tokens'] / 1000:.0f}K tokens on average")
         if r.get("cpu_ms_per_turn") is not None:
             line += f" | CPU {r['cpu_ms_per_turn']:.2f} ms/turn"
         if "judged" in r:

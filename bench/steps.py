@@ -175,13 +175,11 @@ def _time_relay(timer: Timer) -> None:
 async def one(gw: Any, body: bytes, timer: Timer) -> float:
     t = _clock()
     request = BenchRequest(body)
-    response = await gw.pipeline.chat(request, Caller())
-    inner = response.response
-    iterator = getattr(inner, "body_iterator", None)
-    if iterator is not None:
-        async for _ in iterator:
+    answer = await gw.pipeline.chat(request, Caller())
+    if answer.stream is not None:
+        async for _ in answer.stream:
             pass
-    response.end()
+    await answer.close()
     spent = _clock() - t
     await gw.aftermath.drain(30)
     return spent
