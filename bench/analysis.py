@@ -48,7 +48,8 @@ from gateway.conversations.state import ConversationState  # noqa: E402
 from gateway.conversations.worker import AnalysisProcess  # noqa: E402
 from gateway.render.cache import SegmentCache  # noqa: E402
 from gateway.render import tokenizer as tokenizer_mod  # noqa: E402
-from gateway.render.renderer import Renderer, RenderOptions  # noqa: E402
+from gateway.render.renderer import Renderer  # noqa: E402
+from gateway.render.result import RenderOptions  # noqa: E402
 
 tokenizer_mod.PIECES_MAX_CHARS = None  # as in the analysis worker (worker.py): the analysis's own process
 

@@ -12,7 +12,8 @@ from gateway.conversations.analysis import analyse_job
 from gateway.conversations.job import Job
 from gateway.conversations.state import ConversationState
 from gateway.conversations.worker import AnalysisProcess
-from gateway.render.renderer import Renderer, RenderOptions
+from gateway.render.renderer import Renderer
+from gateway.render.result import RenderOptions
 
 from tests.support.conversations import Agent
 from tests.support.emulator_proc import AGENT_EMULATOR, run_emulator

@@ -27,7 +27,8 @@ from gateway.conversations.memo import memos
 from gateway.conversations.state import ConversationState
 from gateway.render.cache import SegmentCache
 from gateway.render.estimate import Estimator
-from gateway.render.renderer import Renderer, RenderOptions
+from gateway.render.renderer import Renderer
+from gateway.render.result import RenderOptions
 from tests.support.drift_fuzz import MUTATIONS, Scenario, scenarios, sent_back
 
 EXAMPLES = 300

@@ -8,7 +8,8 @@ import dataclasses
 from gateway.conversations.analysis import analyse
 from gateway.conversations.job import Job
 from gateway.conversations.state import ConversationState
-from gateway.render.renderer import Renderer, RenderOptions
+from gateway.render.renderer import Renderer
+from gateway.render.result import RenderOptions
 
 OPTS = RenderOptions(engine="vllm", reasoning_effort=50, drop_thinking=False)
 RENDERER = Renderer(OPTS)

@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 
 from gateway.conversations.analysis import _tokens_of, char_offset, new_turn, turn_print
 from gateway.conversations.drift import classify, compare
-from gateway.render.renderer import Renderer, RenderOptions, effective_effort
+from gateway.render.checks import effective_effort
+from gateway.render.renderer import Renderer
+from gateway.render.result import RenderOptions
 
 SHARED = Path(os.environ.get("GATEWAY_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 TURNS = sorted((SHARED / "golden" / "dsv41_turns").glob("*.json"))

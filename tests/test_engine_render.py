@@ -34,7 +34,7 @@ from gateway.conversations import effort as effort_mod
 from gateway.render import Renderer, SegmentCache
 from gateway.render.engines import template_response_format
 from gateway.render.options import options_for_lane
-from gateway.render.renderer import RenderOptions
+from gateway.render.result import RenderOptions
 from gateway.render.tokenizer import load_tokenizer
 from tests.support.engine_proc import SHARED, EngineProc, engine_lane, http_json
 

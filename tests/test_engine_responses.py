@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from gateway.pipeline.responses_chat import chat_view
-from gateway.render.renderer import Renderer, RenderOptions
+from gateway.render.renderer import Renderer
+from gateway.render.result import RenderOptions
 from tests.support.engine_proc import MODEL, engine_lane, http_json
 from tests.support.gateway_proc import run_gateway
 from tests.support.poll import wait_until

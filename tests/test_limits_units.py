@@ -10,7 +10,7 @@ import threading
 import orjson
 import pytest
 
-from gateway.render.renderer import RenderOptions
+from gateway.render.result import RenderOptions
 
 from gateway.core.config import ConfigError, Limits, parse_routes
 from gateway.core.errors import GatewayError

@@ -18,7 +18,8 @@ from gateway.conversations.job import Job
 from gateway.conversations.memo import memos
 from gateway.conversations.state import ConversationState
 from gateway.render.cache import SegmentCache
-from gateway.render.renderer import Renderer, RenderOptions
+from gateway.render.renderer import Renderer
+from gateway.render.result import RenderOptions
 
 OPTS = RenderOptions(engine="vllm", reasoning_effort=50, drop_thinking=False)
 IDS = st.lists(st.integers(0, 129_000), max_size=40)

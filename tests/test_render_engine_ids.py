@@ -11,7 +11,8 @@ from gateway.conversations.analysis import analyse, analyse_job
 from gateway.conversations.job import Job
 from gateway.conversations.state import ConversationState
 from gateway.render.cache import SegmentCache
-from gateway.render.renderer import ENGINE_IDS_MIN_CHARS, Renderer, RenderOptions
+from gateway.render.renderer import ENGINE_IDS_MIN_CHARS, Renderer
+from gateway.render.result import RenderOptions
 from gateway.render.tokenizer import load_tokenizer
 from tests.support.agent_bodies import agent_body
 

@@ -7,7 +7,8 @@ import pytest
 from gateway.conversations.identity import message_digest
 from gateway.conversations.prints import message_prints
 from gateway.render.normalize import canonical, reasoning_of, template_messages
-from gateway.render.renderer import Renderer, RenderOptions
+from gateway.render.renderer import Renderer
+from gateway.render.result import RenderOptions
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"b": 1, "a": "x"}'}}
 

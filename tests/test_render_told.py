@@ -9,7 +9,8 @@ from pathlib import Path
 from gateway.core.config import Lane
 from gateway.render.cli import render_request
 from gateway.render.options import options_for_lane
-from gateway.render.renderer import Renderer, effective_effort
+from gateway.render.checks import effective_effort
+from gateway.render.renderer import Renderer
 from gateway.render.told import read, tell, untold
 from tests.support.routes import lane_config
 

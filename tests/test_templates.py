@@ -12,7 +12,8 @@ import yaml
 
 from gateway.core.config import ConfigError, load_routes
 from gateway.qualify.identity import lane_identity
-from gateway.render.renderer import Renderer, RenderOptions
+from gateway.render.renderer import Renderer
+from gateway.render.result import RenderOptions
 from gateway.render.template import TemplateNotFound, load_template, packaged_templates, resolve_template, template_path
 
 PACKAGED = template_path("deepseek_v4.1")

@@ -285,7 +285,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     from .. import process_switches
     from ..render.cli import render_command
     from ..render.options import options_for_lane
-    from ..render.renderer import RenderError
+    from ..render.result import RenderError
     from ..render.template import TemplateNotFound
 
     body = read_json_file(args.request)

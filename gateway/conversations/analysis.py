@@ -15,7 +15,9 @@ import orjson
 from ..heal.saved import tokens_saved
 from ..render.normalize import json_digest, template_response_format, tools_digest
 from ..render.estimate import Estimator
-from ..render.renderer import Rendered, RenderError, Renderer, RenderOptions, Segment, effective_effort
+from ..render.checks import effective_effort
+from ..render.renderer import Renderer
+from ..render.result import Rendered, RenderError, RenderOptions, Segment
 from ..render.tokenizer import load_tokenizer
 from .drift import Comparison, Divergence, NewTurn, classify, common_prefix, compare, old_tokens_at
 from .identity import anchor_keys, message_digest, request_tail

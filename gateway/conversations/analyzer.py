@@ -22,7 +22,7 @@ from ..pipeline import token_ids
 from ..pipeline.body_parts import Body
 from ..core.exchange import Exchange
 from ..render.options import options_for_lane
-from ..render.renderer import RenderOptions
+from ..render.result import RenderOptions
 from ..render.told import read as read_options
 from ..core.runtime import LaneRuntime
 from ..store import StateStore

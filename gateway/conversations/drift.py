@@ -15,7 +15,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from ..render.renderer import Rendered, Segment
+from ..render.result import Rendered, Segment
 from .state import ROLE_CODES, MessagePrints, SegmentPrints, TurnPrint
 
 TokensOf = Callable[[int, int], Sequence[int] | None]  # (segment digest, text length) -> cached token ids

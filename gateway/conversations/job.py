@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..pipeline.body_parts import Body
-from ..render.renderer import RenderOptions
+from ..render.result import RenderOptions
 from .drift import Divergence
 from .handoff import InRing
 from .state import ConversationState

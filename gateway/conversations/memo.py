@@ -19,7 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from ..render.renderer import Previous, Rendered
+from ..render.result import Previous, Rendered
 from .rawbody import BodyPrint
 from .render_check import Checked
 from .state import ConversationState, MessagePrints

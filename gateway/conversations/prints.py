@@ -10,7 +10,7 @@ import orjson
 import xxhash
 
 from ..render.normalize import canonical
-from ..render.renderer import Segment
+from ..render.result import Segment
 from .state import ROLE_CODES, MessagePrints, SegmentPrints
 
 

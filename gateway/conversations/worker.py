@@ -30,7 +30,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..render import tokenizer
-from ..render.renderer import Renderer, RenderOptions
+from ..render.renderer import Renderer
+from ..render.result import RenderOptions
 from . import handoff
 from .job import Job, Outcome
 

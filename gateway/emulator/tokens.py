@@ -161,7 +161,8 @@ def dsv41_tokenizers(default_thinking: Callable[[], bool] = lambda: False,
     """
     import dataclasses
 
-    from gateway.render.renderer import Renderer, RenderOptions
+    from gateway.render.renderer import Renderer
+    from gateway.render.result import RenderOptions
     from gateway.render.told import options_for_request
     from gateway.render.tokenizer import load_tokenizer
 

@@ -28,7 +28,7 @@ from ..core.runtime import LaneRuntime, Policy, Reroute, Snapshot
 from ..server.security import Caller
 from .validate import check_chat, check_completion
 from ..render import options_for_request
-from ..render.renderer import RenderError
+from ..render.result import RenderError
 from ..tracing import NO_TRACING, Tracing
 
 log = logging.getLogger("gateway.pipeline")

@@ -12,7 +12,7 @@ import orjson
 
 from ..core.errors import invalid_request
 
-# The roles every lane's renderer knows (render/renderer.py ROLES: the DeepSeek-V4.1 template, and
+# The roles every lane's renderer knows (render/checks.py ROLES: the DeepSeek-V4.1 template, and
 # the estimator of template-less lanes). OpenAI's deprecated "function" role is not among them: it
 # would pass here and then fail the analysis with a traceback per request.
 ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})

@@ -1,14 +1,9 @@
 """Prompt rendering: exact DeepSeek-V4.1 prompts (template + real tokenizer) and estimates for other lanes."""
 
 from .cache import SegmentCache, default_cache
-from .renderer import (
-    Rendered,
-    RenderError,
-    Renderer,
-    RenderOptions,
-    Segment,
-    effective_effort,
-)
+from .checks import effective_effort
+from .renderer import Renderer
+from .result import Rendered, RenderError, RenderOptions, Segment
 from .told import options_for_request
 
 __all__ = [

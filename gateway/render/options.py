@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..core.config import Lane
-from .renderer import RenderOptions
+from .result import RenderOptions
 
 
 def options_for_lane(lane: Lane) -> RenderOptions:

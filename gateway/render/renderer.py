@@ -4,7 +4,7 @@ The chat template (chat_templates/<name>.jinja) is the source of truth for every
 `render_item` renders one output item: one message, or a run of consecutive user/tool messages merged
 into one user turn, together with the generation header the reference attaches to it. The template's
 top level computes each item's context (first item, effort, reasoning kept or dropped, header kind,
-tool-call order) and calls the macro; `Renderer` computes the same context in Python (`_plan`) and
+tool-call order) and calls the macro; `Renderer` computes the same context in Python (`plan`) and
 calls the same macro, once per item it has not seen before. Tests check that the assembled result
 equals the full template render.
 
@@ -20,22 +20,22 @@ import bisect
 import json
 import secrets
 from array import array
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 import jinja2
 import orjson
 import xxhash
 
-from .effort import DEFAULT_EFFORT, DEFAULT_EFFORT_MAP, effort_number  # noqa: F401 (re-exported)
 from .normalize import ENGINES, template_messages, template_response_format, template_tools
 from .cache import ItemEntry, RenderedItem, SegmentCache, default_cache
+from .checks import ROLES, effective_effort, normalize_message
+from .plan import HEADERS, Item, Resume, plan, start
+from .provenance import Provenance
+from .result import Prepared, Previous, Rendered, RenderError, RenderOptions, Said, Segment, xxh64
 from .template import HEADER_PREFIX, ChatTemplate, load_template
 from .tokenizer import TextTokenizer, load_tokenizer
 
-IMAGE_PLACEHOLDER = "<｜deepseek_image｜>"
-ROLES = ("system", "user", "assistant", "tool", "developer")
 SPECIAL_BOUNDARY_TOKENS = (
     "<｜begin▁of▁sentence｜>",
     "<｜end▁of▁sentence｜>",
@@ -50,8 +50,6 @@ FIELD_NAMES = (
     "reasoning_content", "think_end", "tool_calls", "eos", "generation_header",
 )
 
-# The generation headers `_plan` gives an item (None: no model turn follows it); all are special tokens.
-HEADERS = (None, "<think>", "</think>")
 # Below this many characters to tokenize, the engine's prompt ids are not spelled out (engine_ids.py):
 # tokenizing a small text costs less than reading the whole prompt's ids.
 ENGINE_IDS_MIN_CHARS = 16_384
@@ -62,362 +60,12 @@ _MARK = "\x00" + secrets.token_hex(6) + "\x00"
 _FM = {"e": _MARK + "e" + _MARK, **{n: _MARK + "f" + n + _MARK for n in FIELD_NAMES}}
 
 
-def xxh64(text: str) -> int:
-    return xxhash.xxh64_intdigest(text.encode("utf-8", "surrogatepass"))
-
-
-# ------------------------------------------------------------------------------------------------
-# Public types
-# ------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RenderOptions:
-    template: str | None = "deepseek_v4.1"  # file name under chat_templates/ without .jinja; None: no template
-    thinking: bool = True
-    reasoning_effort: str | int | None = None  # raw request value
-    effort_map: Mapping[str, int] | None = None  # None = template default
-    drop_thinking: bool = True
-    tokenizer_path: str | None = None
-    engine: str = "sglang"  # request normalisation of the lane's engine: "sglang" (reference) or "vllm"
-
-
-class RenderError(ValueError):
-    """The request cannot be rendered; `param` names the offending field, e.g. messages[3].content[1]."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(f"{param}: {message}" if param else message)
-        self.message = message
-        self.param = param
-
-    def to_gateway_error(self):
-        from gateway.core.errors import invalid_request
-
-        return invalid_request(f"{self.param}: {self.message}" if self.param else self.message,
-                               param=self.param, code="invalid_prompt")
-
-
-@dataclass(frozen=True, slots=True)
-class Segment:
-    message_index: int  # request index of the (first) message this span renders; -1 = inserted system
-    role: str  # "system", "user", "assistant", "tool", "developer"; "prefix" for an inserted system
-    text: str
-    token_ids: Sequence[int]  # array('I')
-    fields: Sequence[tuple[str, int, int]]  # char spans inside text (a shared tuple: do not mutate)
-    digest: int  # xxhash64 of text
-    message_indices: tuple[int, ...] = ()  # every request message this span renders
-
-    @property
-    def n_tokens(self) -> int:
-        return len(self.token_ids)
-
-
-@dataclass
-class Rendered:
-    segments: list[Segment]
-    exact: bool = True  # False: estimated (no known template / tokenizer)
-    render_misses: int = 0  # items rendered by the template for this request (cache misses)
-    token_misses: int = 0  # segments tokenized for this request
-    engine_cut: int = 0  # segments whose ids were cut from the engine's prompt ids (engine_ids.py)
-    _prompt: str | None = field(default=None, repr=False)
-    _ids: list[int] | None = field(default=None, repr=False)
-    message_digests: list[int] | None = field(default=None, repr=False)  # per request message (render_turn)
-    # What the template dropped: assistants with a request index below dropped[0] render without their
-    # reasoning; developer messages below dropped[1] are deleted (thinking mode, drop on, no tools).
-    dropped: tuple[int, int] = (0, 0)
-    _provenance: Any = field(default=None, repr=False)
-    previous: Any = field(default=None, repr=False)  # Previous: lent to the conversation's next turn
-
-    def source_at(self, segment: int, char_offset: int) -> tuple[str | None, int]:
-        """(field, request message index) of the character at `char_offset` in segment `segment`: the
-        innermost field span holding it, and the message that field renders; inside a merged user/tool
-        group, the member (tool results in the order the template sorted them). A character between two
-        spans belongs to what follows it. Index -1: the inserted system message."""
-        seg = self.segments[segment]
-        if self._provenance is None:
-            return _innermost(seg.fields, char_offset), seg.message_index
-        return self._provenance.source_at(segment, char_offset)
-
-    @property
-    def prompt(self) -> str:
-        if self._prompt is None:
-            self._prompt = "".join(s.text for s in self.segments)
-        return self._prompt
-
-    @property
-    def token_array(self) -> array:
-        """All token ids as one array('I') (cheaper than the list)."""
-        a = array("I")
-        for s in self.segments:
-            a.extend(s.token_ids) if isinstance(s.token_ids, array) else a.extend(array("I", s.token_ids))
-        return a
-
-    @property
-    def token_ids(self) -> list[int]:
-        if self._ids is None:
-            self._ids = self.token_array.tolist()
-        return self._ids
-
-    @property
-    def n_tokens(self) -> int:
-        return sum(len(s.token_ids) for s in self.segments)
-
-    def token_spans(self) -> list[tuple[Segment, int, int]]:
-        """(segment, start token, end token) in prompt order."""
-        out, pos = [], 0
-        for s in self.segments:
-            out.append((s, pos, pos + len(s.token_ids)))
-            pos += len(s.token_ids)
-        return out
-
-
-# ------------------------------------------------------------------------------------------------
-# Options and validation
-# ------------------------------------------------------------------------------------------------
-
-
-def _effort_map(options: RenderOptions) -> Mapping[str, int]:
-    return options.effort_map if options.effort_map else DEFAULT_EFFORT_MAP
-
-
-def effective_effort(options: RenderOptions) -> int | None:
-    """The number the prompt carries in thinking mode (None in chat mode); validates in both modes."""
-    try:
-        value = effort_number(options.reasoning_effort, options.effort_map)
-    except ValueError as e:
-        raise RenderError(str(e), "reasoning_effort") from None
-    return value if options.thinking else None
-
-
-def _check_text(text: str, param: str) -> None:
-    if IMAGE_PLACEHOLDER in text:
-        raise RenderError(
-            f"contains the image placeholder token {IMAGE_PLACEHOLDER}; send images as image_url content parts",
-            param,
-        )
-
-
-def _check_parts(parts: list, param: str) -> None:
-    for j, p in enumerate(parts):
-        pp = f"{param}[{j}]"
-        if not isinstance(p, dict):
-            raise RenderError("content parts must be objects", pp)
-        t = p.get("type")
-        if t == "text":
-            if not isinstance(p.get("text"), str):
-                raise RenderError("a text part needs a string `text`", pp + ".text")
-            _check_text(p["text"], pp + ".text")
-        elif t == "image_url":
-            iu = p.get("image_url")
-            url = iu if isinstance(iu, str) else (iu.get("url") if isinstance(iu, dict) else None)
-            if not isinstance(url, str) or not url:
-                raise RenderError("an image_url part needs image_url.url", pp + ".image_url")
-        elif t == "image":
-            if not any(p.get(k) for k in ("source", "url", "data")):
-                raise RenderError("an image part needs a source, url or data", pp)
-        else:
-            raise RenderError(f"unsupported content part type {t!r} (expected text, image_url or image)", pp + ".type")
-
-
-def _check_content(m: dict, i: int, role: str) -> None:
-    c = m.get("content")
-    param = f"messages[{i}].content"
-    if isinstance(c, str):
-        _check_text(c, param)
-    elif isinstance(c, list):
-        _check_parts(c, param)
-    elif c is None:
-        if role in ("user", "tool", "developer"):
-            raise RenderError(f"a {role} message must have content", param)
-    else:
-        raise RenderError("must be a string or a list of content parts", param)
-    rc = m.get("reasoning_content")
-    if rc is not None:
-        if not isinstance(rc, str):
-            raise RenderError("must be a string", f"messages[{i}].reasoning_content")
-        _check_text(rc, f"messages[{i}].reasoning_content")
-
-
-def _content_text(c: Any) -> str:
-    if isinstance(c, str):
-        return c
-    if isinstance(c, list):
-        return "\n\n".join(p["text"] if p.get("type") == "text" else IMAGE_PLACEHOLDER for p in c)
-    return ""
-
-
-def _normalize_message(m: dict, i: int) -> dict:
-    """Validate one message (roles were checked already) and parse tool-call arguments into dicts."""
-    role = m["role"]
-    _check_content(m, i, role)
-    if role == "developer" and not _content_text(m.get("content")):
-        raise RenderError("a developer message must have non-empty content", f"messages[{i}].content")
-    if role != "assistant":
-        return m
-    tcs = m.get("tool_calls")
-    if tcs is None:
-        return m
-    if not isinstance(tcs, list):
-        raise RenderError("must be a list", f"messages[{i}].tool_calls")
-    new_tcs = []
-    for j, tc in enumerate(tcs):
-        p = f"messages[{i}].tool_calls[{j}]"
-        if not isinstance(tc, dict) or not isinstance(tc.get("function"), dict):
-            raise RenderError("must be an object with a `function` object", p)
-        fn = tc["function"]
-        if not isinstance(fn.get("name"), str):
-            raise RenderError("must be a string", p + ".function.name")
-        args = fn.get("arguments")
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except ValueError as e:
-                raise RenderError(f"is not valid JSON ({e})", p + ".function.arguments") from None
-        if not isinstance(args, dict):
-            raise RenderError("must be a JSON object", p + ".function.arguments")
-        if args is not fn.get("arguments"):
-            tc = {**tc, "function": {**fn, "arguments": args}}
-        new_tcs.append(tc)
-    return {**m, "tool_calls": new_tcs}
-
-
 def _digest_obj(obj: Any) -> int:
     try:
         data = orjson.dumps(obj)
     except TypeError:  # e.g. integers beyond 64 bits
         data = json.dumps(obj, ensure_ascii=False).encode("utf-8", "surrogatepass")
     return xxhash.xxh64_intdigest(data)
-
-
-def _tool_call_id(tc: Any) -> Any:
-    if not isinstance(tc, dict):
-        return ""
-    fn = tc.get("function")
-    return tc.get("id") or (fn.get("id", "") if isinstance(fn, dict) else "")
-
-
-# ------------------------------------------------------------------------------------------------
-# The plan: items and their render context (mirrors the template's top level)
-# ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Item:
-    role: str  # template role: system | developer | user (merged user/tool run) | assistant
-    start: int  # position in the effective message list (with an inserted system at 0)
-    end: int  # inclusive
-    first: bool
-    think: bool
-    header: str | None
-    order: tuple  # preceding assistant's tool_call ids (only kept when it can matter)
-
-
-def _plan(roles: list[str], msgs: list[dict], thinking: bool, eff_drop: bool,
-          agp: bool = True, resume: "_Resume | None" = None) -> tuple[list[_Item], int, int]:
-    """Items and their context, exactly as the template's top level computes them; with what the
-    template drops: (items, assistants up to this index lose their reasoning, developer messages
-    before this index are deleted), both -1 when nothing is dropped.
-
-    `resume`: the previous turn's plan of the same conversation, whose first messages are unchanged:
-    its items are kept up to where their context could differ (see _Resume), and the walk goes on
-    from there."""
-    n = len(roles)
-    last_ul = -1
-    for k in range(n - 1, -1, -1):
-        r = roles[k]
-        if r == "user" or r == "tool" or r == "developer" or (r == "system" and k > 0):
-            last_ul = k
-            break
-
-    if eff_drop:
-        drop = [r == "developer" and k < last_ul for k, r in enumerate(roles)]
-    else:
-        drop = None
-    first_kept = next((k for k in range(n) if not drop[k]), -1) if drop else 0
-    last_ul2 = -1 if (last_ul >= 0 and last_ul == first_kept and roles[last_ul] == "system") else last_ul
-
-    items: list[_Item] = []
-    last_tc = -1  # the latest assistant message with tool_calls
-    started = False
-    k = 0
-    if resume is not None:
-        kept = resume.kept(last_ul2, eff_drop)
-        if kept:
-            items = resume.items[:kept]
-            started = True
-            k = items[-1].end + 1
-            for j in range(k - 1, -1, -1):
-                if roles[j] == "assistant":
-                    tcs = msgs[j].get("tool_calls")
-                    if tcs and isinstance(tcs, list):
-                        last_tc = j
-                        break
-    think_hdr = "<think>" if thinking else "</think>"
-    while k < n:
-        r = roles[k]
-        end = k
-        if r == "user" or r == "tool":
-            while end + 1 < n and (roles[end + 1] == "user" or roles[end + 1] == "tool"):
-                end += 1
-        if drop is None or not drop[k]:
-            j = end + 1
-            if drop is not None:
-                while j < n and drop[j]:
-                    j += 1
-            nxt = roles[j] if j < n else None
-            first = not started
-            userlike = r == "user" or r == "tool" or r == "developer" or (r == "system" and not first)
-            header = None
-            if userlike and (nxt == "assistant" or (nxt is None and agp)):
-                header = think_hdr if (not eff_drop or end >= last_ul2) else "</think>"
-            think = r == "assistant" and thinking and (not eff_drop or k > last_ul2)
-            item_order: tuple = ()
-            if end > k and last_tc >= 0:
-                n_tool = 0
-                for j in range(k, end + 1):
-                    if roles[j] == "tool":
-                        n_tool += 1
-                if n_tool > 1:
-                    order = tuple(_tool_call_id(tc) for tc in msgs[last_tc]["tool_calls"])
-                    if any(order):
-                        item_order = order
-            items.append(_Item("user" if r == "tool" else r, k, end, first, think, header, item_order))
-            started = True
-        if r == "assistant":
-            tcs = msgs[k].get("tool_calls")
-            if tcs and isinstance(tcs, list):
-                last_tc = k
-        k = end + 1
-    if not eff_drop:
-        return items, -1, -1
-    return items, last_ul2, last_ul
-
-
-@dataclass
-class _Resume:
-    """The previous plan of a conversation whose first `unchanged` effective messages are unchanged.
-
-    An item's context depends on the messages before it (first, the latest tool calls), on the next
-    kept message's role (its generation header), and, when reasoning is dropped, on where the last
-    user-like message is (`last_ul2`: header and think flags, and which developer messages are
-    dropped). So an old item is kept when the item after it starts before the unchanged messages
-    end and before both turns' `last_ul2`: everything its context reads is then the same."""
-
-    items: list[_Item]
-    unchanged: int
-    last_ul2: int  # of the previous plan (-1: none, or nothing dropped)
-
-    used: int = 0  # items kept (set by _plan)
-
-    def kept(self, last_ul2: int, eff_drop: bool) -> int:
-        h = min(self.unchanged, self.last_ul2, last_ul2) if eff_drop else self.unchanged
-        before = bisect.bisect_left(self.items, h, key=_start)  # items starting before h
-        self.used = max(0, before - 1)
-        return self.used
-
-
-def _start(it: _Item) -> int:
-    return it.start
 
 
 def _last(group: list[int]) -> int:
@@ -478,7 +126,7 @@ def _json_of(m: dict, name: str) -> bytes | None:
         return json.dumps(m[name], ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
-def _from_said(said: _Said, message: dict, tok_path: str) -> ItemEntry | None:
+def _from_said(said: Said, message: dict, tok_path: str) -> ItemEntry | None:
     """The assistant `message` (normalized) as rendered without reasoning, derived from the previous
     turn's render of the generated answer `said` when the message is that answer sent back: the same
     `content` and `tool_calls` (template.reasoning_is_prefix: all that item reads). The reasoning and
@@ -539,66 +187,6 @@ def _parse_marked(out: str) -> tuple[int, str, tuple[tuple[str, int, int], ...]]
 
 
 # ------------------------------------------------------------------------------------------------
-# Renderer
-# ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Prepared:
-    """A validated request, ready to render: effective messages (inserted system first) and plan."""
-
-    options: RenderOptions
-    template: ChatTemplate
-    effort: int | None
-    tools: list | None
-    response_format: Any
-    offset: int  # 1 when an empty system message was inserted at index 0
-    msgs: list[dict]  # raw messages (inserted system included)
-    digests: list[int]
-    items: list[_Item]
-    ctx_digest: int  # digest of tools + response_format (rendered by the first item only)
-    dropped: tuple[int, int] = (0, 0)  # see Rendered.dropped
-    roles: list[str] = field(default_factory=list)  # of msgs
-    eff_drop: bool = False
-    last_ul2: int = -1  # _plan's: reasoning dropped up to here (-1: none)
-    kept: int = 0  # leading items taken from the previous turn's plan (their render too)
-    held: list = field(default_factory=list)  # the previous turn's entries for them, when evicted from the cache
-    said: "_Said | None" = None  # the previous turn's generated answer, which this request may send back
-
-
-@dataclass
-class Previous:
-    """A conversation's previous render, lent to its next turn (render_turn's `previous`): the first
-    `unchanged` request messages of the next turn are, byte for byte, this turn's (conversations/
-    rawbody.py), so their parse, normalisation, digests, plan items and segments are reused."""
-
-    prep: _Prepared
-    entries: list[ItemEntry]
-    keys: list[tuple]
-    groups: list[list[int]]
-    segments: list[Segment]
-    said: "_Said | None" = None  # what the model answered to this request, rendered (render_turn)
-
-    def nbytes(self) -> int:
-        """Rough: what keeping it costs beyond the render cache's own entries (lists and plan)."""
-        said = 2 * len(self.said.item.text) + 4 * len(self.said.ids or ()) + 300 if self.said is not None else 0
-        return 300 * len(self.prep.msgs) + 200 * len(self.entries) + said
-
-
-@dataclass
-class _Said:
-    """The generated answer as `_generated` rendered it, at request index `index` of the next turn."""
-
-    index: int
-    message: dict  # normalized
-    item: RenderedItem
-    ids: Any  # array('I') or None
-    think: bool
-    template: ChatTemplate
-
-    def segment(self) -> Segment:
-        return Segment(self.index, "assistant", self.item.text, self.ids, self.item.fields, self.item.digest,
-                       (self.index,))
 
 
 class Renderer:
@@ -625,7 +213,7 @@ class Renderer:
         opts = options or self.defaults
         prep = self._prepare(body, opts)
         msgs = prep.msgs[prep.offset:]
-        norm = [_normalize_message(m, i) for i, m in enumerate(msgs)]
+        norm = [normalize_message(m, i) for i, m in enumerate(msgs)]
         variables = dict(
             messages=norm,
             tools=prep.tools,
@@ -667,7 +255,7 @@ class Renderer:
             ids = also[1]
             self.cache.put_tokens([(key, ids)])
         rendered.message_digests = prep.digests[prep.offset:]
-        said = _Said(n, norm, item, ids, think, prep.template)
+        said = Said(n, norm, item, ids, think, prep.template)
         rendered.previous.said = said
         return rendered, said.segment()
 
@@ -679,22 +267,22 @@ class Renderer:
         """
         return self._generated(self._prepare(body, options or self.defaults), body, assistant_message)
 
-    def _generated(self, prep: _Prepared, body: dict, assistant_message: dict) -> Segment:
+    def _generated(self, prep: Prepared, body: dict, assistant_message: dict) -> Segment:
         return self._said(prep, body, assistant_message).segment()
 
-    def _said_item(self, prep: _Prepared, body: dict, assistant_message: dict,
+    def _said_item(self, prep: Prepared, body: dict, assistant_message: dict,
                    ) -> tuple[int, dict, RenderedItem, bool]:
         """The generated answer rendered as the next message: (its request index, the message
         normalized, the item, thinking)."""
         n = len(body["messages"])
         m = dict(assistant_message)
         m["role"] = "assistant"
-        norm = _normalize_message(m, n)
+        norm = normalize_message(m, n)
         think = bool(prep.options.thinking)
-        c = self._context(prep, _Item("assistant", len(prep.msgs), len(prep.msgs), False, think, None, ()))
+        c = self._context(prep, Item("assistant", len(prep.msgs), len(prep.msgs), False, think, None, ()))
         return n, norm, self._call_macro(prep.template, "assistant", n, [norm], c), think
 
-    def _said(self, prep: _Prepared, body: dict, assistant_message: dict) -> _Said:
+    def _said(self, prep: Prepared, body: dict, assistant_message: dict) -> Said:
         n, norm, item, think = self._said_item(prep, body, assistant_message)
         tok = load_tokenizer(prep.options.tokenizer_path)
         key = (tok.path, item.digest, len(item.text))
@@ -702,7 +290,7 @@ class Renderer:
         if ids is None:
             ids = tok.encode(item.text)
             self.cache.put_tokens([(key, ids)])
-        return _Said(n, norm, item, ids, think, prep.template)
+        return Said(n, norm, item, ids, think, prep.template)
 
     def tokens_of(self, digest: int, length: int, options: RenderOptions | None = None):
         """Token ids of an earlier segment by its text digest and length, if still cached (else None)."""
@@ -711,7 +299,7 @@ class Renderer:
 
     # -- preparation ------------------------------------------------------------------------------
     def _prepare(self, body: dict, opts: RenderOptions, previous: Previous | None = None,
-                 unchanged: int = 0) -> _Prepared:
+                 unchanged: int = 0) -> Prepared:
         if not isinstance(body, dict):
             raise RenderError("the request body must be a JSON object", None)
         effort = effective_effort(opts)
@@ -766,21 +354,21 @@ class Renderer:
         eff_drop = bool(opts.thinking and opts.drop_thinking and not tools)
         resume = None
         if u > 0 and pp is not None and pp.options.thinking == opts.thinking and pp.eff_drop == eff_drop:
-            resume = _Resume(pp.items, offset + u, pp.last_ul2)
-        items, drop_a, drop_d = _plan(roles, msgs, bool(opts.thinking), eff_drop, resume=resume)
+            resume = Resume(pp.items, offset + u, pp.last_ul2)
+        items, drop_a, drop_d = plan(roles, msgs, bool(opts.thinking), eff_drop, resume=resume)
         # Messages that render nothing (dropped developer messages) are still validated, as the
         # reference validates every message (the unchanged ones were, last turn).
         first_new = offset + u
-        j0 = max(0, bisect.bisect_left(items, first_new, key=_start) - 1) if u > 0 else 0
+        j0 = max(0, bisect.bisect_left(items, first_new, key=start) - 1) if u > 0 else 0
         covered = items[j0 - 1].end + 1 if j0 > 0 else 0
         for it in items[j0:]:
             for k in range(covered, it.start):
                 if k >= offset and k >= first_new:
-                    _normalize_message(msgs[k], k - offset)
+                    normalize_message(msgs[k], k - offset)
             covered = it.end + 1
         for k in range(covered, len(msgs)):
             if k >= offset and k >= first_new:
-                _normalize_message(msgs[k], k - offset)
+                normalize_message(msgs[k], k - offset)
         ctx_digest = _digest_obj([tools, rf]) if (tools or rf) else 0
         if not opts.template:
             raise RenderError("this lane has no chat template: only a message-level estimate is possible", None)
@@ -793,10 +381,10 @@ class Renderer:
                 pp.effort == effort and pp.ctx_digest == ctx_digest and pp.offset == offset and \
                 pp.options.tokenizer_path == opts.tokenizer_path:
             kept = resume.used  # their render keys are the same too: template, effort, tools and offset agree
-        return _Prepared(opts, template, effort, tools, rf, offset, msgs, digests, items, ctx_digest, dropped,
-                         roles, eff_drop, drop_a, kept)
+        return Prepared(opts, template, effort, tools, rf, offset, msgs, digests, items, ctx_digest, dropped,
+                        roles, eff_drop, drop_a, kept)
 
-    def _context(self, prep: _Prepared, it: _Item) -> dict:
+    def _context(self, prep: Prepared, it: Item) -> dict:
         return {
             "m": _MARK,
             "f": _FM,
@@ -809,7 +397,7 @@ class Renderer:
             "order": list(it.order),
         }
 
-    def _item_key(self, prep: _Prepared, it: _Item) -> tuple:
+    def _item_key(self, prep: Prepared, it: Item) -> tuple:
         # The header is at _HEADER_AT (_reheader looks up the same key under another header).
         return (
             prep.template.key,
@@ -835,7 +423,7 @@ class Renderer:
         _, text, fields = _parse_marked(str(out))
         return _item(text, fields)
 
-    def _render_items(self, prep: _Prepared, previous: Previous | None = None,
+    def _render_items(self, prep: Prepared, previous: Previous | None = None,
                       ) -> tuple[list[ItemEntry], list[tuple], int]:
         r = prep.kept if previous is not None else 0
         held: list[ItemEntry] = []
@@ -880,7 +468,7 @@ class Renderer:
                     said.template is prep.template and prep.template.reasoning_is_prefix:
                 # The previous turn's answer sent back as history, rendered without its reasoning now
                 # (dropped): derived from its render as the generated answer (no render, no tokenizer call).
-                entry = _from_said(said, _normalize_message(prep.msgs[it.start], said.index), tok_path)
+                entry = _from_said(said, normalize_message(prep.msgs[it.start], said.index), tok_path)
                 if entry is not None:
                     found[j] = entry
                     new.append((keys[j], entry))
@@ -888,7 +476,7 @@ class Renderer:
                         tokenized.append((keys[j], entry))
                     continue
             members = [
-                m if k < prep.offset else _normalize_message(m, k - prep.offset)
+                m if k < prep.offset else normalize_message(m, k - prep.offset)
                 for k, m in zip(range(it.start, it.end + 1), prep.msgs[it.start:it.end + 1])
             ]
             ri = self._call_macro(prep.template, it.role, it.start - prep.offset, members, self._context(prep, it))
@@ -950,7 +538,7 @@ class Renderer:
         if missing:
             self.cache.put_tokens(missing)
 
-    def _assemble(self, prep: _Prepared, entries: list[ItemEntry], keys: list[tuple], tok: TextTokenizer,
+    def _assemble(self, prep: Prepared, entries: list[ItemEntry], keys: list[tuple], tok: TextTokenizer,
                   misses: int, previous: Previous | None = None, also: list | None = None,
                   engine_ids: Sequence[int] | None = None) -> Rendered:
         """`also`: [text] to tokenize in the same tokenizer call as the segments (the generated answer:
@@ -1064,74 +652,8 @@ class Renderer:
         # Segments lent by the previous render were made findable when it was assembled.
         self.cache.keep_findable(tok.path, segments, max(0, len(previous.segments) - 1) if previous else 0)
         out.dropped = prep.dropped
-        out._provenance = _Provenance(groups, entries, items, msgs, off)
+        out._provenance = Provenance(groups, entries, items, msgs, off)
         out.previous = Previous(prep, entries, keys, groups, segments)  # type: ignore[arg-type]
-        return out
-
-
-def _innermost(fields: Sequence[tuple[str, int, int]], pos: int) -> str | None:
-    best = None
-    for name, start, end in fields:
-        if start <= pos < end:
-            best = name  # the innermost (last listed) span wins
-    return best
-
-
-_MEMBER_FIELDS = ("content", "tool_result")
-
-
-class _Provenance:
-    """Where each character of a render comes from; computed only when a drift is classified."""
-
-    def __init__(self, groups: list[list[int]], items: list[ItemEntry], plan: list[_Item], msgs: list[dict],
-                 offset: int) -> None:
-        self.groups, self.items, self.plan, self.msgs, self.offset = groups, items, plan, msgs, offset
-
-    def source_at(self, segment: int, pos: int) -> tuple[str | None, int]:
-        group = self.groups[segment]
-        j = group[-1]
-        for g in group:
-            n = len(self.items[g].item.text)
-            if pos < n:
-                j = g
-                break
-            pos -= n
-        ri, it = self.items[j].item, self.plan[j]
-        name = _innermost(ri.fields, pos)
-        first = it.start - self.offset
-        if it.end == it.start or (name is not None and name not in _MEMBER_FIELDS):
-            return name, first
-        # A merged group: the k-th content/tool_result span renders the k-th member in render order.
-        spans = [(s, e) for n, s, e in ri.fields if n in _MEMBER_FIELDS]
-        order = self.member_order(it)
-        for k, (s, e) in enumerate(spans):
-            if pos < e and k < len(order):
-                return (name if s <= pos else None), order[k] - self.offset
-        return name, first
-
-    def member_order(self, it: _Item) -> list[int]:
-        """The members of a merged user/tool item in the order the template renders their spans."""
-        msgs = self.msgs
-        members = range(it.start, it.end + 1)
-        tools = [k for k in members if msgs[k].get("role") == "tool"]
-        if len(tools) > 1 and any(it.order):
-            keyed = []
-            for k in tools:
-                key = 0
-                for pos, cid in enumerate(it.order):
-                    if cid and cid == msgs[k].get("tool_call_id"):
-                        key = pos  # the template keeps the last match
-                keyed.append((key, k))
-            tools = [k for _, k in sorted(keyed, key=lambda t: t[0])]
-        out, ti = [], 0
-        for k in members:
-            if msgs[k].get("role") == "tool":
-                out.append(tools[ti])
-                ti += 1
-            else:
-                c = msgs[k].get("content")
-                if isinstance(c, str) or (isinstance(c, list) and len(c) > 0):
-                    out.append(k)
         return out
 
 
@@ -1141,4 +663,3 @@ def _template_error(e: jinja2.TemplateError) -> RenderError:
     if sep and (head.startswith("messages[") or head.startswith("tools[") or head == "reasoning_effort"):
         return RenderError(rest, head)
     return RenderError(f"chat template error: {msg}", None)
-

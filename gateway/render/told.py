@@ -27,7 +27,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .effort import DEFAULT_EFFORT_MAP, ENGINE_WORDS, effort_word
-from .renderer import RenderOptions
+from .result import RenderOptions
 
 if TYPE_CHECKING:
     from ..core.config import Lane

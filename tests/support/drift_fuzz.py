@@ -21,7 +21,9 @@ from hypothesis import strategies as st
 
 from gateway.conversations.analysis import _tokens_of, char_offset, new_turn, turn_print
 from gateway.conversations.drift import classify, common_prefix, compare
-from gateway.render.renderer import Renderer, RenderOptions, effective_effort
+from gateway.render.checks import effective_effort
+from gateway.render.renderer import Renderer
+from gateway.render.result import RenderOptions
 
 WORDS = ["build", "the", "parser", "файл", "テスト", "données", "naïve", "42", "src/app.py", "Ω", "quickly",
          "café", "数据", "déjà", "vu", "x=1", "README", "🙂", "über", "tests"]
