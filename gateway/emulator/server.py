@@ -1,4 +1,9 @@
-"""The emulator's HTTP side: aiohttp handlers, stream pacing, fault injection and the admin endpoints."""
+"""The emulator's HTTP side: the aiohttp handlers and the admin endpoints, what a request is refused
+before it generates, its prefill on the prefix cache and the faults injected before its first byte.
+
+An accepted chat or completion request becomes a `Job` (job.py), which paces its answer; the engine's
+shared state (config, prefix cache, stats, tokenizers) stays here, in `Emulator`.
+"""
 
 from __future__ import annotations
 
@@ -19,13 +24,14 @@ from . import shapes
 from .cache import PrefixCache, salt_seed, token_bytes
 from .config import EmulatorConfig
 from .generation import Plan, plan_chat, plan_completion, requested_max_tokens
+from .job import Job, computed
+from .responses import anthropic_error, error, json
 from .stats import RequestRecord, Stats
 from .tokens import TokenizeGenerated, TokenizePrompt, count_images, tokenizers_for, words
 
 if TYPE_CHECKING:
     from .kvevents import KVEventPublisher
 
-_JSON = "application/json"
 _MAX_BODY = 512 * 1024 * 1024  # agent conversations reach several MB; never 413 like aiohttp's 1 MB default
 
 
@@ -144,10 +150,10 @@ class Emulator:
 
     async def models(self, request: web.Request) -> web.Response:
         c = self.config
-        return _json(shapes.models_body(c.flavour, c.model, c.eff_model_root, c.max_model_len))
+        return json(shapes.models_body(c.flavour, c.model, c.eff_model_root, c.max_model_len))
 
     async def get_stats(self, request: web.Request) -> web.Response:
-        return _json(self.stats.to_json(self.cache_json()))
+        return json(self.stats.to_json(self.cache_json()))
 
     async def reset(self, request: web.Request) -> web.Response:
         if request.query.get("config") in ("1", "true"):
@@ -155,17 +161,17 @@ class Emulator:
         self.cache.clear()
         self.stats.reset(self.config.recent_requests)
         self._fail_rng = random.Random(self.config.seed)
-        return _json({"ok": True, "config": self.config.to_dict()})
+        return json({"ok": True, "config": self.config.to_dict()})
 
     async def get_config(self, request: web.Request) -> web.Response:
-        return _json(self.config.to_dict())
+        return json(self.config.to_dict())
 
     async def post_config(self, request: web.Request) -> web.Response:
         try:
             self.set_config(self.config.merged(orjson.loads(await request.read() or b"{}")))
         except (ValueError, ImportError, orjson.JSONDecodeError) as exc:
-            return _json({"error": {"message": str(exc), "type": "emulator_config_error"}}, 400)
-        return _json(self.config.to_dict())
+            return json({"error": {"message": str(exc), "type": "emulator_config_error"}}, 400)
+        return json(self.config.to_dict())
 
     async def tokenize(self, request: web.Request) -> web.Response:
         try:
@@ -174,8 +180,8 @@ class Emulator:
                 raise ValueError("body must be a JSON object")
             ids = self.tokenize_prompt(body)
         except ValueError as exc:  # orjson.JSONDecodeError and template refusals are ValueErrors
-            return _error(self.config, 400, str(exc), "BadRequestError")
-        return _json({"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": ids, "token_strs": None})
+            return error(self.config, 400, str(exc), "BadRequestError")
+        return json({"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": ids, "token_strs": None})
 
     async def detokenize(self, request: web.Request) -> web.Response:
         try:
@@ -184,10 +190,10 @@ class Emulator:
             if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
                 raise ValueError("tokens must be a list of integers")
         except ValueError as exc:
-            return _error(self.config, 400, str(exc), "BadRequestError")
+            return error(self.config, 400, str(exc), "BadRequestError")
         decode = getattr(self.tokenize_prompt, "decode", None)
         text = decode(tokens) if decode is not None else " ".join(f"<{t}>" for t in tokens)
-        return _json({"prompt": text})
+        return json({"prompt": text})
 
     async def embeddings(self, request: web.Request) -> web.Response:
         cfg = self.config
@@ -201,9 +207,9 @@ class Emulator:
             out = ep.embeddings_body(body, str(body.get("model") or cfg.model), 64,
                                      lambda item: len(item) if isinstance(item, list) else len(words(item)))
         except (ValueError, TypeError) as exc:
-            return _error(cfg, 400, str(exc), "BadRequestError")
+            return error(cfg, 400, str(exc), "BadRequestError")
         self.stats.prompt_tokens += out["usage"]["prompt_tokens"]
-        return _json(out)
+        return json(out)
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         """/v1/responses through the chat machinery (see emulator/passthrough.py)."""
@@ -214,7 +220,7 @@ class Emulator:
             if not isinstance(body, dict):
                 raise ValueError("Request body must be a JSON object")
         except ValueError as exc:
-            return _error(cfg, 400, str(exc), "Bad Request")
+            return error(cfg, 400, str(exc), "Bad Request")
         rec = RequestRecord(request.headers.get("X-Request-Id") or uuid.uuid4().hex, request.path,
                             {k.lower(): v for k, v in request.headers.items()}, body, len(raw))
         self.stats.begin(rec)
@@ -224,7 +230,7 @@ class Emulator:
                 prompt = self.tokenize_prompt(chat)
             except (ValueError, TypeError, AttributeError) as exc:  # what the template refuses
                 self.stats.error(rec, "rejected", 400)
-                return _error(cfg, 400, str(exc), "BadRequestError")
+                return error(cfg, 400, str(exc), "BadRequestError")
             try:
                 self._check_context(chat, cfg, len(prompt))  # max_output_tokens beyond the window: a 400
             except _Rejected as rej:
@@ -241,7 +247,7 @@ class Emulator:
                     await asyncio.sleep((plan.completion_tokens - 1) / cfg.decode_tps)
                 self._remember_response(chat, plan, data, hashes, seed)
                 rec.done, rec.stage = True, "done"
-                return _json(b.response(b.final_status(), usage))
+                return json(b.response(b.final_status(), usage))
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
             await resp.prepare(request)
             gap = 1.0 / cfg.decode_tps if cfg.decode_tps > 0 else 0.0
@@ -277,9 +283,9 @@ class Emulator:
             self.stats.end(rec)
 
     def _computed(self, gen: list[int], plan: Plan, chat: bool = True) -> list[int]:
-        """See `_computed`: the built-in tokenizers close a chat message with its end token, which an
+        """See `computed`: the built-in tokenizers close a chat message with its end token, which an
         answer cut at max_tokens never sampled (injected tokenizers render the text alone)."""
-        return _computed(gen, chat and plan.finish_reason == "length" and not self._injected)
+        return computed(gen, chat and plan.finish_reason == "length" and not self._injected)
 
     def _prefill_chat(self, chat: dict[str, Any], prompt: list[int], rec: RequestRecord,
                       ) -> tuple[bytes, int, list[int], int, Plan]:
@@ -304,7 +310,7 @@ class Emulator:
             if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
                 raise ValueError("Request body must be a JSON object with messages")
         except ValueError as exc:
-            return _anthropic_error(400, str(exc))
+            return anthropic_error(400, str(exc))
         return body, raw
 
     async def count_tokens(self, request: web.Request) -> web.Response:
@@ -314,8 +320,8 @@ class Emulator:
         try:
             prompt = self.tokenize_prompt(messages_chat_body(got[0]))
         except (ValueError, TypeError, AttributeError, KeyError) as exc:
-            return _anthropic_error(400, str(exc))
-        return _json({"input_tokens": len(prompt)})
+            return anthropic_error(400, str(exc))
+        return json({"input_tokens": len(prompt)})
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         """/v1/messages as vLLM serves it: translated to chat (gateway/pipeline/messages_chat.py), answered
@@ -334,7 +340,7 @@ class Emulator:
                 prompt = self.tokenize_prompt(chat)
             except (ValueError, TypeError, AttributeError, KeyError) as exc:
                 self.stats.error(rec, "rejected", 400)
-                return _anthropic_error(400, str(exc))
+                return anthropic_error(400, str(exc))
             data, seed, hashes, cached, plan = self._prefill_chat(chat, prompt, rec)
             model = str(body.get("model") or cfg.model)
             use = em.usage(len(prompt), cached, plan.completion_tokens)
@@ -346,7 +352,7 @@ class Emulator:
             if not body.get("stream"):
                 remember()
                 rec.done, rec.stage = True, "done"
-                return _json(em.message(model, plan, use))
+                return json(em.message(model, plan, use))
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
             await resp.prepare(request)
             gap = 1.0 / cfg.decode_tps if cfg.decode_tps > 0 else 0.0
@@ -383,7 +389,7 @@ class Emulator:
             try:
                 cfg = cfg.merged(orjson.loads(patch))
             except (ValueError, orjson.JSONDecodeError) as exc:
-                return _json({"error": {"message": f"X-Emulator-Config: {exc}", "type": "emulator_config_error"}}, 400)
+                return json({"error": {"message": f"X-Emulator-Config: {exc}", "type": "emulator_config_error"}}, 400)
         decode_error = "body is null"
         try:
             body = orjson.loads(raw)
@@ -400,7 +406,7 @@ class Emulator:
             if not isinstance(body, dict):
                 msg = f"JSON decode error: {decode_error}" if body is None else "Request body must be a JSON object"
                 self.stats.error(rec, "bad_request", 400)
-                return _error(cfg, 400, msg, "Bad Request")
+                return error(cfg, 400, msg, "Bad Request")
             return await self._serve(request, body, cfg, rec, kind, bool(rid))
         except _Rejected as rej:
             self.stats.error(rec, "rejected", rej.response.status)
@@ -417,37 +423,37 @@ class Emulator:
     def _validate(self, body: dict[str, Any], cfg: EmulatorConfig, kind: str) -> None:
         fl = cfg.flavour
         if cfg.strict_model and body.get("model") not in (None, cfg.model):
-            raise _Rejected(_error(cfg, 404, f"The model `{body.get('model')}` does not exist.", "NotFoundError",
-                                   "model"))
+            raise _Rejected(error(cfg, 404, f"The model `{body.get('model')}` does not exist.", "NotFoundError",
+                                  "model"))
         if kind == "chat" and not isinstance(body.get("messages"), list):
             msg = "1 validation error:\n  {'type': 'missing', 'loc': ('body', 'messages'), 'msg': 'Field required'}"
-            raise _Rejected(_error(cfg, 400, msg, "Bad Request"))
+            raise _Rejected(error(cfg, 400, msg, "Bad Request"))
         if fl == "vllm" and body.get("stream_options") is not None and not body.get("stream"):
             msg = (
                 "1 validation error:\n  {'type': 'value_error', 'loc': ('body',), 'msg': 'Value error, Stream options "
                 "can only be defined when `stream=True`.'}"
             )
-            raise _Rejected(_error(cfg, 400, msg, "Bad Request"))
+            raise _Rejected(error(cfg, 400, msg, "Bad Request"))
         if cfg.max_images is not None and kind == "chat":
             n = count_images(body)
             if n > cfg.max_images:
                 if fl == "sglang":
                     msg = f"Image count {n} exceeds limit {cfg.max_images} per request."
-                    raise _Rejected(_error(cfg, 400, msg, "BadRequestError"))
+                    raise _Rejected(error(cfg, 400, msg, "BadRequestError"))
                 msg = (
                     f"At most {cfg.max_images} image(s) may be provided in one prompt. "
                     "Set `--limit-mm-per-prompt` to increase this limit. (parameter=image)"
                 )
-                raise _Rejected(_error(cfg, 400, msg, "BadRequestError", "image"))
+                raise _Rejected(error(cfg, 400, msg, "BadRequestError", "image"))
         top = body.get("top_logprobs") if kind == "chat" else body.get("logprobs")
         if isinstance(top, int) and not isinstance(top, bool) and top > cfg.eff_max_top_logprobs:
             limit = cfg.eff_max_top_logprobs
             if fl == "sglang":
-                raise _Rejected(_error(cfg, 400, f"top_logprobs_num must be in [0, {limit}], got {top}",
-                                       "BadRequestError"))
+                raise _Rejected(error(cfg, 400, f"top_logprobs_num must be in [0, {limit}], got {top}",
+                                      "BadRequestError"))
             msg = (f"Requested sample logprobs of {top}, which is greater than max allowed: {limit} "
                    f"(parameter=logprobs, value={top})")
-            raise _Rejected(_error(cfg, 400, msg, "BadRequestError", "logprobs"))
+            raise _Rejected(error(cfg, 400, msg, "BadRequestError", "logprobs"))
 
     def _check_context(self, body: dict[str, Any], cfg: EmulatorConfig, n_prompt: int) -> None:
         limit = cfg.max_model_len
@@ -456,7 +462,7 @@ class Emulator:
         if n_prompt >= limit:
             if sglang:
                 msg = f"The input ({n_prompt} tokens) is longer than the model's context length ({limit} tokens)."
-                raise _Rejected(_error(cfg, 400, msg, "BadRequestError"))
+                raise _Rejected(error(cfg, 400, msg, "BadRequestError"))
             out = max_tokens or 0
             msg = (
                 f"This model's maximum context length is {limit} tokens. However, you requested {out} output tokens "
@@ -464,7 +470,7 @@ class Emulator:
                 f"{n_prompt + out} tokens. Please reduce the length of the input prompt or the number of requested "
                 f"output tokens. (parameter=input_tokens, value={n_prompt})"
             )
-            raise _Rejected(_error(cfg, 400, msg, "BadRequestError", "input_tokens"))
+            raise _Rejected(error(cfg, 400, msg, "BadRequestError", "input_tokens"))
         # SGLang refuses input + max_new_tokens >= context length; vLLM only when it exceeds it.
         if max_tokens is not None and n_prompt + max_tokens >= limit + (0 if sglang else 1):
             if sglang:
@@ -474,14 +480,14 @@ class Emulator:
                     f"messages and {max_tokens} tokens for the completion. Please reduce the number of tokens in the "
                     "input messages or the completion to fit within the limit."
                 )
-                raise _Rejected(_error(cfg, 400, msg, "BadRequestError"))
+                raise _Rejected(error(cfg, 400, msg, "BadRequestError"))
             param = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
             msg = (
                 f"'{param}' is too large: {max_tokens}. This model's maximum context length is {limit} tokens and "
                 f"your request has {n_prompt} input tokens ({max_tokens} > {limit} - {n_prompt}). "
                 f"(parameter={param}, value={max_tokens})"
             )
-            raise _Rejected(_error(cfg, 400, msg, "BadRequestError", param))
+            raise _Rejected(error(cfg, 400, msg, "BadRequestError", param))
 
     async def _serve(
         self, request: web.Request, body: dict[str, Any], cfg: EmulatorConfig, rec: RequestRecord, kind: str,
@@ -494,13 +500,13 @@ class Emulator:
         try:
             prompt = self.tokenize_prompt(body)
         except ValueError as exc:  # the chat template refused the request (e.g. a bad effort value)
-            raise _Rejected(_error(cfg, 400, str(exc), "BadRequestError")) from None
+            raise _Rejected(error(cfg, 400, str(exc), "BadRequestError")) from None
         n_prompt = len(prompt)
         rec.prompt_tokens = n_prompt
         self._check_context(body, cfg, n_prompt)
         if cfg.fail_rate > 0 and self._fail_rng.random() < cfg.fail_rate:
             self.stats.error(rec, "injected_500", 500)
-            return _error(cfg, 500, "Emulated engine failure (fail_rate)", "InternalServerError")
+            return error(cfg, 500, "Emulated engine failure (fail_rate)", "InternalServerError")
 
         cache = self.cache
         seed = salt_seed(body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None)
@@ -517,7 +523,7 @@ class Emulator:
         extra = [plan_chat(body, digest, cfg, i) for i in range(1, min(n_choices, 16))]
         rec.completion_tokens = plan.completion_tokens + sum(p.completion_tokens for p in extra)
         ttft = cfg.ttft_ms / 1000.0 + self._prefill_s(n_prompt - cached, cfg)
-        job = _Job(self, body, cfg, rec, kind, prompt, data, hashes, seed, cached, plan)
+        job = Job(self, body, cfg, rec, kind, prompt, data, hashes, seed, cached, plan)
         job.extra = extra
         job.rid = shapes.response_id(cfg.flavour, kind, rec.request_id if client_id else None)
         t_start = time.monotonic()
@@ -554,262 +560,10 @@ class Emulator:
             msg["content"] = ""
         self._remember(chat, msg, plan, data, hashes, seed)
 
-    def remember_output(self, job: _Job) -> None:
+    def remember_output(self, job: Job) -> None:
         """Chat and completions: as an append-only client renders the answer in its next turn."""
         self._remember(job.body, job.plan.assistant_message(), job.plan, job.data, job.hashes, job.seed,
                        chat=job.kind == "chat")
-
-
-def _computed(gen: list[int], unsampled_end: bool) -> list[int]:
-    """The generated tokens whose KV the engine computed: all but the last one, which is sampled and
-    never fed back (vLLM and SGLang hold prompt + completion - 1 tokens). `gen` is the output as the
-    next turn renders it; when it ends with an end token that was never sampled (`unsampled_end`), the
-    last sampled token is the one before it."""
-    return gen[:-2] if unsampled_end else gen[:-1]
-
-
-class _Job:
-    """One accepted generation request: emits the plan as a stream or a single body."""
-
-    def __init__(
-        self, emu: Emulator, body: dict[str, Any], cfg: EmulatorConfig, rec: RequestRecord, kind: str,
-        prompt: list[int], data: bytes, hashes: list[int], seed: int, cached: int, plan: Plan,
-    ) -> None:
-        self.emu, self.body, self.cfg, self.rec, self.kind = emu, body, cfg, rec, kind
-        self.prompt, self.data, self.hashes = prompt, data, hashes
-        self.seed, self.cached, self.plan = seed, cached, plan
-        self.extra: list[Plan] = []  # choices 1.. of n > 1
-        top = body.get("top_logprobs")
-        self.logprobs = (int(top) if type(top) is int and top > 0 else 0) if body.get("logprobs") is True else None
-        self.rid = ""
-        self.created = int(time.time())
-        self.model = str(body.get("model") or cfg.model)
-
-    def _usage(self, full: bool) -> dict[str, Any]:
-        cfg, plan = self.cfg, self.plan
-        reasoning = len(plan.reasoning) + sum(len(p.reasoning) for p in self.extra) if self.kind == "chat" else None
-        completion = plan.completion_tokens + sum(p.completion_tokens for p in self.extra)
-        return shapes.usage(
-            cfg.flavour, len(self.prompt), completion, self.cached, reasoning, report=cfg.cache_report, full=full
-        )
-
-    def _prefilled(self) -> None:
-        self.emu.cache.insert(self.data, self.hashes, self.seed)
-        self.rec.stage = "decode"
-
-    # -- non-streaming -----------------------------------------------------------------------------
-    async def respond(self, request: web.Request, t_first: float) -> web.StreamResponse:
-        cfg, rec, plan = self.cfg, self.rec, self.plan
-        rec.stage = "prefill"
-        await _sleep_until(t_first)
-        self._prefilled()
-        n = plan.completion_tokens
-        wait = (n - 1) / cfg.decode_tps if cfg.decode_tps > 0 and n > 1 else 0.0
-        if cfg.stall_after_chunks is not None and cfg.stall_after_chunks <= n:
-            wait += cfg.stall_s
-        if wait:
-            await asyncio.sleep(wait)
-        if cfg.die_after_chunks is not None:
-            return self._die(request, web.Response(status=200))
-        if cfg.error_after_chunks is not None:
-            self.emu.stats.error(rec, "injected_midstream", 500)
-            return _error(cfg, 500, "Emulated engine failure during generation (error_after_chunks)",
-                          "InternalServerError")
-        self.emu.remember_output(self)
-        if self.kind == "chat":
-            out = shapes.chat_response(cfg.flavour, self.rid, self.created, self.model, plan, cfg.eff_reasoning_field,
-                                       self._usage(True))
-            for i, p in enumerate(self.extra, 1):
-                more = shapes.chat_response(cfg.flavour, self.rid, self.created, self.model, p,
-                                            cfg.eff_reasoning_field, {})
-                out["choices"].append({**more["choices"][0], "index": i})
-            if shapes.wants_token_ids(cfg.flavour, self.body):  # vLLM return_token_ids
-                out["prompt_token_ids"] = list(self.prompt)
-                out["choices"][0]["token_ids"] = list(self.emu.tokenize_generated(self.body, plan.assistant_message()))
-            if self.logprobs is not None:
-                for c, p in zip(out["choices"], [plan, *self.extra]):
-                    c["logprobs"] = {"content": [shapes.logprob(t, self.logprobs) for t in p.content]}
-        else:
-            out = shapes.completion_response(cfg.flavour, self.rid, self.created, self.model, plan, self._usage(True))
-        rec.done = True
-        rec.stage = "done"
-        return _json(out, headers={"X-Request-Id": rec.request_id})
-
-    # -- streaming ---------------------------------------------------------------------------------
-    def _events(self) -> tuple[list[bytes], list[int]]:
-        """All data events of the stream and the token slot each is due at (pacing index)."""
-        cfg, plan = self.cfg, self.plan
-        events: list[bytes] = []
-        slots: list[int] = []
-        opts = self.body.get("stream_options") or {}
-        include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
-        continuous = cfg.flavour == "vllm" and isinstance(opts, dict) and bool(opts.get("continuous_usage_stats"))
-        n_prompt = len(self.prompt)
-        slot = 0
-
-        if self.kind == "chat":
-            ch = shapes.ChatChunks(cfg.flavour, self.rid, self.created, self.model, cfg.eff_reasoning_field)
-
-            def usage_so_far(k: int) -> None:
-                if continuous:
-                    ch.usage_suffix = orjson.dumps({"prompt_tokens": n_prompt, "completion_tokens": k,
-                                                    "total_tokens": n_prompt + k})
-
-            usage_so_far(0)
-            events.append(ch.role())
-            slots.append(0)
-            pieces: list[bytes]
-            if continuous:
-                pieces = []
-                for text in plan.reasoning:
-                    usage_so_far(len(pieces) + 1)
-                    pieces.append(ch.reasoning(text))
-                for text in plan.content:
-                    usage_so_far(len(pieces) + 1)
-                    pieces.append(ch.content(text))
-                usage_so_far(plan.completion_tokens)
-            else:
-                pieces = ch.reasoning_many(plan.reasoning) + ch.content_many(plan.content)
-            if plan.tool_call is not None:
-                pieces += ch.tool_call(plan.tool_call)
-            if self.logprobs is not None:  # one entry per content token, in the chunk that carries it
-                first = len(pieces) - len(plan.content) - (len(ch.tool_call(plan.tool_call)) if plan.tool_call else 0)
-                for j, text in enumerate(plan.content):
-                    pieces[first + j] = shapes.with_logprobs(pieces[first + j], text, self.logprobs)
-            events += pieces
-            slots += range(len(pieces))
-            slot = len(pieces)
-            last = max(slot - 1, 0)
-            usage_so_far(plan.completion_tokens)
-            events.append(ch.finish(plan.finish_reason))
-            slots.append(last)
-            ch.usage_suffix = b""
-            for i, p in enumerate(self.extra, 1):  # n > 1: each further choice after the first, paced alike
-                more = [ch.role(), *ch.reasoning_many(p.reasoning)]
-                for text in p.content:
-                    piece = ch.content(text)
-                    more.append(shapes.with_logprobs(piece, text, self.logprobs) if self.logprobs is not None
-                                else piece)
-                if p.tool_call is not None:
-                    more += ch.tool_call(p.tool_call)
-                more.append(ch.finish(p.finish_reason))
-                index = b'"index":%d' % i
-                events += [e.replace(b'"index":0', index, 1) for e in more]
-                slots += range(slot, slot + len(more))
-                slot += len(more)
-                last = slot - 1
-            if include_usage:
-                events.append(ch.usage(self._usage(False)))
-                slots.append(last)
-            if not self.extra and shapes.wants_token_ids(cfg.flavour, self.body) and not continuous:
-                gen = self.emu.tokenize_generated(self.body, plan.assistant_message())
-                n_reasoning = len(plan.reasoning) if plan.content or plan.tool_call is not None else 0
-                events, slots = shapes.with_token_ids(events, slots, list(self.prompt), list(gen), n_reasoning)
-        else:
-            cc = shapes.CompletionChunks(cfg.flavour, self.rid, self.created, self.model)
-            events += [cc.text(text) for text in plan.content]
-            slots += range(len(plan.content))
-            slot = len(plan.content)
-            last = max(slot - 1, 0)
-            events.append(cc.finish(plan.finish_reason))
-            slots.append(last)
-            if include_usage:
-                events.append(cc.usage(self._usage(False)))
-                slots.append(last)
-        return events, slots
-
-    async def stream(self, request: web.Request, t_first: float) -> web.StreamResponse:
-        cfg, rec = self.cfg, self.rec
-        ctype = "text/event-stream" if cfg.flavour == "sglang" else "text/event-stream; charset=utf-8"
-        resp = web.StreamResponse(headers={"Content-Type": ctype, "X-Request-Id": rec.request_id})
-        await resp.prepare(request)  # headers leave at once; the first event waits for prefill
-        events, slots = self._events()
-        rec.stage = "prefill"
-        await _sleep_until(t_first)
-        self._prefilled()
-
-        tps = cfg.decode_tps
-        marks = sorted({k for k in (cfg.die_after_chunks, cfg.error_after_chunks, cfg.stall_after_chunks)
-                        if k is not None})
-        stalled = False
-        shift = 0.0  # a mid-stream stall delays the rest of the schedule instead of causing a burst
-        sent, n = 0, len(events)
-        while True:
-            if sent in marks:
-                if sent == cfg.die_after_chunks:
-                    return self._die(request, resp)
-                if sent == cfg.error_after_chunks:
-                    await resp.write(shapes.error_event(cfg.flavour, f"Emulated engine failure after {sent} chunks")
-                                     + shapes.DONE)
-                    self.emu.stats.error(rec, "injected_midstream", 200)
-                    rec.status = 200
-                    await resp.write_eof()
-                    return resp
-                if sent == cfg.stall_after_chunks and not stalled:
-                    stalled = True
-                    rec.stage = "stalled_mid_stream"
-                    t = time.monotonic()
-                    await asyncio.sleep(cfg.stall_s)
-                    shift += time.monotonic() - t
-                    rec.stage = "decode"
-            if sent >= n:
-                break
-            stop = n
-            for k in marks:
-                if k > sent:
-                    stop = min(stop, k)
-                    break
-            j = sent + 1
-            if tps > 0:
-                due = slots[sent]
-                while j < stop and slots[j] == due:
-                    j += 1
-                await _sleep_until(t_first + shift + due / tps)
-            else:
-                j = stop
-            chunk = b"".join(events[sent:j])
-            if j == n and n not in marks:
-                chunk += shapes.DONE  # last batch: [DONE] rides along, one write less
-            await resp.write(chunk)
-            sent = j
-            rec.chunks_sent = sent
-            if j == n and n not in marks:
-                break
-        if sent == n and n in marks:
-            await resp.write(shapes.DONE)
-        self.emu.remember_output(self)
-        rec.done = True
-        rec.stage = "done"
-        await resp.write_eof()
-        return resp
-
-    def _die(self, request: web.Request, resp: web.StreamResponse) -> web.StreamResponse:
-        """Cut the connection without finishing the response (no terminating chunk, no [DONE]).
-
-        aiohttp then fails to finish `resp` on the closed transport and drops it quietly.
-        """
-        self.rec.died = True
-        self.rec.stage = "died"
-        self.emu.stats.error(self.rec, "injected_die", 200)
-        transport = request.transport
-        if transport is not None:
-            transport.close()  # flushes what was written, then FIN: the client sees a truncated body
-        return resp
-
-
-async def _sleep_until(deadline: float) -> None:
-    # Absolute deadlines, never cumulative sleeps: timer slop does not add up over a long stream.
-    delay = deadline - time.monotonic()
-    if delay > 0:
-        await asyncio.sleep(delay)
-
-
-def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(body=orjson.dumps(obj), status=status, content_type=_JSON, headers=headers)
-
-
-def _error(cfg: EmulatorConfig, status: int, message: str, type: str, param: str | None = None) -> web.Response:
-    return _json(shapes.error_body(cfg.flavour, message, type=type, code=status, param=param), status)
 
 
 def create_app(
@@ -819,7 +573,3 @@ def create_app(
     tokenize_generated: TokenizeGenerated | None = None,
 ) -> web.Application:
     return Emulator(config, tokenize_prompt=tokenize_prompt, tokenize_generated=tokenize_generated).app()
-
-
-def _anthropic_error(status: int, message: str) -> web.Response:
-    return _json({"type": "error", "error": {"type": "invalid_request_error", "message": message}}, status)
