@@ -4,7 +4,8 @@
     app = create_app(EmulatorConfig(flavour="sglang", decode_tps=200))
 
 Modules: config (knobs), tokens (prompt -> token ids), cache (block-hash LRU pool), generation (what
-the model says), shapes (each engine's JSON), stats, server (aiohttp handlers), cli.
+the model says), shapes (each engine's JSON), stats, server (aiohttp handlers), job (one generation,
+paced), responses (the JSON answers both give), cli.
 """
 
 from .cli import main, run

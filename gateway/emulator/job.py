@@ -20,7 +20,7 @@ from . import shapes
 from .cache import PrefixCache
 from .config import EmulatorConfig
 from .generation import Plan
-from .responses import error, json
+from .responses import error, json_response
 from .stats import RequestRecord, Stats
 from .tokens import TokenizeGenerated
 
@@ -108,7 +108,7 @@ class Job:
             out = shapes.completion_response(cfg.flavour, self.rid, self.created, self.model, plan, self._usage(True))
         rec.done = True
         rec.stage = "done"
-        return json(out, headers={"X-Request-Id": rec.request_id})
+        return json_response(out, headers={"X-Request-Id": rec.request_id})
 
     # -- streaming ---------------------------------------------------------------------------------
     def _events(self) -> tuple[list[bytes], list[int]]:

@@ -16,13 +16,13 @@ from .config import EmulatorConfig
 _JSON = "application/json"
 
 
-def json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(body=orjson.dumps(obj), status=status, content_type=_JSON, headers=headers)
 
 
 def error(cfg: EmulatorConfig, status: int, message: str, type: str, param: str | None = None) -> web.Response:
-    return json(shapes.error_body(cfg.flavour, message, type=type, code=status, param=param), status)
+    return json_response(shapes.error_body(cfg.flavour, message, type=type, code=status, param=param), status)
 
 
 def anthropic_error(status: int, message: str) -> web.Response:
-    return json({"type": "error", "error": {"type": "invalid_request_error", "message": message}}, status)
+    return json_response({"type": "error", "error": {"type": "invalid_request_error", "message": message}}, status)

@@ -25,7 +25,7 @@ from .cache import PrefixCache, salt_seed, token_bytes
 from .config import EmulatorConfig
 from .generation import Plan, plan_chat, plan_completion, requested_max_tokens
 from .job import Job, computed
-from .responses import anthropic_error, error, json
+from .responses import anthropic_error, error, json_response
 from .stats import RequestRecord, Stats
 from .tokens import TokenizeGenerated, TokenizePrompt, count_images, tokenizers_for, words
 
@@ -150,10 +150,10 @@ class Emulator:
 
     async def models(self, request: web.Request) -> web.Response:
         c = self.config
-        return json(shapes.models_body(c.flavour, c.model, c.eff_model_root, c.max_model_len))
+        return json_response(shapes.models_body(c.flavour, c.model, c.eff_model_root, c.max_model_len))
 
     async def get_stats(self, request: web.Request) -> web.Response:
-        return json(self.stats.to_json(self.cache_json()))
+        return json_response(self.stats.to_json(self.cache_json()))
 
     async def reset(self, request: web.Request) -> web.Response:
         if request.query.get("config") in ("1", "true"):
@@ -161,17 +161,17 @@ class Emulator:
         self.cache.clear()
         self.stats.reset(self.config.recent_requests)
         self._fail_rng = random.Random(self.config.seed)
-        return json({"ok": True, "config": self.config.to_dict()})
+        return json_response({"ok": True, "config": self.config.to_dict()})
 
     async def get_config(self, request: web.Request) -> web.Response:
-        return json(self.config.to_dict())
+        return json_response(self.config.to_dict())
 
     async def post_config(self, request: web.Request) -> web.Response:
         try:
             self.set_config(self.config.merged(orjson.loads(await request.read() or b"{}")))
         except (ValueError, ImportError, orjson.JSONDecodeError) as exc:
-            return json({"error": {"message": str(exc), "type": "emulator_config_error"}}, 400)
-        return json(self.config.to_dict())
+            return json_response({"error": {"message": str(exc), "type": "emulator_config_error"}}, 400)
+        return json_response(self.config.to_dict())
 
     async def tokenize(self, request: web.Request) -> web.Response:
         try:
@@ -181,7 +181,8 @@ class Emulator:
             ids = self.tokenize_prompt(body)
         except ValueError as exc:  # orjson.JSONDecodeError and template refusals are ValueErrors
             return error(self.config, 400, str(exc), "BadRequestError")
-        return json({"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": ids, "token_strs": None})
+        return json_response({"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": ids,
+                              "token_strs": None})
 
     async def detokenize(self, request: web.Request) -> web.Response:
         try:
@@ -193,7 +194,7 @@ class Emulator:
             return error(self.config, 400, str(exc), "BadRequestError")
         decode = getattr(self.tokenize_prompt, "decode", None)
         text = decode(tokens) if decode is not None else " ".join(f"<{t}>" for t in tokens)
-        return json({"prompt": text})
+        return json_response({"prompt": text})
 
     async def embeddings(self, request: web.Request) -> web.Response:
         cfg = self.config
@@ -209,7 +210,7 @@ class Emulator:
         except (ValueError, TypeError) as exc:
             return error(cfg, 400, str(exc), "BadRequestError")
         self.stats.prompt_tokens += out["usage"]["prompt_tokens"]
-        return json(out)
+        return json_response(out)
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         """/v1/responses through the chat machinery (see emulator/passthrough.py)."""
@@ -247,7 +248,7 @@ class Emulator:
                     await asyncio.sleep((plan.completion_tokens - 1) / cfg.decode_tps)
                 self._remember_response(chat, plan, data, hashes, seed)
                 rec.done, rec.stage = True, "done"
-                return json(b.response(b.final_status(), usage))
+                return json_response(b.response(b.final_status(), usage))
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
             await resp.prepare(request)
             gap = 1.0 / cfg.decode_tps if cfg.decode_tps > 0 else 0.0
@@ -321,7 +322,7 @@ class Emulator:
             prompt = self.tokenize_prompt(messages_chat_body(got[0]))
         except (ValueError, TypeError, AttributeError, KeyError) as exc:
             return anthropic_error(400, str(exc))
-        return json({"input_tokens": len(prompt)})
+        return json_response({"input_tokens": len(prompt)})
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         """/v1/messages as vLLM serves it: translated to chat (gateway/pipeline/messages_chat.py), answered
@@ -352,7 +353,7 @@ class Emulator:
             if not body.get("stream"):
                 remember()
                 rec.done, rec.stage = True, "done"
-                return json(em.message(model, plan, use))
+                return json_response(em.message(model, plan, use))
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
             await resp.prepare(request)
             gap = 1.0 / cfg.decode_tps if cfg.decode_tps > 0 else 0.0
@@ -389,7 +390,8 @@ class Emulator:
             try:
                 cfg = cfg.merged(orjson.loads(patch))
             except (ValueError, orjson.JSONDecodeError) as exc:
-                return json({"error": {"message": f"X-Emulator-Config: {exc}", "type": "emulator_config_error"}}, 400)
+                return json_response({"error": {"message": f"X-Emulator-Config: {exc}",
+                                                "type": "emulator_config_error"}}, 400)
         decode_error = "body is null"
         try:
             body = orjson.loads(raw)
