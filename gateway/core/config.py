@@ -162,7 +162,8 @@ class Limits(_Strict):
 class CacheModel(_Strict):
     """What the gateway knows about the lane's prefix cache, to predict hits."""
 
-    block_size: int = Field(1, ge=1, description="cached tokens come in whole blocks of this many tokens")
+    block_size: int = Field(1, ge=1, description="cached tokens come in whole blocks of this many tokens; unset "
+                            "in routes.yaml: the engine's default (vLLM 16, SGLang and others 1)")
     prefill_tokens_per_s: float = Field(20000.0, gt=0, description="to turn tokens lost into seconds lost")
     pool_tokens: int | None = Field(None, gt=0, description="each replica's KV pool in tokens, for the gateway's "
                                     "model of its prefix cache (LRU by block); null: modelled as 4M tokens "
@@ -287,6 +288,11 @@ FailoverTrigger = Literal["connect", "timeout"] | int
 HealKind = Literal["arguments", "reasoning", "content", "tool_result_order", "reasoning_field"]
 
 
+# The prefix cache's block size when a lane does not say: each engine's own default (vLLM's
+# --block-size; SGLang's --page-size).
+ENGINE_BLOCK_SIZE = {"vllm": 16, "sglang": 1}
+
+
 class Lane(_Strict):
     engine: Literal["sglang", "vllm", "openai"] = "vllm"
     replicas: list[str] = Field(min_length=1)
@@ -352,6 +358,18 @@ class Lane(_Strict):
         if len(set(out)) != len(out):
             raise ValueError("the same replica URL is listed twice")
         return out
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_block_size(cls, data: Any) -> Any:
+        """A prediction in another block size than the engine's is never exact: unset, it is the engine's."""
+        if isinstance(data, dict):
+            cache = data.get("cache", {})
+            if isinstance(cache, dict) and "block_size" not in cache:
+                engine = data.get("engine", "vllm")
+                block = ENGINE_BLOCK_SIZE.get(engine, 1) if isinstance(engine, str) else 1
+                data = {**data, "cache": {**cache, "block_size": block}}
+        return data
 
     @model_validator(mode="after")
     def _kv_events_replicas(self) -> "Lane":

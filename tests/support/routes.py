@@ -37,8 +37,8 @@ def routes(lanes: dict[str, dict[str, Any]], models: dict[str, str] | None = Non
 
 
 def emulator_lane(replicas: str | list[str], **extra: Any) -> dict[str, Any]:
-    """A lane on a vLLM-flavoured emulator whose cache predictions come in its 16-token blocks (a lane's
-    default is 1: every prediction would be off by up to 15 tokens)."""
+    """A lane on a vLLM-flavoured emulator whose cache predictions come in its 16-token blocks (a vLLM
+    lane's default too; said here so that a test reads it)."""
     return lane(replicas, **{"cache": {"block_size": 16}, **extra})
 
 
