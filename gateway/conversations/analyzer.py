@@ -140,7 +140,7 @@ class Analyzer:
                 ex.cache = unknown("analysis failed")
                 return
             # What the replica holds from other conversations (prefixcache/): a first turn's prediction.
-            if self.shared is not None and self.shared.apply(ex, lane, outcome):
+            if self.shared is not None and await self.shared.judge(ex, lane, outcome):
                 # A first turn's verdict changed: its state says so too (once per conversation).
                 state = ConversationState.from_bytes(outcome.data)
                 state.last_cache = outcome.cache

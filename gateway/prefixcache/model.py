@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections import Counter
 from collections.abc import Sequence
+from itertools import islice
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
 # modelled in 16-token blocks (a prediction at most 15 tokens short), not a key per token. A lane with
 # KV events keys its blocks as the engine does, whatever their size.
 MODEL_BLOCK_MIN = 16
+_CHUNK = 8192  # entries read per call while evicting
 
 
 def key_block(lane: "Lane") -> int:
@@ -79,9 +82,29 @@ class ReplicaBlocks:
         self._since.clear()
 
     def _evict(self, cap: int) -> None:
-        by_age = sorted(self._used.items(), key=lambda kv: kv[1])
-        drop = len(by_age) - cap
-        for k, _ in by_age[:drop]:
-            del self._used[k]
-            del self._since[k]
-        self.evicted += drop
+        """The least recently used blocks leave until the pool fits (among blocks of the same turn, in
+        the order they were first held). Read in chunks, each a short call: a thread running this lets
+        the event loop in between (shared.py runs long turns on one)."""
+        used = self._used
+        drop = len(used) - cap
+        ages: Counter[int] = Counter()
+        values = iter(used.values())
+        for chunk in iter(lambda: list(islice(values, _CHUNK)), []):
+            ages.update(chunk)
+        oldest, n = 0, 0
+        for oldest in sorted(ages):
+            n += ages[oldest]
+            if n >= drop:
+                break
+        victims: list[int] = []
+        last: list[int] = []  # of the turn at the boundary: as many as are still to go
+        items = iter(used.items())
+        for pairs in iter(lambda: list(islice(items, _CHUNK)), []):
+            victims.extend([k for k, c in pairs if c < oldest])
+            last.extend([k for k, c in pairs if c == oldest])
+        victims += last[:max(0, drop - len(victims))]
+        since = self._since
+        for k in victims:
+            del used[k]
+            del since[k]
+        self.evicted += len(victims)

@@ -7,8 +7,11 @@ from when they were there (model.py): a first turn is credited only what was the
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from array import array
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from .model import ReplicaBlocks, key_block
@@ -19,6 +22,9 @@ if TYPE_CHECKING:
     from ..core.runtime import LaneRuntime
 
 
+# A turn with more blocks than this is modelled on the model's own thread, not on the event loop.
+LOOP_MAX_BLOCKS = 2048
+
 # A lane that does not declare its pool (cache.pool_tokens) is modelled with this many blocks at most
 # (4M tokens in 16-token blocks): beyond any engine's pool here, and the model's memory stays bounded.
 UNDECLARED_POOL_BLOCKS = 1 << 18
@@ -28,6 +34,8 @@ class SharedPrefixes:
     def __init__(self) -> None:
         self.replicas: dict[tuple[str, str], ReplicaBlocks] = {}
         self.predicted_turns = 0  # first turns predicted from another conversation's blocks
+        self._lock = threading.Lock()  # one turn at a time changes the model, on the loop or its thread
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefix-model")
 
     def replica(self, lane: "LaneRuntime", url: str) -> ReplicaBlocks:
         key = (lane.name, url)
@@ -38,9 +46,24 @@ class SharedPrefixes:
             blocks = self.replicas[key] = ReplicaBlocks(capacity)
         return blocks
 
+    async def judge(self, ex: "Exchange", lane: "LaneRuntime", outcome: "Outcome") -> bool:
+        """`apply`, on the event loop for a short prompt when the model is free, else on the model's
+        own thread: a long prompt's blocks are dict work in proportion to it (and an eviction batch
+        more), which must not hold the event loop and every stream on it."""
+        if len(outcome.kv_keys or b"") <= 8 * LOOP_MAX_BLOCKS and self._lock.acquire(blocking=False):
+            try:
+                return self._apply(ex, lane, outcome)
+            finally:
+                self._lock.release()
+        return await asyncio.get_running_loop().run_in_executor(self._thread, self.apply, ex, lane, outcome)
+
     def apply(self, ex: "Exchange", lane: "LaneRuntime", outcome: "Outcome") -> bool:
         """Predict a first turn from what its replica holds; then hold this turn's blocks there.
         True when the turn's verdict changed."""
+        with self._lock:
+            return self._apply(ex, lane, outcome)
+
+    def _apply(self, ex: "Exchange", lane: "LaneRuntime", outcome: "Outcome") -> bool:
         cache = outcome.cache
         changed = False
         if not outcome.kv_keys or ex.replica is None or not isinstance(cache, dict):
