@@ -98,8 +98,9 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
     generated_msg = job.generated
     rendered: Rendered | None = None
     generated = None
+    engine_ids: list[int] | None = None  # the engine's prompt ids, parsed (render_check.py)
     if renderer is not None:
-        # The engine's ids, parsed unless the previous turn's check lets this one read only its new ids.
+        # Parsed unless the previous turn's check lets this one read only its new ids.
         engine_ids = job.prompt_token_ids if isinstance(job.prompt_token_ids, list) else \
             render_check.parse(job.prompt_token_ids) if job.prompt_token_ids is not None and \
             (reuse is None or reuse.checked is None) else None
