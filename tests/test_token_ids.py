@@ -13,7 +13,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.conversations import render_check
 from gateway.pipeline import token_ids
 from gateway.core.exchange import Exchange
 from gateway.relay.sse import EventSplitter
@@ -80,7 +79,7 @@ def test_the_relay_keeps_the_ids_for_the_analysis_and_parses_the_prompts_later()
     assert out == plain
     assert ex.generated.prompt_token_ids == b"[0,129280,17]"  # its JSON: parsed by the analysis, off the loop
     assert ex.generated.token_ids == [1000 + i for i, e in enumerate(plain) if b'"token_ids":null' in e]
-    assert render_check.parse(ex.generated.prompt_token_ids) == [0, 129280, 17]
+    assert token_ids.parse_ids(ex.generated.prompt_token_ids) == [0, 129280, 17]
 
 
 def test_whole_bodies_compact_or_spaced():

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from ..heal.saved import tokens_saved
+from ..pipeline.token_ids import parse_ids
 from ..render.normalize import json_digest, template_response_format, tools_digest
 from ..render.estimate import Estimator
 from ..render.checks import effective_effort
@@ -102,7 +103,7 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
     if renderer is not None:
         # Parsed unless the previous turn's check lets this one read only its new ids.
         engine_ids = job.prompt_token_ids if isinstance(job.prompt_token_ids, list) else \
-            render_check.parse(job.prompt_token_ids) if job.prompt_token_ids is not None and \
+            parse_ids(job.prompt_token_ids) if job.prompt_token_ids is not None and \
             (reuse is None or reuse.checked is None) else None
         try:
             if reuse is not None and reuse.previous is not None:

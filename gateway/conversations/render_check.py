@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import orjson
 import xxhash
 
+from ..pipeline.token_ids import parse_ids
 from .drift import common_prefix
 
 
@@ -36,15 +37,6 @@ class RenderCheck:
     checked: Checked | None  # what the next turn can start from (None: nothing to remember)
 
 
-def parse(ids: bytes) -> list[int]:
-    """The ids' JSON as a list (an answer that is not a JSON list of ids: empty, which matches nothing)."""
-    try:
-        out = orjson.loads(ids)
-    except orjson.JSONDecodeError:
-        return []
-    return out if isinstance(out, list) else []
-
-
 def check(engine: bytes | list[int], parsed: list[int] | None, ours: array, common: int,
           before: Checked | None) -> RenderCheck:
     """`engine`: the engine's ids (their JSON, or parsed); `parsed`: the same parsed, if the caller has
@@ -58,7 +50,7 @@ def check(engine: bytes | list[int], parsed: list[int] | None, ours: array, comm
                 return RenderCheck(True, None, _checked(engine, len(ours)))
             k = common_prefix(tail, mine)
             return RenderCheck(False, before.tokens + k, None)
-    whole = parsed if parsed is not None else parse(engine) if isinstance(engine, bytes) else engine
+    whole = parsed if parsed is not None else parse_ids(engine) if isinstance(engine, bytes) else engine
     try:
         theirs = array("I", whole)
     except (OverflowError, TypeError):  # not ids: a negative or huge number, or not a number

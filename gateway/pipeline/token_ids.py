@@ -111,10 +111,10 @@ def _strip(data: bytes) -> tuple[bytes, list[int] | None, list[int] | None]:
         end = data.find(b"]", start) + 1 if start < n and data[start] == 0x5B else 0  # '[': an id array
         if end > 0:
             if data[k - 1] == 0x22:  # '"token_ids":'
-                ids = _ids(data[start:end])
+                ids = parse_ids(data[start:end])
                 gen = ids if gen is None else gen + ids  # n > 1: one list per choice, joined
             elif data.startswith(_PROMPT, k - len(_PROMPT)):
-                prompt = _ids(data[start:end])
+                prompt = parse_ids(data[start:end])
             else:  # another key ending in token_ids: not ours to touch
                 k = data.find(_KEY, end)
                 continue
@@ -128,7 +128,8 @@ def _strip(data: bytes) -> tuple[bytes, list[int] | None, list[int] | None]:
     return b"".join(out), prompt, gen
 
 
-def _ids(array: bytes) -> list[int]:
+def parse_ids(array: bytes) -> list[int]:
+    """Ids kept as their JSON, as a list (what is not a JSON list of ids: empty, which matches nothing)."""
     try:
         ids = orjson.loads(array)
     except orjson.JSONDecodeError:
@@ -179,7 +180,7 @@ def strip_chunk(data: bytes) -> tuple[bytes | None, list[int] | None, list[int] 
     """One SSE event's bytes without the ids: (bytes, or None when the chunk exists only for its ids;
     the prompt ids found; the generated ids found)."""
     out, prompt, gen = _chunk(data, True)
-    return out, None if prompt is None else _ids(prompt), None if gen is None else _ids(gen)
+    return out, None if prompt is None else parse_ids(prompt), None if gen is None else parse_ids(gen)
 
 
 def strip_body(data: bytes) -> tuple[bytes, list[int] | None, list[int] | None]:
@@ -202,7 +203,7 @@ def take(ex: "Exchange", event: bytes) -> bytes | None:
     if prompt is not None:
         ex.generated.prompt_token_ids = prompt
     if gen is not None:
-        ex.generated.token_ids.extend(_ids(gen))
+        ex.generated.token_ids.extend(parse_ids(gen))
     return out
 
 
