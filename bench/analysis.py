@@ -107,7 +107,7 @@ def append_only(body: dict, options: RenderOptions, turns: int) -> None:
             ms, out = cpu_ms(lambda j=j, renderer=renderer: analyse_job(j, renderer, None))
             times.append(ms)
         print(f"  append-only turn, {label}: median {statistics.median(times):.2f} ms, max {max(times):.2f} ms "
-              f"over {turns} turns ({out.cache['rendered_prompt_tokens']} tokens, verdict {out.cache['verdict']}; "
+              f"over {turns} turns ({out.cache.rendered_prompt_tokens} tokens, verdict {out.cache.verdict}; "
               f"the first turn {cold:.0f} ms)   target <= 5 ms")
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
+from gateway.core.verdict import CacheVerdict
 from tests.support.exchanges import exchange
 from tests.support.inprocess import make_app
 from tests.support.routes import lane, routes
@@ -21,8 +22,7 @@ def app(tmp_path: Path):
         records = gw.records
         for i in range(5):
             ex = exchange(request_id=f"r{i}", lane="lane-a")
-            ex.cache = {"verdict": "drift" if i == 4 else "hit", "cause": "tools_reordered",
-                                       "tokens_lost": 123}
+            ex.cache = CacheVerdict("drift" if i == 4 else "hit", cause="tools_reordered", tokens_lost=123)
             records.sink(ex, None)
         records.sqlite.flush()
         yield client, gw

@@ -17,6 +17,7 @@ from gateway.conversations.identity import key_id
 from gateway.conversations.lookup import candidate_ids
 from gateway.conversations.remedies import DEFAULT, REMEDIES, REPIN, remedy_for
 from gateway.records.record import client_of
+from gateway.core.verdict import CacheVerdict
 from tests.support.exchanges import exchange
 from tests.support.inprocess import make_app
 from tests.support.routes import lane, routes
@@ -139,10 +140,9 @@ def api(tmp_path: Path):
         for i, (sess, ua, cause, lost, action) in enumerate(plan):
             ex = exchange(request_id=f"d{i}", lane="lane-a", request_headers={"user-agent": ua},
                           conversation_id=key_id(sess), turn=i + 2, effort_action=action)
-            ex.cache = {"verdict": "drift", "cause": cause, "tokens_lost": lost,
-                                       "seconds_lost": lost / 4000, "divergence_message_index": 0,
-                                       "snippet_before": "<｜User｜>Today is Monday",
-                                       "snippet_after": "<｜User｜>Today is Tuesday"}
+            ex.cache = CacheVerdict("drift", cause=cause, tokens_lost=lost, seconds_lost=lost / 4000,
+                                    divergence_message_index=0, snippet_before="<｜User｜>Today is Monday",
+                                    snippet_after="<｜User｜>Today is Tuesday")
             records.sink(ex, None)
         records.db.flush()
         yield client

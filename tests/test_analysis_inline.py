@@ -12,6 +12,7 @@ from gateway.conversations.analysis import analyse_job
 from gateway.conversations.job import Job
 from gateway.conversations.state import ConversationState
 from gateway.conversations.worker import AnalysisProcess
+from gateway.core.verdict import CacheVerdict
 from gateway.render.renderer import Renderer
 from gateway.render.result import RenderOptions
 
@@ -114,7 +115,7 @@ def test_an_agents_turns_get_the_same_verdicts_here_and_in_the_worker() -> None:
         j.stored = stored
         return j
 
-    async def chain(run) -> list[dict]:
+    async def chain(run) -> list[CacheVerdict]:
         stored, state, verdicts = None, ConversationState("c1", "key"), []
         for messages, said in turns():
             outcome = await run(job(messages, said, stored, state))
@@ -122,7 +123,7 @@ def test_an_agents_turns_get_the_same_verdicts_here_and_in_the_worker() -> None:
             verdicts.append(outcome.cache)
         return verdicts
 
-    async def both() -> tuple[list[dict], list[dict]]:
+    async def both() -> tuple[list[CacheVerdict], list[CacheVerdict]]:
         renderer = Renderer(options)
 
         async def here(j: Job) -> object:
@@ -137,6 +138,6 @@ def test_an_agents_turns_get_the_same_verdicts_here_and_in_the_worker() -> None:
 
     here, there = asyncio.run(both())
     assert here == there
-    assert ([(v["verdict"], v["cause"]) for v in here]
+    assert ([(v.verdict, v.cause) for v in here]
             == [("cold", None)] + [("drift", "reasoning_dropped_by_template")] * 5)
-    assert len({v["predicted_cached_tokens"] for v in here}) == 6, here
+    assert len({v.predicted_cached_tokens for v in here}) == 6, here

@@ -88,7 +88,7 @@ def test_batches_wait_in_the_pipe_while_the_worker_is_busy() -> None:
                 await asyncio.sleep(0)  # two turns of the loop, the scenario: sent at once, not after an answer
             assert process.batches == 2 and not first.done(), "sent while the first is unanswered"
             outcomes = await asyncio.wait_for(asyncio.gather(first, *rest), 60)
-            assert [o.cache["rendered_prompt_tokens"] > 0 for o in outcomes] == [True] * len(outcomes)
+            assert [o.cache.rendered_prompt_tokens > 0 for o in outcomes] == [True] * len(outcomes)
             assert [orjson.loads(o.data)["id"] for o in outcomes] == [f"c{i}" for i in range(IN_FLIGHT + 2)]
         finally:
             process.stop()

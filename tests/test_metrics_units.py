@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from gateway.observe.metrics import BoundedLabel, Metrics, status_class
+from gateway.core.verdict import CacheVerdict
 from tests.support.exchanges import exchange
 from tests.support.metrics import samples
 
@@ -13,8 +14,8 @@ def test_one_exchange_feeds_counters_and_histograms() -> None:
     reg = CollectorRegistry()
     m = Metrics(reg)
     ex = exchange(limits_fired=["max_top_logprobs"], effort_action="pinned", retries=1)
-    ex.cache = {"verdict": "drift", "cause": "effort_changed", "tokens_lost": 400,
-                               "seconds_lost": 0.2, "predicted_cached_tokens": 500}
+    ex.cache = CacheVerdict("drift", cause="effort_changed", tokens_lost=400, seconds_lost=0.2,
+                            predicted_cached_tokens=500)
     m.observe(ex)
     s = samples(reg)
     lane = (("lane", "lane-a"),)

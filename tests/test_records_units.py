@@ -14,6 +14,7 @@ from gateway.records.stats import (compute_stats, decode_histogram, format_table
                                    series)
 from gateway.records.store_redis import RedisRecordStream
 from gateway.records.store_sqlite import FILENAME, RecordReader, SQLiteStore
+from gateway.core.verdict import CacheVerdict
 from tests.support.emulator_proc import free_port
 from tests.support.exchanges import exchange
 
@@ -67,10 +68,9 @@ def test_reasoning_tokens_openai_and_sglang_shapes() -> None:
 def test_cache_verdict_from_exchange_or_unknown() -> None:
     assert build_record(exchange())["verdict"] == "unknown"
     ex = exchange()
-    ex.cache = {"predicted_cached_tokens": 900, "verdict": "drift", "cause": "system_prompt_edited",
-                               "divergence_message_index": 0, "divergence_field": "content",
-                               "tokens_lost": 300, "seconds_lost": 0.5, "rendered_prompt_tokens": 1000,
-                               "render": "exact"}
+    ex.cache = CacheVerdict("drift", predicted_cached_tokens=900, cause="system_prompt_edited",
+                            divergence_message_index=0, divergence_field="content", tokens_lost=300,
+                            seconds_lost=0.5, rendered_prompt_tokens=1000, render="exact")
     rec = build_record(ex)
     assert (rec["verdict"], rec["cause"], rec["divergence_message_index"], rec["tokens_lost"]) == \
         ("drift", "system_prompt_edited", 0, 300)

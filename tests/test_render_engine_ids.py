@@ -93,8 +93,8 @@ def _job(prompt_token_ids: bytes | None) -> Job:
 def test_the_analysis_of_a_new_conversation_reads_the_engines_ids() -> None:
     ids = _tokenised().token_ids
     with_ids = analyse_job(_job(orjson.dumps(ids)), _fresh(), None)
-    assert with_ids.cache["render_check"] == "token_ids" and with_ids.cache["render_matches_engine"] is True
-    assert with_ids.cache["rendered_prompt_tokens"] == len(ids)
+    assert with_ids.cache.render_check == "token_ids" and with_ids.cache.render_matches_engine is True
+    assert with_ids.cache.rendered_prompt_tokens == len(ids)
     without = analyse_job(_job(None), _fresh(), None)
     assert ConversationState.from_bytes(with_ids.data).last == ConversationState.from_bytes(without.data).last
     # the next turn compares against a print made from the engine's ids as from the tokenizer's
@@ -103,4 +103,4 @@ def test_the_analysis_of_a_new_conversation_reads_the_engines_ids() -> None:
     j = _job(None)
     j.body = body2
     _, cache, _, _ = analyse(j, body2, state, _fresh(), None)
-    assert cache["verdict"] in ("unknown", "hit") and cache["lcp_tokens"] >= len(ids)
+    assert cache.verdict in ("unknown", "hit") and cache.lcp_tokens >= len(ids)

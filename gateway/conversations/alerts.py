@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from ..core.exchange import Exchange
+from ..core.verdict import CacheVerdict
 from ..store import StateStore
 from .causes import fixer
 from .drift import Divergence
@@ -39,15 +40,15 @@ class AlertBook:
         self.max_alerts = max_alerts
         self.raised = 0
 
-    async def raise_alert(self, ex: Exchange, lane: str, div: Divergence, cache: dict[str, Any],
+    async def raise_alert(self, ex: Exchange, lane: str, div: Divergence, cache: CacheVerdict,
                           snippets: tuple[str, str] | None) -> dict[str, Any]:
         key = f"alert:{ex.conversation_id}:{div.cause}"
         now = time.time()
         if snippets:  # the record keeps them too, for the fleet's alert view and the conversation page
-            cache["snippet_before"], cache["snippet_after"] = snippets
+            cache.snippet_before, cache.snippet_after = snippets
         raw = await self.store.get(key)
         previous = orjson.loads(raw) if raw else None
-        tokens_lost = int(cache.get("tokens_lost") or 0)
+        tokens_lost = cache.tokens_lost
         alert = {
             "id": key.removeprefix("alert:"),
             "time": now,
@@ -65,7 +66,7 @@ class AlertBook:
             "field": div.field,
             "tokens_lost": tokens_lost,
             "tokens_lost_total": (previous.get("tokens_lost_total", 0) if previous else 0) + tokens_lost,
-            "seconds_lost": cache.get("seconds_lost", 0.0),
+            "seconds_lost": cache.seconds_lost,
             "severity": severity(tokens_lost),
             **_advice(div.cause, ex.effort_action == "repinned", ex.path),
             "snippet_before": snippets[0] if snippets else None,

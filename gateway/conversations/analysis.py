@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from ..core.verdict import CacheVerdict
 from ..heal.saved import tokens_saved
 from ..pipeline.token_ids import parse_ids
 from ..render.normalize import json_digest, template_response_format, tools_digest
@@ -94,7 +95,7 @@ class _Reuse(NamedTuple):
 
 def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: Renderer | None,
             estimator: Any, out: dict[str, Any] | None = None, reuse: _Reuse | None = None,
-            ) -> tuple[ConversationState, dict[str, Any], Divergence | None, tuple[str, str] | None]:
+            ) -> tuple[ConversationState, CacheVerdict, Divergence | None, tuple[str, str] | None]:
     options = job.options
     generated_msg = job.generated
     rendered: Rendered | None = None
@@ -118,7 +119,7 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
             rendered = None
     if rendered is None:
         if estimator is None:
-            return _next_state(job, state, None), unknown("no renderer for this lane"), None, None
+            return _next_state(job, state, None), CacheVerdict.unknown("no renderer for this lane"), None, None
         if reuse is not None and reuse.estimated is not None:
             rendered = estimator.render(body, previous=reuse.estimated, unchanged=reuse.unchanged)
         else:
@@ -175,37 +176,31 @@ def analyse(job: Job, body: dict[str, Any], state: ConversationState, renderer: 
             verdict, tokens_lost = "eviction", predicted - reported
         else:
             verdict, tokens_lost = "hit", 0
-    cache: dict[str, Any] = {
-        "predicted_cached_tokens": predicted,
-        "reported_cached_tokens": reported,
-        "verdict": verdict,
-        "cause": divergence.cause if divergence else ("rehomed" if verdict == "cold" and old is not None else None),
-        "divergence_message_index": divergence.message_index if divergence else None,
-        "divergence_field": divergence.field if divergence else None,
-        "lcp_tokens": cmp.lcp_tokens if cmp else 0,
-        "tokens_lost": tokens_lost,
-        "seconds_lost": round(tokens_lost / job.prefill_tokens_per_s, 3),
-        "rendered_prompt_tokens": n,
-        "render": "exact" if rendered.exact else "estimated",
-        "repinned": job.repinned,
-    }
+    cache = CacheVerdict(
+        verdict, predicted, reported,
+        cause=divergence.cause if divergence else ("rehomed" if verdict == "cold" and old is not None else None),
+        divergence_message_index=divergence.message_index if divergence else None,
+        divergence_field=divergence.field if divergence else None,
+        lcp_tokens=cmp.lcp_tokens if cmp else 0, tokens_lost=tokens_lost,
+        seconds_lost=round(tokens_lost / job.prefill_tokens_per_s, 3), rendered_prompt_tokens=n,
+        render="exact" if rendered.exact else "estimated", repinned=job.repinned)
     if job.healed:
         segs = [(s.message_index, len(s.token_ids)) for s in rendered.segments]
-        cache["healed_tokens"] = tokens_saved(segs, predicted, job.healed)  # by kind
+        cache.healed_tokens = tokens_saved(segs, predicted, job.healed)  # by kind
     if job.prompt_token_ids is not None and rendered.exact:
         # The engine said which ids it prefilled: compare content, not counts.
         checked = render_check.check(job.prompt_token_ids, engine_ids, rendered.token_array,
                                      cmp.lcp_tokens if cmp is not None else 0, reuse.checked if reuse else None)
-        cache["render_check"] = "token_ids"
-        cache["render_matches_engine"] = checked.matches
+        cache.render_check = "token_ids"
+        cache.render_matches_engine = checked.matches
         if not checked.matches:
-            cache["render_first_difference"] = checked.first_difference
+            cache.render_first_difference = checked.first_difference
         if out is not None:
             out["checked"] = checked.checked
     elif job.usage and isinstance(job.usage.get("prompt_tokens"), int) and rendered.exact:
-        cache["render_check"] = "count"  # the engine gave no ids: a same-length difference would pass unseen
-        cache["render_matches_engine"] = job.usage["prompt_tokens"] == n
-        cache["render_check_why"] = job.token_ids_why  # why the engine gave no ids
+        cache.render_check = "count"  # the engine gave no ids: a same-length difference would pass unseen
+        cache.render_matches_engine = job.usage["prompt_tokens"] == n
+        cache.render_check_why = job.token_ids_why  # why the engine gave no ids
     if out is not None and job.kv_block_size and rendered.exact:
         known = reuse.kv_keys if reuse is not None and cmp is not None else None
         out["kv_keys"] = _block_keys(rendered, generated, job.kv_block_size, known, cmp.lcp_tokens if cmp else 0)
@@ -442,10 +437,3 @@ def _reported_cached(usage: dict[str, Any] | None, engine: str = "vllm") -> int 
     if engine == "sglang" and "prompt_tokens_details" in usage and details is None:
         return 0  # SGLang sends null details when nothing was cached
     return None
-
-
-
-def unknown(why: str) -> dict[str, Any]:
-    return {"predicted_cached_tokens": None, "reported_cached_tokens": None, "verdict": "unknown", "cause": None,
-            "divergence_message_index": None, "divergence_field": None, "tokens_lost": 0, "seconds_lost": 0.0,
-            "rendered_prompt_tokens": None, "render": "none", "note": why}

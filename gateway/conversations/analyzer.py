@@ -21,6 +21,7 @@ import orjson
 from ..pipeline import token_ids
 from ..pipeline.body_parts import Body
 from ..core.exchange import Exchange
+from ..core.verdict import CacheVerdict
 from ..render.options import options_for_lane
 from ..render.result import RenderOptions
 from ..render.told import read as read_options
@@ -31,7 +32,7 @@ from . import handoff, inline
 from .job import Job, Outcome
 from .found import Found
 from .state import ConversationState, Head
-from .analysis import analyse_job, anchors, unknown
+from .analysis import analyse_job, anchors
 from .worker import AnalysisProcess
 from ..prefixcache import SharedPrefixes, key_block
 
@@ -104,7 +105,7 @@ class Analyzer:
         if found is None or lane is None:
             return
         if ex.status != 200 or ex.cancelled or ex.error_code:
-            ex.cache = unknown("request did not complete")
+            ex.cache = CacheVerdict.unknown("request did not complete")
             return
         t0 = time.perf_counter()
         cid = found.state.id
@@ -137,7 +138,7 @@ class Analyzer:
             except Exception:
                 self.failures += 1
                 log.exception("analysis of %s failed", ex.request_id)
-                ex.cache = unknown("analysis failed")
+                ex.cache = CacheVerdict.unknown("analysis failed")
                 return
             # What the replica holds from other conversations (prefixcache/): a first turn's prediction.
             if self.shared is not None and await self.shared.judge(ex, lane, outcome):
@@ -153,7 +154,7 @@ class Analyzer:
                     log.exception("kv-event verdict of %s failed", ex.request_id)
             # ----------------------------------------------------------------------------------------------
             ex.cache = outcome.cache
-            saved = outcome.cache.get("healed_tokens") or {}
+            saved = outcome.cache.healed_tokens or {}
             for healed in ex.healed:
                 healed.tokens_saved = saved.get(healed.kind, 0)
             await self._save(ex, lane, found.state.id, outcome, job.stored)
@@ -176,7 +177,7 @@ class Analyzer:
             return  # another process already stored a later turn: never move the state back
         await self.store.set("conv:" + cid, outcome.data, self.ttl_s)
         ex.state_bytes = len(outcome.data)
-        if outcome.divergence is not None and outcome.cache["tokens_lost"] >= 0:
+        if outcome.divergence is not None and outcome.cache.tokens_lost >= 0:
             await self.alerts.raise_alert(ex, lane.name, outcome.divergence, outcome.cache, outcome.snippets)
 
 

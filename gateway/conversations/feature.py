@@ -89,4 +89,4 @@ class Conversations:
                       "parent": st.parent, "replica": st.replica, "created": st.created,
                       "updated": st.updated, "state_bytes": len(raw),
                       "prompt_tokens": st.last.prompt_tokens if st.last else None,
-                      "last_cache": st.last_cache})
+                      "last_cache": st.last_cache.to_json() if st.last_cache is not None else None})

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.verdict import CacheVerdict
 from ..pipeline.body_parts import Body
 from ..render.result import RenderOptions
 from .drift import Divergence
@@ -54,7 +55,7 @@ class Job:
 
 @dataclass
 class Outcome:
-    cache: dict[str, Any]
+    cache: CacheVerdict
     turn: int  # of the new state
     data: bytes  # the new state, encoded
     divergence: Divergence | None

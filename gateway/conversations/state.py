@@ -16,6 +16,8 @@ from typing import Any
 
 import orjson
 
+from ..core.verdict import CacheVerdict
+
 ROLE_CODES = {"system": 1, "user": 2, "assistant": 3, "tool": 4, "developer": 5, "function": 6, "prefix": 7}
 ROLE_NAMES = {v: k for k, v in ROLE_CODES.items()}
 
@@ -138,7 +140,7 @@ class ConversationState:
     parent: str | None = None
     replica: str | None = None  # where the last turn ran (its KV cache lives there)
     last: TurnPrint | None = None
-    last_cache: dict[str, Any] | None = None  # the last turn's cache verdict, for admins
+    last_cache: CacheVerdict | None = None  # the last turn's cache verdict, for admins
     n_messages: int = 0  # messages in the latest turn's request (from the head)
 
     def to_bytes(self) -> bytes:
@@ -147,14 +149,16 @@ class ConversationState:
         return bytes(memoryview(orjson.dumps({
             "id": self.id, "src": self.source, "lane": self.lane, "c": self.created, "u": self.updated,
             "t": self.turn, "pe": self.pinned_effort, "pth": self.pinned_thinking, "p": self.parent,
-            "rep": self.replica, "last": self.last.to_json() if self.last else None, "lc": self.last_cache,
+            "rep": self.replica, "last": self.last.to_json() if self.last else None,
+            "lc": self.last_cache.to_json() if self.last_cache is not None else None,
         })))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "ConversationState":
         d = orjson.loads(data)
         return cls(d["id"], d["src"], d.get("lane"), d["c"], d["u"], d["t"], d.get("pe"), d.get("pth"), d.get("p"),
-                   d.get("rep"), TurnPrint.from_json(d["last"]) if d.get("last") else None, d.get("lc"))
+                   d.get("rep"), TurnPrint.from_json(d["last"]) if d.get("last") else None,
+                   CacheVerdict.from_json(d["lc"]) if d.get("lc") else None)
 
 
 @dataclass

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from ..pipeline.body_parts import Body
     from ..pipeline.history_memo import Parsed
     from .config import Lane
+    from .verdict import CacheVerdict
 
 CHAT_PATH = "/v1/chat/completions"
 
@@ -216,7 +217,7 @@ class Exchange:
     routing_single: bool = False  # the lane has one replica: no routing lookups were made
     routing_hint: Any = None  # what the affinity router read from the store before choosing
     routing_urls: list[str] = field(default_factory=list)  # replicas in the order they were tried
-    cache: dict[str, Any] | None = None  # the analysis verdict: predicted/reported, verdict, cause
+    cache: CacheVerdict | None = None  # the analysis verdict (core/verdict.py)
     healed: "list[Healed]" = field(default_factory=list)  # drift healing's repairs (gateway/heal/)
     analysis_ms: float | None = None
     analysis_skipped: str | None = None  # why this turn got no analysis (e.g. "queue_full")

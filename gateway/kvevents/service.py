@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..core.config import KVEvents, KVEventsPublisher
+from ..core.verdict import KvNote
 from .index import ReplicaIndex
 from ..routing import prefix_index
 from .placement import Boundaries
@@ -183,7 +184,7 @@ class KVEventsService:
                outcome: "Outcome") -> Verdict | None:
         r = self.replica(lane.name, ex.replica)
         cache = outcome.cache
-        if r is None or not isinstance(cache, dict):
+        if r is None:
             return None
         now = self.clock()
         cid = state.id
@@ -194,44 +195,42 @@ class KVEventsService:
             if other is not r and other.lane == r.lane:
                 other.pressure.forget(cid)
         sub = r.subscriber
-        kv: dict[str, Any] = {"replica": r.url, "stream": sub.state}
-        cache["kv"] = kv
+        kv = cache.kv = KvNote(r.url, sub.state)
         if not keys:
-            kv["note"] = "no exact render of this turn: the index cannot be asked"
+            kv.note = "no exact render of this turn: the index cannot be asked"
             return None
         engine_block = r.index.block_size
         if engine_block is not None and engine_block != lane.config.cache.block_size:
-            kv["note"] = (f"the lane's cache.block_size is {lane.config.cache.block_size}, the engine's blocks are "
+            kv.note = (f"the lane's cache.block_size is {lane.config.cache.block_size}, the engine's blocks are "
                           f"{engine_block} tokens: fix routes.yaml; verdict from counts only")
             return None
         live = r.pressure.live.get(cid)
         since = live.last_t if live is not None else (state.updated if state.turn else None)
-        prompt = cache.get("rendered_prompt_tokens") or 0
-        predicted = cache.get("predicted_cached_tokens") or 0
-        reported = cache.get("reported_cached_tokens")
+        prompt = cache.rendered_prompt_tokens or 0
+        predicted = cache.predicted_cached_tokens or 0
+        reported = cache.reported_cached_tokens
         ok = self.stream_ok(r, since, ex.started_wall)
         verdict: Verdict | None = None
         if sub.state == "live":
             verdict = explain(r.index, Question(cid, keys, prompt, predicted, reported, ex.started_wall, since, ok))
-            kv.update(verdict.as_dict())
+            kv.evidence = verdict.as_dict()
             self.judged += 1
             if verdict.agrees is False:
                 self.disagreements += 1
                 log.info("kv index of %s held %d tokens of %s, the engine reported %s", r.url,
                          verdict.held_tokens, ex.request_id, reported)
-            if cache.get("verdict") == "eviction":
+            if cache.verdict == "eviction":
                 if verdict.cause == "never_stored":
-                    cache["verdict"] = "cold"
-                    cache["cause"] = "never_stored"
+                    cache.verdict, cache.cause = "cold", "never_stored"
                 elif verdict.cause != "held":
-                    cache["cause"] = verdict.cause
+                    cache.cause = verdict.cause
         else:
-            kv["note"] = f"the replica's KV-event stream is {sub.state}: verdict from counts only"
+            kv.note = f"the replica's KV-event stream is {sub.state}: verdict from counts only"
         block = r.index.block_size or 1
         self._note_boundaries(ex, lane.name, keys, outcome.kv_ends, block)
         r.index.attribute(keys, cid)
         r.pressure.turn(cid, len(keys) * block, now)
-        kv["pressure"] = self._after_turn(r, now)
+        kv.pressure = self._after_turn(r, now)
         return verdict
 
     def _note_boundaries(self, ex: "Exchange", lane: str, keys: list[int], ends_raw: bytes | None,

@@ -43,7 +43,6 @@ def _ms(start: float, t: float | None) -> float | None:
 
 def access_fields(ex: Exchange) -> dict[str, Any]:
     usage = ex.usage if isinstance(ex.usage, dict) else {}
-    cache = ex.cache if isinstance(ex.cache, dict) else {}
     fields: dict[str, Any] = {
         "ts": round(ex.started_wall, 3),
         "request_id": ex.request_id,
@@ -62,8 +61,8 @@ def access_fields(ex: Exchange) -> dict[str, Any]:
         "prompt_tokens": usage.get("prompt_tokens"),
         "completion_tokens": usage.get("completion_tokens"),
         "cached_tokens": reported_cached_tokens(usage),
-        "predicted_cached_tokens": cache.get("predicted_cached_tokens"),
-        "verdict": cache.get("verdict") or "unknown",
+        "predicted_cached_tokens": ex.cache.predicted_cached_tokens if ex.cache is not None else None,
+        "verdict": ex.cache.verdict if ex.cache is not None else "unknown",
         "error": ex.error_code,
     }
     if ex.fallback_from:

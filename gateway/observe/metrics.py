@@ -28,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..core.exchange import Exchange
+from ..core.verdict import VERDICTS, CacheVerdict
 from ..records.record import decode_speed, reasoning_tokens, reported_cached_tokens
 
 if TYPE_CHECKING:
@@ -45,7 +46,6 @@ REWRITE_ACTION = "pinned"  # the effort policy changed the request to the conver
 FLUSH_S = 1.0  # requests' counts reach the registry within this, and at every scrape
 MAX_GAPS_PER_REQUEST = 64  # sample long streams evenly: the distribution, at bounded cost
 STATUS_CLASSES = ("2xx", "4xx", "5xx", "cancelled")
-VERDICTS = ("hit", "drift", "eviction", "cold", "unknown")
 EFFORT_ACTIONS = ("first", "kept", "pinned", "repinned", "warned", "off")
 
 
@@ -323,22 +323,20 @@ class Metrics:
         self._observe_timing(ex, lane, ok, completion if isinstance(completion, int) else None)
         self._flush_soon()
 
-    def _observe_cache(self, lane: str, cache: Any) -> None:
-        if not isinstance(cache, dict):
+    def _observe_cache(self, lane: str, cache: CacheVerdict | None) -> None:
+        if cache is None:
             self._inc(self._c(self.verdicts, lane, "unknown"))
             return
-        verdict = cache.get("verdict")
-        if verdict not in ("hit", "drift", "eviction", "cold", "unknown"):
-            verdict = "unknown"
+        verdict = cache.verdict if cache.verdict in VERDICTS else "unknown"
         self._inc(self._c(self.verdicts, lane, verdict))
-        predicted = cache.get("predicted_cached_tokens")
-        if isinstance(predicted, int):
+        predicted = cache.predicted_cached_tokens
+        if predicted is not None:
             self._inc(self._c(self.cached_predicted, lane), predicted)
-        lost = cache.get("tokens_lost") or 0
+        lost = cache.tokens_lost
         if verdict == "drift":
-            cause = self._cause(cache.get("cause") or "unknown")
+            cause = self._cause(cache.cause or "unknown")
             self._inc(self._c(self.drift_tokens, lane, cause), lost)
-            self._inc(self._c(self.drift_seconds, lane, cause), cache.get("seconds_lost") or 0.0)
+            self._inc(self._c(self.drift_seconds, lane, cause), cache.seconds_lost)
         elif verdict == "eviction":
             self._inc(self._c(self.evictions, lane))
             self._inc(self._c(self.eviction_tokens, lane), lost)

@@ -66,28 +66,28 @@ class SharedPrefixes:
     def _apply(self, ex: "Exchange", lane: "LaneRuntime", outcome: "Outcome") -> bool:
         cache = outcome.cache
         changed = False
-        if not outcome.kv_keys or ex.replica is None or not isinstance(cache, dict):
+        if not outcome.kv_keys or ex.replica is None:
             return changed
         keys = array("Q", outcome.kv_keys)
         blocks = self.replica(lane, ex.replica)
         block = key_block(lane.config)
-        prompt = cache.get("rendered_prompt_tokens") or 0
-        if cache.get("verdict") == "cold" and not cache.get("predicted_cached_tokens") and cache.get("cause") is None:
+        prompt = cache.rendered_prompt_tokens or 0
+        if cache.verdict == "cold" and not cache.predicted_cached_tokens and cache.cause is None:
             # The engine never reuses the prompt's last token: a prefix ends one token short of it.
             usable = (max(0, prompt - 1) // block)
             held = blocks.held(keys[:usable], ex.t_forwarded if ex.t_forwarded is not None else ex.started)
             if held:
                 predicted = held * block
-                reported = cache.get("reported_cached_tokens")
+                reported = cache.reported_cached_tokens
                 changed = True
-                cache["predicted_cached_tokens"] = predicted
-                cache["shared_prefix_tokens"] = predicted
+                cache.predicted_cached_tokens = predicted
+                cache.shared_prefix_tokens = predicted
                 self.predicted_turns += 1
                 if reported is not None and reported < predicted:
-                    cache["verdict"], cache["tokens_lost"] = "eviction", predicted - reported
-                    cache["seconds_lost"] = round((predicted - reported) / lane.config.cache.prefill_tokens_per_s, 3)
+                    cache.verdict, cache.tokens_lost = "eviction", predicted - reported
+                    cache.seconds_lost = round((predicted - reported) / lane.config.cache.prefill_tokens_per_s, 3)
                 else:
-                    cache["verdict"], cache["cause"] = "hit", "shared_prefix"
+                    cache.verdict, cache.cause = "hit", "shared_prefix"
         ready = ex.t_first_token or ex.t_first_byte
         blocks.store(keys, prompt // block, ready if ready is not None else time.perf_counter(), time.perf_counter())
         return changed

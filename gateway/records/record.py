@@ -15,6 +15,7 @@ import orjson
 import xxhash
 
 from ..core.exchange import Exchange
+from ..core.verdict import VERDICTS, CacheVerdict
 
 # Column name -> SQLite type. The SQLite store creates (and extends) its table from this list,
 # and the Redis stream carries the same keys, so the two never disagree.
@@ -90,13 +91,13 @@ FIELDS: dict[str, str] = {
     "rate_limited": "TEXT",  # the per-tenant rate limit that refused the request
 }
 
-VERDICTS = ("hit", "drift", "eviction", "cold", "unknown")
+UNKNOWN = CacheVerdict("unknown")  # an exchange the analysis did not see
 
 
 def build_record(ex: Exchange, capture_max_bytes: int = 0) -> dict[str, Any]:
     """The record of `ex`. `capture_max_bytes` > 0 stores request and output, truncated to that size."""
     usage = ex.usage if isinstance(ex.usage, dict) else {}
-    cache = ex.cache if isinstance(ex.cache, dict) else {}
+    cache = ex.cache if ex.cache is not None else UNKNOWN
     body = ex.body if isinstance(ex.body, dict) else {}
     gen = ex.generated
     completion_tokens = _int(usage.get("completion_tokens"))
@@ -130,23 +131,22 @@ def build_record(ex: Exchange, capture_max_bytes: int = 0) -> dict[str, Any]:
         "upstream_error": (ex.upstream_error or None) and ex.upstream_error[:300],
         "prompt_tokens": _int(usage.get("prompt_tokens")),
         "cached_tokens": reported_cached_tokens(usage),
-        "predicted_cached_tokens": _int(cache.get("predicted_cached_tokens")),
-        "verdict": cache.get("verdict") if cache.get("verdict") in VERDICTS else "unknown",
-        "cause": _str(cache.get("cause")),
-        "divergence_message_index": _int(cache.get("divergence_message_index")),
-        "divergence_field": _str(cache.get("divergence_field")),
-        "diff_before": _snippet(cache.get("snippet_before")) if cache.get("verdict") == "drift" else None,
-        "diff_after": _snippet(cache.get("snippet_after")) if cache.get("verdict") == "drift" else None,
-        "tokens_lost": _int(cache.get("tokens_lost")) or 0,
-        "seconds_lost": _float(cache.get("seconds_lost")) or 0.0,
-        "rendered_prompt_tokens": _int(cache.get("rendered_prompt_tokens")),
+        "predicted_cached_tokens": cache.predicted_cached_tokens,
+        "verdict": cache.verdict if cache.verdict in VERDICTS else "unknown",
+        "cause": cache.cause,
+        "divergence_message_index": cache.divergence_message_index,
+        "divergence_field": cache.divergence_field,
+        "diff_before": _snippet(cache.snippet_before) if cache.verdict == "drift" else None,
+        "diff_after": _snippet(cache.snippet_after) if cache.verdict == "drift" else None,
+        "tokens_lost": cache.tokens_lost,
+        "seconds_lost": cache.seconds_lost,
+        "rendered_prompt_tokens": cache.rendered_prompt_tokens,
         "healed": orjson.dumps({h.kind: len(h.indices) for h in ex.healed}).decode() if ex.healed else None,
         "healed_tokens": sum(h.tokens_saved or 0 for h in ex.healed) if ex.healed else None,
-        "render": _str(cache.get("render")),
-        "render_check": _str(cache.get("render_check")),
-        "render_matches_engine": None if cache.get("render_matches_engine") is None
-        else int(bool(cache["render_matches_engine"])),
-        "render_check_why": _str(cache.get("render_check_why")),
+        "render": cache.render if ex.cache is not None else None,
+        "render_check": cache.render_check,
+        "render_matches_engine": None if cache.render_matches_engine is None else int(cache.render_matches_engine),
+        "render_check_why": cache.render_check_why,
         "completion_tokens": completion_tokens,
         "reasoning_tokens": reasoning_tokens(usage),
         "ttfb_s": _since(ex.started, ex.t_first_byte),
@@ -171,7 +171,7 @@ def build_record(ex: Exchange, capture_max_bytes: int = 0) -> dict[str, Any]:
         "finish_reason": gen.finish_reason,
         "analysis": _str(ex.analysis_skipped),
         "capture": _capture(ex, capture_max_bytes) if capture_max_bytes > 0 else None,
-        "kv": orjson.dumps(cache["kv"]).decode() if isinstance(cache.get("kv"), dict) else None,
+        "kv": orjson.dumps(cache.kv.to_json()).decode() if cache.kv is not None else None,
         "admission": orjson.dumps(dataclasses.asdict(ex.admission)).decode() if ex.admission is not None else None,
         "rate_limited": ex.rate_limits.refused if ex.rate_limits is not None else None,
     }
