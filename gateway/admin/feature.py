@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 import orjson
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 
@@ -72,7 +73,7 @@ def _json(data: Any, status: int = 200) -> Response:
 
 
 def _fallback(obj: Any) -> Any:
-    if hasattr(obj, "model_dump"):
+    if isinstance(obj, BaseModel):
         return obj.model_dump(mode="json")
     if isinstance(obj, (set, frozenset, tuple)):
         return list(obj)

@@ -27,7 +27,8 @@ from .generation import Plan, plan_chat, plan_completion, requested_max_tokens
 from .job import Job, computed
 from .responses import anthropic_error, error, json_response
 from .stats import RequestRecord, Stats
-from .tokens import TokenizeGenerated, TokenizePrompt, count_images, tokenizers_for, words
+from .tokens import (Detokenize, TokenizeGenerated, TokenizePrompt, count_images, detokenizer_for,
+                     placeholder_detokenize, tokenizers_for, words)
 
 if TYPE_CHECKING:
     from .kvevents import KVEventPublisher
@@ -66,6 +67,8 @@ class Emulator:
         self._injected = bool(tokenize_prompt and tokenize_generated)
         self.tokenize_prompt: TokenizePrompt = tokenize_prompt or default_prompt  # type: ignore[assignment]
         self.tokenize_generated: TokenizeGenerated = tokenize_generated or default_generated  # type: ignore[assignment]
+        self.detokenize_ids: Detokenize = placeholder_detokenize if self._injected \
+            else detokenizer_for(self.config.tokenizer)
         self.cache = PrefixCache(self.config.eff_block_size, self.config.cache_blocks)
         self._prefill_free_at = 0.0  # prefill_shared: when the shared prefill compute is free again
         self.stats = Stats(self.config.recent_requests)
@@ -116,10 +119,11 @@ class Emulator:
     def set_config(self, config: EmulatorConfig) -> None:
         config.validate()
         old = self.config
-        hooks = None
+        hooks, detokenize = None, self.detokenize_ids
         if config.tokenizer != old.tokenizer and not self._injected:
             # Built before anything changes: an ImportError leaves the old config in place.
             hooks = tokenizers_for(config.tokenizer, lambda: self.config.default_thinking, config.flavour)
+            detokenize = detokenizer_for(config.tokenizer)
         self.config = config
         if config.eff_block_size != old.eff_block_size:
             listener = self.cache.listener
@@ -135,6 +139,7 @@ class Emulator:
             self._fail_rng = random.Random(config.seed)
         if hooks is not None:
             self.tokenize_prompt, self.tokenize_generated = hooks
+            self.detokenize_ids = detokenize
             self.cache.clear()  # token ids of the other tokenizer never match again
 
     def cache_json(self) -> dict[str, Any]:
@@ -192,8 +197,10 @@ class Emulator:
                 raise ValueError("tokens must be a list of integers")
         except ValueError as exc:
             return error(self.config, 400, str(exc), "BadRequestError")
-        decode = getattr(self.tokenize_prompt, "decode", None)
-        text = decode(tokens) if decode is not None else " ".join(f"<{t}>" for t in tokens)
+        try:
+            text = self.detokenize_ids(tokens)
+        except (ValueError, OverflowError, TypeError, IndexError) as exc:  # ids the vocabulary does not have
+            return error(self.config, 400, f"tokens: {exc}", "BadRequestError")
         return json_response({"prompt": text})
 
     async def embeddings(self, request: web.Request) -> web.Response:

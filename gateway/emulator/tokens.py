@@ -20,6 +20,7 @@ import xxhash
 
 TokenizePrompt = Callable[[dict[str, Any]], list[int]]
 TokenizeGenerated = Callable[[dict[str, Any], dict[str, Any]], list[int]]
+Detokenize = Callable[[list[int]], str]
 
 _h32 = xxhash.xxh32_intdigest
 
@@ -200,6 +201,20 @@ def tokenizers_for(name: str, default_thinking: Callable[[], bool] = lambda: Fal
     if name == "dsv41":
         return dsv41_tokenizers(default_thinking, flavour)
     raise ValueError(f"unknown tokenizer {name!r}")
+
+
+def placeholder_detokenize(ids: list[int]) -> str:
+    """A tokenizer without a vocabulary spells each id as itself."""
+    return " ".join(f"<{t}>" for t in ids)
+
+
+def detokenizer_for(name: str) -> Detokenize:
+    """What /detokenize answers with: the real tokenizer's spelling of each id where there is one."""
+    if name == "dsv41":
+        from gateway.render.tokenizer import load_tokenizer
+
+        return load_tokenizer(None).decode
+    return placeholder_detokenize
 
 
 def count_images(body: dict[str, Any]) -> int:

@@ -85,6 +85,10 @@ def _text(fields: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+class _AccessBuffer(logging.handlers.MemoryHandler):
+    """An access-log sink's buffer: one per logger, however many sinks are made."""
+
+
 class AccessLog:
     """The sink: formats one line per exchange and hands it to the `gateway.access` logger."""
 
@@ -100,7 +104,7 @@ class AccessLog:
         handler.setFormatter(logging.Formatter("%(message)s"))
         # Lines are written in batches: one write per line would be a syscall per request; a batch
         # leaves within FLUSH_S, and at once from WARNING up.
-        self._buffer = logging.handlers.MemoryHandler(BATCH_LINES, logging.WARNING, handler)
+        self._buffer = _AccessBuffer(BATCH_LINES, logging.WARNING, handler)
         self._target = handler
         # Lines held for the next flush when nothing but this sink's own handler listens: what the
         # handler would write for each (its format is the message alone), without a LogRecord per
@@ -108,8 +112,7 @@ class AccessLog:
         # a level above INFO, and lines take `log.info`.
         self._lines: list[str] = []
         self._flush_due = False
-        if not any(getattr(h, "_gateway_access", False) for h in log.handlers):
-            self._buffer._gateway_access = True  # type: ignore[attr-defined]
+        if not any(isinstance(h, _AccessBuffer) for h in log.handlers):
             log.addHandler(self._buffer)
         log.setLevel(logging.INFO)
         log.propagate = False  # one line, once: not again through the root logger's format

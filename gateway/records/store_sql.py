@@ -23,6 +23,7 @@ TRIAGE_COLUMNS = ("id", "kind", "lane", "cause", "client", "until", "created", "
 class SQLReader:
     MARK = "?"
     source: dict[str, Any]  # where the rows come from, as `gateway records` reports it (records/cli.py)
+    _have_cache: set[str] | None = None  # the table's columns, once it has them all
 
     def _query(self, sql: str, args: list[Any] | tuple[Any, ...]) -> list[dict[str, Any]]:
         raise NotImplementedError
@@ -38,9 +39,8 @@ class SQLReader:
         # A reader may be newer than the gateway that last wrote the table (`gateway stats` on a
         # host running an older gateway): columns it does not have yet read as NULL. Kept once the
         # table has every column (one catalogue query per call until then).
-        cached = getattr(self, "_have_cache", None)
-        if cached is not None:
-            return cached
+        if self._have_cache is not None:
+            return self._have_cache
         have = self._table_columns()
         if have >= FIELDS.keys():
             self._have_cache = have

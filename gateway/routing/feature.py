@@ -70,7 +70,7 @@ class Routing:
                     "inflight": r.inflight,
                     "inflight_all_processes": board.inflight(name, r.url, r.inflight),
                     "homes": round(board.home_count(name, r.url), 2),
-                    "breaker": r.state(now) if hasattr(r, "state") else ("closed" if r.available(now) else "open"),
+                    "breaker": r.state(now),
                 } for r in lane.upstream.replicas],
             }
         return Response(orjson.dumps({"lanes": lanes, "process": shared.describe()}),

@@ -9,24 +9,35 @@ first use. Cost without CORS: one attribute read per request.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.middleware.cors import CORSMiddleware
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from ..core.config import Cors
 
 
+class GatewayApp(Protocol):
+    """The application CORS wraps (app.FastPath): ASGI, with the Starlette app's state and the gateway."""
+
+    state: Any
+
+    @property
+    def gateway(self) -> Any: ...
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None: ...
+
+
 class CorsGate:
-    def __init__(self, app: ASGIApp, runtime: Any) -> None:
+    def __init__(self, app: GatewayApp, runtime: Any) -> None:
         self.app = app
         self.runtime = runtime
-        self.state = getattr(app, "state", None)
+        self.state = app.state
         self._made: tuple[Cors, CORSMiddleware] | None = None
 
     @property
     def gateway(self) -> Any:
-        return self.app.gateway  # type: ignore[attr-defined]  # FastPath's
+        return self.app.gateway
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         cors = self.runtime.snapshot.config.gateway.cors if scope["type"] == "http" else None

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Protocol, TypeVar
 
 from starlette.datastructures import Headers
@@ -180,9 +181,8 @@ class WireLink:
 
     async def race(self, awaitable: Awaitable[T]) -> T:
         if self.gone:
-            close = getattr(awaitable, "close", None)
-            if close is not None:
-                close()  # a coroutine never awaited
+            if isinstance(awaitable, Coroutine):
+                awaitable.close()  # a coroutine never awaited
             raise ClientGone()
         self.racing = self.task
         try:
