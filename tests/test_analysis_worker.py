@@ -13,7 +13,8 @@ import orjson
 
 from gateway.conversations.job import Job
 from gateway.conversations.state import ConversationState
-from gateway.conversations.worker import BEHIND_JOBS, IN_FLIGHT, NICENESS, AnalysisProcess, _take_frame
+from gateway.conversations.worker import BEHIND_JOBS, IN_FLIGHT, AnalysisProcess, _take_frame
+from gateway.conversations.worker_main import NICENESS
 from gateway.render.result import RenderOptions
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway

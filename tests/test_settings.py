@@ -76,7 +76,7 @@ def test_deadlines_are_positive_seconds_or_the_default(monkeypatch) -> None:
 def test_the_parts_defaults_are_the_settings_defaults(monkeypatch) -> None:
     """A part built without Settings (tests, benchmarks) runs as the gateway does by default."""
     from gateway.cli.main import DEMO_DECODE_TPS, DEMO_PREFILL_TPS
-    from gateway.conversations import handoff, memo, worker
+    from gateway.conversations import handoff, memo, worker_main
     from gateway.observe import aftermath
     from gateway.pipeline import history_memo
     from gateway.records import store_redis
@@ -91,7 +91,7 @@ def test_the_parts_defaults_are_the_settings_defaults(monkeypatch) -> None:
     assert s.state_max_bytes == memory.DEFAULT_MAX_BYTES
     assert s.analysis_memo_bytes == memo.DEFAULT_MAX_BYTES
     assert s.analysis_ring_mb == handoff.DEFAULT_RING_MB
-    assert s.analysis_nice == worker.NICENESS
+    assert s.analysis_nice == worker_main.NICENESS
     assert (s.aftermath_workers, s.aftermath_coalesce, s.aftermath_max_coalesced, s.aftermath_max_bytes) == (
         aftermath.DEFAULT_WORKERS, aftermath.DEFAULT_COALESCE, aftermath.DEFAULT_MAX_COALESCED,
         aftermath.DEFAULT_MAX_QUEUE_BYTES)
