@@ -341,7 +341,7 @@ async def test_close_ends_a_pending_read_and_the_connection(pool) -> None:
         assert await resp.content.readany() == b"hello"
         pending = asyncio.ensure_future(resp.content.readany())
         await asyncio.sleep(0)  # one turn of the loop, the scenario: the read is waiting when the close comes
-        resp.close()  # as proxy.IdleWatchdog does
+        resp.close()  # as relay.inflight.IdleWatchdog does
         with pytest.raises(ResponseClosed):
             await pending
         await until(lambda: srv.closed == 1)
@@ -411,7 +411,7 @@ async def test_upstream_send_fails_over_from_a_refused_replica_with_the_lane_hea
                 assert replica.url == live.url and resp.status == 200 and await read_all(resp) == b"{}"
                 assert up.connections_held() == 1
                 resp.release()
-                replica.inflight -= 1  # as proxy._done does
+                replica.inflight -= 1  # as relay.inflight.InFlight.done does
             assert up.connections_held() == 0 and live.connections == 1
             assert up.replicas[0].failures == 2 and "cannot connect" in (up.replicas[0].last_error or "")
             head = live.requests[-1].head

@@ -9,8 +9,17 @@ decides here, with a bound on the output (a 1 KB gzip bomb must not become 1 GB 
 from __future__ import annotations
 
 import zlib
+from typing import Protocol
 
 import brotli
+
+
+class Decoder(Protocol):
+    """Bytes as they arrived in, bytes as the engine wrote them out."""
+
+    def feed(self, data: bytes) -> bytes: ...
+
+    def finish(self) -> bytes: ...
 
 
 class DecodeError(Exception):
@@ -108,7 +117,7 @@ class _Chain:
 IDENTITY = _Identity()
 
 
-def decoder_for(content_encoding: str | None, limit: int):
+def decoder_for(content_encoding: str | None, limit: int) -> Decoder:
     """A decoder for the header's value; `limit` bounds the bytes one `feed` may produce."""
     if not content_encoding:
         return IDENTITY
