@@ -14,7 +14,7 @@ import logging
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -31,64 +31,28 @@ from .alerts import AlertBook
 from . import handoff, inline
 from .job import Job, Outcome
 from .found import Found
-from .state import ConversationState, Head
-from .analysis import analyse_job, anchors
+from .state import ConversationState
+from .analysis import analyse_job
 from .worker import AnalysisProcess
 from ..prefixcache import SharedPrefixes, key_block
 
 log = logging.getLogger("gateway.drift")
 
 
-class TurnEnd:
-    """The moment a response ends: anchors and head, so the client's next turn finds its
-    conversation, turn number and pins even before this turn's analysis is done."""
+class TurnJudge(Protocol):
+    """Ground truth of a turn's verdict from the engine's KV-cache events (kvevents.service.KVEventsService):
+    it refines `outcome.cache` in place."""
 
-    def __init__(self, store: StateStore, ttl_s: float) -> None:
-        self.store = store
-        self.ttl_s = ttl_s
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def arm(self, ex: Exchange, lane: LaneRuntime) -> None:
-        """Write the turn's end before the answer's last bytes (the relay awaits it): a client that sends
-        its next turn to another gateway the moment the answer is complete is joined there."""
-        async def write() -> None:
-            found: Found | None = ex.conversation
-            if found is None or ex.error_code or ex.cancelled:
-                return
-            ex.turn_written = True
-            await self._write(ex, found, lane.name, lane.config.engine)
-
-        ex.answered.append(write)
-
-    def exchange_ended(self, ex: Exchange, lane: LaneRuntime | None) -> None:
-        found: Found | None = ex.conversation
-        if found is None or lane is None or ex.status != 200 or ex.cancelled or ex.error_code or ex.turn_written:
-            return
-        task = asyncio.get_running_loop().create_task(self._write(ex, found, lane.name, lane.config.engine))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _write(self, ex: Exchange, found: Found, lane: str, lane_engine: str) -> None:
-        state = found.state
-        n = len((ex.chat or {}).get("messages") or ())
-        head = Head(state.turn + 1, ex.effort_applied, ex.thinking_applied, ex.replica, n, state.source, lane,
-                    state.created)
-        value = f"{state.id}|{state.turn + 1}".encode()
-        try:
-            await asyncio.gather(self.store.set("head:" + state.id, head.to_bytes(), self.ttl_s),
-                                 *(self.store.set(key, value, self.ttl_s)
-                                   for key in anchors(ex.tenant, ex.generated.as_message(), n, lane_engine)))
-        except Exception:  # never let bookkeeping hurt anyone; the analyzer writes state later
-            log.exception("writing the head of %s failed", state.id)
+    def judge(self, ex: Exchange, lane: LaneRuntime, state: ConversationState, outcome: Outcome) -> object: ...
 
 
 class Analyzer:
     def __init__(self, store: StateStore, alerts: AlertBook, ttl_s: float, threads: int = 1,
-                 process: AnalysisProcess | None = None, kv_events: Any = None,
+                 process: AnalysisProcess | None = None, kv_events: TurnJudge | None = None,
                  inline_max_bytes: int = 0, shared: SharedPrefixes | None = None) -> None:
         self.store = store
         self.shared = shared
-        self.kv_events = kv_events  # gateway.kvevents.service.KVEventsService, or None
+        self.kv_events = kv_events
         self.alerts = alerts
         self.ttl_s = ttl_s
         self.process = process  # None: analyse in threads of this process

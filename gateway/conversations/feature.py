@@ -14,7 +14,8 @@ from ..core.errors import GatewayError, invalid_request
 from ..store import StateStore
 from .alerts import AlertBook
 from ..prefixcache import SharedPrefixes
-from .analyzer import Analyzer, TurnEnd
+from .analyzer import Analyzer
+from .turn_end import TurnEnd
 from .identity import DEFAULT_TENANT
 from .lookup import candidate_ids
 from .policy import ConversationPolicy
