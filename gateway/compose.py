@@ -211,7 +211,7 @@ def build(settings: Settings) -> Gateway:
     kv_events = KVEventsService(runtime)  # subscribes when started; reads routes.yaml through the runtime
     routing = _part("routing", lambda: Routing(store, runtime, kv_events))
     # The qualify route's pipeline addresses lanes by name and has no gate and no policy.
-    qualify_pipeline = Pipeline(LaneAddressed(runtime))
+    qualify_pipeline = Pipeline(LaneAddressed(runtime), link_of=link_of)
     qualification = _part("qualification", lambda: QualificationService(runtime, settings, qualify_pipeline))
     security = _part("security", lambda: Security(runtime, settings, qualification.tokens))
     security.startup_report()  # raises SecurityConfigError in production without keys

@@ -14,6 +14,7 @@ import pytest
 
 from gateway.pipeline.flow import Pipeline
 from gateway.server.security import Caller
+from gateway.server.wire import link_of
 from tests.support.emulator_proc import run_emulator
 from tests.support.inprocess import make_app
 from tests.support.poll import until
@@ -88,12 +89,12 @@ async def settled(gw) -> None:
 def pipelines(gw) -> dict[str, Pipeline]:
     """The gateway's own pipeline with one step made to fail, for every step."""
     base = gw.pipeline
-    out = {"gate": Pipeline(gw.runtime, gates=[raising_gate], policies=base.policies)}
+    out = {"gate": Pipeline(gw.runtime, link_of=link_of, gates=[raising_gate], policies=base.policies)}
     for i in range(len(base.policies) + 1):
         steps = list(base.policies)
         steps.insert(i, Raising())
         after = base.policies[i - 1].name if i else "start"
-        out[f"policy after {after}"] = Pipeline(gw.runtime, gates=base.gates, policies=steps)
+        out[f"policy after {after}"] = Pipeline(gw.runtime, link_of=link_of, gates=base.gates, policies=steps)
     return out
 
 

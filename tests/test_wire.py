@@ -14,8 +14,10 @@ import time
 import httpx
 import pytest
 
+from gateway.server import wire
 from tests.support.emulator_proc import run_emulator
 from tests.support.gateway_proc import run_gateway
+from tests.support.inprocess import make_app
 from tests.support.routes import lane, routes
 
 
@@ -258,3 +260,16 @@ def _payloads(body: bytes) -> list[object]:
             doc.pop("created", None)
             doc.pop("id", None)
     return docs
+
+
+def test_the_gateways_application_is_found_below_any_middleware(tmp_path) -> None:
+    """The server reads its deadlines from the application it wraps, through uvicorn's middleware."""
+    app = make_app(routes({"a": lane("http://127.0.0.1:9")}, {"m": "a"}), tmp_path)
+
+    class Middleware:
+        def __init__(self, inner: object) -> None:
+            self.app = inner
+
+    found = wire.served_app(Middleware(Middleware(app)))
+    assert found is not None and found.settings.header_timeout_s > 0
+    assert wire.served_app(Middleware(object())) is None

@@ -14,7 +14,7 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 
 from . import messages_chat, messages_from_chat, passthrough, token_ids
-from ..server.client_link import AsgiLink, ClientGone, ClientLink
+from ..server.client_link import ClientGone, ClientLink
 from ..core.answer import Answer
 from ..core.errors import GatewayError, invalid_request
 from ..core.exchange import Exchange
@@ -52,13 +52,13 @@ class Pipeline:
     """The steps of a proxied request, in the order given: gates (may refuse the lane), then
     policies (may rewrite the body or refuse it), then forwarding. Built once by the composition root."""
 
-    def __init__(self, runtime: Lanes, *, gates: Sequence[Gate] = (), policies: Sequence[Policy] = (),
-                 memo: HistoryMemo | None = None, first_bytes: FirstBytes | None = None,
-                 tracing: Tracing = NO_TRACING, link_of: Callable[[Request], ClientLink] | None = None) -> None:
+    def __init__(self, runtime: Lanes, *, link_of: Callable[[Request], ClientLink], gates: Sequence[Gate] = (),
+                 policies: Sequence[Policy] = (), memo: HistoryMemo | None = None,
+                 first_bytes: FirstBytes | None = None, tracing: Tracing = NO_TRACING) -> None:
         self.runtime = runtime
         # How this request's waits learn that the client left: the front end's own way (compose.py
-        # passes the wire path's); by default ASGI's, a watcher on `receive`.
-        self.link_of = link_of or _asgi_link
+        # passes the server's, which knows the wire path and ASGI apart).
+        self.link_of = link_of
         self.tracing = tracing
         self.first_bytes = first_bytes or FirstBytes()  # the aftermath waits while requests are held
         self.memo = memo  # recent large chat bodies: the next turn's unchanged history is not parsed again
@@ -288,10 +288,6 @@ def _check_members(body: bytes, limit: int) -> None:
     if members > limit:
         raise invalid_request(f"the request body holds about {members:,} JSON object members, more than the "
                               f"gateway's limit of {limit:,} (gateway.max_json_members)", code="too_many_members")
-
-
-def _asgi_link(request: Request) -> ClientLink:
-    return AsgiLink(request.receive)
 
 
 def _too_large(limit: int) -> GatewayError:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Protocol, TypeVar, runtime_checkable
 
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
@@ -334,6 +334,7 @@ def _nothing() -> None:
     return None
 
 
+@runtime_checkable
 class Served(Protocol):
     """What the HTTP protocol reads of the gateway's application (app.FastPath)."""
 
@@ -346,9 +347,9 @@ class Served(Protocol):
 def served_app(app: Any) -> Served | None:
     """The gateway's application below uvicorn's and our middleware (the one with wire routes), if any."""
     for _ in range(8):
-        if getattr(app, "wire_handler", None) is not None:
+        if isinstance(app, Served):
             return app
-        app = getattr(app, "app", None)
+        app = getattr(app, "app", None)  # uvicorn's and Starlette's middleware hold what they wrap as `app`
         if app is None:
             return None
     return None
