@@ -227,8 +227,17 @@ class ReplicaIndex:
                     break
                 n += 1
             return n
-        held_at = self.held_at
+        # held_at inlined for the common case, a block held since before `at` (a long prompt has tens of
+        # thousands); anything else takes held_at itself.
+        by_key, blocks, held_at = self.by_key, self.blocks, self.held_at
+        at_t, at_n = at.t, at.n
         for k in keys:
+            h = by_key.get(k)
+            if h is not None:
+                blk = blocks[h]
+                if (blk.stored_n < at_n) if at_n is not None else (blk.stored_t <= at_t):
+                    n += 1
+                    continue
             if not held_at(k, at):
                 break
             n += 1
