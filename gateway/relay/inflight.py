@@ -5,9 +5,10 @@ the drain that pools the connection again and the writes that wait on a complete
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Awaitable, TypeVar
+from typing import AsyncIterator, Awaitable, TypeVar
 
 import aiohttp
 
@@ -16,6 +17,7 @@ from ..core.exchange import Exchange
 from ..core.runtime import LaneRuntime
 from ..server.client_link import ClientGone, ClientLink
 from ..upstream.client import Response as UpstreamResponse
+from ..upstream.encoding import DecodeError
 from ..upstream.replicas import Replica
 
 log = logging.getLogger("gateway.proxy")
@@ -52,6 +54,27 @@ class InFlight:
 
     async def race(self, awaitable: Awaitable[T]) -> T:
         return await race(self.link, awaitable, self.ex)
+
+    @contextlib.asynccontextmanager
+    async def before_answer(self, timeout_s: float, late: str, late_message: str) -> AsyncIterator[None]:
+        """Reading the upstream before the client's answer has started, within `timeout_s`: a failure
+        ends the request with its status (504 when late, 502 otherwise) and tells the replica's breaker."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                yield
+        except TimeoutError:
+            self.failed(late)
+            raise GatewayError(504, late_message, code="upstream_timeout") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            self.failed(type(exc).__name__)
+            raise GatewayError(502, f"the upstream connection failed: {type(exc).__name__}",
+                               code="upstream_error") from None
+        except DecodeError as exc:
+            self.failed(str(exc))
+            raise bad_response(self.ex, str(exc)) from None
+        except BaseException:
+            self.dropped()
+            raise
 
 
 async def race(link: ClientLink, awaitable: Awaitable[T], ex: Exchange) -> T:

@@ -4,7 +4,6 @@ stream ends well formed, with an error event and [DONE] where the upstream's did
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import AsyncGenerator, Callable
 
@@ -19,7 +18,7 @@ from ..pipeline import messages_from_chat, passthrough
 from ..pipeline.messages_relay import MessagesObserver
 from ..upstream.client import Response as UpstreamResponse
 from ..upstream.encoding import DecodeError, Decoder
-from .inflight import IdleWatchdog, InFlight, answered, bad_response, drain
+from .inflight import IdleWatchdog, InFlight, answered, drain
 from .sse import DONE, MAX_EVENT_BYTES, BadStream, EventObserver, EventSplitter, StreamObserver
 from .whole import relay_whole
 
@@ -63,29 +62,15 @@ async def _first_data(f: InFlight, decoder: Decoder) -> bytes:
     not say (see _looks_like_sse); the client's first byte leaves the moment the upstream's arrives."""
     timeouts = f.lane.upstream.timeouts
     first = b""
-    try:
-        async with asyncio.timeout(timeouts.first_byte):
-            need = 1 if f.resp.content_type == "text/event-stream" else 8
-            while len(first.lstrip()) < need and len(first) < 65536:
-                raw = await f.race(f.resp.content.readany())
-                if not raw:
-                    first += decoder.finish()
-                    break
-                first += decoder.feed(raw)
-    except TimeoutError:
-        f.failed("first-byte timeout")
-        raise GatewayError(504, f"the upstream sent nothing within {timeouts.first_byte:g}s",
-                           code="upstream_timeout") from None
-    except (aiohttp.ClientError, OSError) as exc:
-        f.failed(type(exc).__name__)
-        raise GatewayError(502, f"the upstream connection failed: {type(exc).__name__}",
-                           code="upstream_error") from None
-    except DecodeError as exc:
-        f.failed(str(exc))
-        raise bad_response(f.ex, str(exc)) from None
-    except BaseException:
-        f.dropped()
-        raise
+    async with f.before_answer(timeouts.first_byte, "first-byte timeout",
+                               f"the upstream sent nothing within {timeouts.first_byte:g}s"):
+        need = 1 if f.resp.content_type == "text/event-stream" else 8
+        while len(first.lstrip()) < need and len(first) < 65536:
+            raw = await f.race(f.resp.content.readany())
+            if not raw:
+                first += decoder.finish()
+                break
+            first += decoder.feed(raw)
     if not first:
         f.failed("empty stream")
         raise GatewayError(502, "the upstream closed the stream without sending anything", code="upstream_error")

@@ -12,7 +12,7 @@ import orjson
 
 from . import reshape
 from ..core.answer import Answer
-from ..core.errors import GatewayError, error_body
+from ..core.errors import error_body
 from ..core.exchange import Exchange
 from ..pipeline import messages_from_chat, passthrough, token_ids
 from ..upstream.client import Response as UpstreamResponse
@@ -45,22 +45,9 @@ async def _read_all(resp: UpstreamResponse, decoder: Decoder, have: bytes = b"",
 
 async def relay_whole(f: InFlight, decoder: Decoder, have: bytes = b"") -> Answer:
     ex, lane, resp = f.ex, f.lane, f.resp
-    try:
-        async with asyncio.timeout(lane.upstream.timeouts.first_byte):
-            data = await f.race(_read_all(resp, decoder, have))
-    except TimeoutError:
-        f.failed("timeout reading the body")
-        raise GatewayError(504, "the upstream did not finish its answer in time", code="upstream_timeout") from None
-    except (aiohttp.ClientError, OSError) as exc:
-        f.failed(type(exc).__name__)
-        raise GatewayError(502, f"the upstream connection failed: {type(exc).__name__}",
-                           code="upstream_error") from None
-    except DecodeError as exc:
-        f.failed(str(exc))
-        raise bad_response(ex, str(exc)) from None
-    except BaseException:
-        f.dropped()
-        raise
+    async with f.before_answer(lane.upstream.timeouts.first_byte, "timeout reading the body",
+                               "the upstream did not finish its answer in time"):
+        data = await f.race(_read_all(resp, decoder, have))
     resp.release()
     # The prompt's ids leave as their JSON, parsed by the analysis off the event loop (token_ids.py).
     read = token_ids.take_prompt(ex, data)
