@@ -48,3 +48,16 @@ def test_unknown_says_why() -> None:
     out = CacheVerdict.unknown("analysis failed").to_json()
     assert (out["verdict"], out["note"], out["predicted_cached_tokens"], out["tokens_lost"]) == \
         ("unknown", "analysis failed", None, 0)
+
+
+def test_a_new_verdict_replaces_the_states_last_without_touching_the_rest() -> None:
+    state = ConversationState("c1", "header", lane="a", turn=2)
+    state.last_cache = CacheVerdict("cold", 0, 0, render="exact", note='a "lc": look-alike, {"lc": 1}')
+    data = state.to_bytes()
+    hit = CacheVerdict("hit", 4096, 4096, cause="shared_prefix", shared_prefix_tokens=4096)
+    patched = ConversationState.with_last_cache(data, hit)
+    state.last_cache = hit
+    assert patched == state.to_bytes()
+    assert ConversationState.from_bytes(patched).last_cache == hit
+    none = ConversationState("c2", "header").to_bytes()
+    assert ConversationState.from_bytes(ConversationState.with_last_cache(none, hit)).last_cache == hit

@@ -107,9 +107,7 @@ class Analyzer:
             # What the replica holds from other conversations (prefixcache/): a first turn's prediction.
             if self.shared is not None and await self.shared.judge(ex, lane, outcome):
                 # A first turn's verdict changed: its state says so too (once per conversation).
-                state = ConversationState.from_bytes(outcome.data)
-                state.last_cache = outcome.cache
-                outcome.data = state.to_bytes()
+                outcome.data = ConversationState.with_last_cache(outcome.data, outcome.cache)
             # Ground truth from the engine's KV-cache events (gateway/kvevents).
             if self.kv_events is not None:
                 try:

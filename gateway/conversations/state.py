@@ -153,6 +153,13 @@ class ConversationState:
             "lc": self.last_cache.to_json() if self.last_cache is not None else None,
         })))
 
+    @staticmethod
+    def with_last_cache(data: bytes, cache: CacheVerdict) -> bytes:
+        """`data` (to_bytes' output) with another last verdict, without decoding the rest: "lc" is its
+        last key, and `,"lc":` cannot occur inside a JSON string (its quotes are escaped there)."""
+        at = data.rindex(b',"lc":')
+        return data[:at] + b',"lc":' + orjson.dumps(cache.to_json()) + b"}"
+
     @classmethod
     def from_bytes(cls, data: bytes) -> "ConversationState":
         d = orjson.loads(data)
