@@ -571,3 +571,69 @@ async def test_a_huge_batch_is_applied_in_slices(publisher):
         assert ticks >= n // 2_000, ticks
     finally:
         await sub.stop()
+
+
+# -- the service's judge: a long prompt walked off the event loop, the same verdict as on it -------------
+
+
+async def test_a_long_turn_is_judged_off_the_loop_with_the_verdict_of_the_loop():
+    from gateway.conversations.job import Outcome
+    from gateway.conversations.state import ConversationState
+    from gateway.core.config import parse_routes
+    from gateway.core.exchange import Exchange
+    from gateway.core.runtime import Runtime
+    from gateway.core.verdict import CacheVerdict
+    from gateway.kvevents.service import LOOP_MAX_KEYS, KVEventsService
+    from gateway.routing import make_policy
+
+    bs, n_blocks = 16, LOOP_MAX_KEYS + 1000
+    pub = Publisher(topic="kv")
+    url = "http://127.0.0.1:9001"
+    config = parse_routes(json.dumps({"lanes": {"l": {
+        "replicas": [url], "upstream_model": "m", "cache": {"block_size": bs},
+        "kv_events": {"replicas": {url: {"endpoint": pub.endpoint, "replay": pub.replay_endpoint, "topic": "kv",
+                                         "pool_tokens": 1 << 24}}}}}, "models": {"m": "l"}}))
+    runtime = Runtime(config, make_router=make_policy)
+    service = KVEventsService(runtime)
+    await service.start()
+    try:
+        r = service.replicas[("l", url)]
+        await until(lambda: r.subscriber.healthy, what="live")
+        tokens = list(range(1, n_blocks * bs + 1))
+        hashes = [i.to_bytes(8, "little") for i in range(1, n_blocks + 1)]
+        # The prompt's blocks, then all but its last 100 evicted by someone else's.
+        for s in range(0, n_blocks, 500):
+            pub.publish([stored(hashes[s:s + 500], hashes[s - 1] if s else None, tokens[s * bs:(s + 500) * bs], bs)])
+        await until(lambda: r.index.held_tokens == n_blocks * bs, what="stored")
+        pub.publish([removed(hashes[-100:])])
+        await until(lambda: r.index.held_tokens == (n_blocks - 100) * bs, what="removed")
+        keys = chain.keys(tokens, bs)
+        lane = runtime.snapshot.lanes["l"]
+
+        async def judged(blocks: int, other_events: bool) -> CacheVerdict:
+            prompt = blocks * bs + 1
+            ex = Exchange("r", replica=url)
+            cache = CacheVerdict("eviction", blocks * bs, (blocks - 100) * bs, rendered_prompt_tokens=prompt)
+            outcome = Outcome(cache, 2, b"", None, None, array_bytes(keys[:blocks]), None)
+            state = ConversationState(f"c{blocks}", "header", turn=1)
+            task = asyncio.ensure_future(service.judge(ex, lane, state, outcome))
+            if other_events:  # published while the walk runs: applied after it, never during it
+                pub.publish([stored([b"other"], None, [7] * bs, bs)])
+            await task
+            return cache
+
+        long_, short = await judged(n_blocks, True), await judged(LOOP_MAX_KEYS, False)
+        assert long_.kv is not None and long_.kv.evidence is not None and short.kv is not None
+        assert long_.kv.evidence["held_tokens"] == (n_blocks - 100) * bs and long_.kv.evidence["agrees"] is True
+        assert short.kv.evidence is not None and short.kv.evidence["held_tokens"] == LOOP_MAX_KEYS * bs
+        await until(lambda: r.index.held_tokens == (n_blocks - 100 + 1) * bs, what="the other store applied")
+        assert (service.overview()["judged"], service.overview()["judged_off_loop"]) == (2, 1)
+    finally:
+        await service.stop()
+        pub.terminate()
+
+
+def array_bytes(keys: list[int]) -> bytes:
+    from array import array
+
+    return array("Q", keys).tobytes()

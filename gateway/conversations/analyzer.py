@@ -43,7 +43,7 @@ class TurnJudge(Protocol):
     """Ground truth of a turn's verdict from the engine's KV-cache events (kvevents.service.KVEventsService):
     it refines `outcome.cache` in place."""
 
-    def judge(self, ex: Exchange, lane: LaneRuntime, state: ConversationState, outcome: Outcome) -> object: ...
+    async def judge(self, ex: Exchange, lane: LaneRuntime, state: ConversationState, outcome: Outcome) -> object: ...
 
 
 class Analyzer:
@@ -111,7 +111,7 @@ class Analyzer:
             # Ground truth from the engine's KV-cache events (gateway/kvevents).
             if self.kv_events is not None:
                 try:
-                    self.kv_events.judge(ex, lane, found.state, outcome)
+                    await self.kv_events.judge(ex, lane, found.state, outcome)
                 except Exception:  # the count-based verdict stands
                     log.exception("kv-event verdict of %s failed", ex.request_id)
             # ----------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import logging
 import time
 from array import array
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -37,6 +38,7 @@ log = logging.getLogger("gateway.kvevents")
 
 POOL_RETRY_S = 30.0  # ask the engine's /metrics again this often until it answers
 MAX_WARNINGS = 200
+LOOP_MAX_KEYS = 2048  # a turn with more blocks is walked on the judge's thread
 
 
 @dataclass
@@ -66,6 +68,7 @@ class KVEventsService:
         self.replicas: dict[tuple[str, str], ReplicaKV] = {}
         self.warnings: deque[dict[str, Any]] = deque(maxlen=MAX_WARNINGS)  # forecasts and alerts, newest last
         self.judged = 0
+        self.judged_off_loop = 0  # long prompts, walked on the judge's thread
         self.disagreements = 0
         self.boundaries = Boundaries()
         self.judge_ms_total = 0.0  # time the analyzer's hook spent on the event loop
@@ -74,6 +77,9 @@ class KVEventsService:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._reconciling = asyncio.Lock()
+        # Long prompts' index walks, one at a time (the loop's own judges and the subscribers' changes
+        # interleave with it only between whole steps: see judge).
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-judge")
 
     # -- keeping subscribers in step with routes.yaml ----------------------------------------------
 
@@ -169,24 +175,42 @@ class KVEventsService:
             return False
         return sub.last_gap_at is None or sub.last_gap_at < start
 
-    def judge(self, ex: "Exchange", lane: "LaneRuntime", state: "ConversationState",
-              outcome: "Outcome") -> Verdict | None:
-        """Adds `kv` to the turn's cache verdict (and refines an eviction's cause); records the turn."""
+    async def judge(self, ex: "Exchange", lane: "LaneRuntime", state: "ConversationState",
+                    outcome: "Outcome") -> Verdict | None:
+        """Adds `kv` to the turn's cache verdict (and refines an eviction's cause); records the turn. A
+        long prompt's blocks are walked on the service's own thread while the replica's index is held
+        still (its subscriber waits), the event loop free meanwhile; a short one on the loop."""
         t0 = time.perf_counter()
+        on_loop = 0.0
         try:
-            return self._judge(ex, lane, state, outcome)
+            asked = self._question(ex, lane, state, outcome)
+            if asked is None:
+                return None
+            r, keys, q = asked
+            verdict: Verdict | None = None
+            if q is not None and len(keys) > LOOP_MAX_KEYS:
+                on_loop += time.perf_counter() - t0
+                async with r.subscriber.index_busy:
+                    verdict = await asyncio.get_running_loop().run_in_executor(self._thread, explain, r.index, q)
+                self.judged_off_loop += 1
+                t0 = time.perf_counter()
+            elif q is not None:
+                verdict = explain(r.index, q)
+            self._conclude(ex, lane, state, outcome, r, keys, verdict)
+            return verdict
         finally:
-            ms = (time.perf_counter() - t0) * 1000
+            ms = (on_loop + time.perf_counter() - t0) * 1000
             self.judge_ms_max = max(self.judge_ms_max, ms)
             self.judge_ms_total += ms
 
-    def _judge(self, ex: "Exchange", lane: "LaneRuntime", state: "ConversationState",
-               outcome: "Outcome") -> Verdict | None:
+    def _question(self, ex: "Exchange", lane: "LaneRuntime", state: "ConversationState",
+                  outcome: "Outcome") -> tuple[ReplicaKV, list[int], Question | None] | None:
+        """The replica's index and what to ask it of this turn (no question: the stream is not live); None
+        when the index cannot be asked at all (the verdict's `kv` says why)."""
         r = self.replica(lane.name, ex.replica)
-        cache = outcome.cache
         if r is None:
             return None
-        now = self.clock()
+        cache = outcome.cache
         cid = state.id
         raw = outcome.kv_keys
         keys = array("Q", raw).tolist() if raw else []
@@ -202,36 +226,42 @@ class KVEventsService:
         engine_block = r.index.block_size
         if engine_block is not None and engine_block != lane.config.cache.block_size:
             kv.note = (f"the lane's cache.block_size is {lane.config.cache.block_size}, the engine's blocks are "
-                          f"{engine_block} tokens: fix routes.yaml; verdict from counts only")
+                       f"{engine_block} tokens: fix routes.yaml; verdict from counts only")
             return None
+        if sub.state != "live":
+            kv.note = f"the replica's KV-event stream is {sub.state}: verdict from counts only"
+            return r, keys, None
         live = r.pressure.live.get(cid)
         since = live.last_t if live is not None else (state.updated if state.turn else None)
-        prompt = cache.rendered_prompt_tokens or 0
-        predicted = cache.predicted_cached_tokens or 0
-        reported = cache.reported_cached_tokens
         ok = self.stream_ok(r, since, ex.started_wall)
-        verdict: Verdict | None = None
-        if sub.state == "live":
-            verdict = explain(r.index, Question(cid, keys, prompt, predicted, reported, ex.started_wall, since, ok))
+        return r, keys, Question(cid, keys, cache.rendered_prompt_tokens or 0, cache.predicted_cached_tokens or 0,
+                                 cache.reported_cached_tokens, ex.started_wall, since, ok)
+
+    def _conclude(self, ex: "Exchange", lane: "LaneRuntime", state: "ConversationState", outcome: "Outcome",
+                  r: ReplicaKV, keys: list[int], verdict: Verdict | None) -> None:
+        """The index's answer into the turn's verdict; then the turn's blocks attributed to it and the
+        replica's pressure updated."""
+        cache = outcome.cache
+        kv = cache.kv
+        assert kv is not None  # set by _question
+        if verdict is not None:
             kv.evidence = verdict.as_dict()
             self.judged += 1
             if verdict.agrees is False:
                 self.disagreements += 1
                 log.info("kv index of %s held %d tokens of %s, the engine reported %s", r.url,
-                         verdict.held_tokens, ex.request_id, reported)
+                         verdict.held_tokens, ex.request_id, cache.reported_cached_tokens)
             if cache.verdict == "eviction":
                 if verdict.cause == "never_stored":
                     cache.verdict, cache.cause = "cold", "never_stored"
                 elif verdict.cause != "held":
                     cache.cause = verdict.cause
-        else:
-            kv.note = f"the replica's KV-event stream is {sub.state}: verdict from counts only"
         block = r.index.block_size or 1
         self._note_boundaries(ex, lane.name, keys, outcome.kv_ends, block)
-        r.index.attribute(keys, cid)
-        r.pressure.turn(cid, len(keys) * block, now)
+        r.index.attribute(keys, state.id)
+        now = self.clock()
+        r.pressure.turn(state.id, len(keys) * block, now)
         kv.pressure = self._after_turn(r, now)
-        return verdict
 
     def _note_boundaries(self, ex: "Exchange", lane: str, keys: list[int], ends_raw: bytes | None,
                          block: int) -> None:
@@ -315,7 +345,8 @@ class KVEventsService:
                 summary["alert"]["options"]["move_to"] = self._moves(r, summary["alert"]["largest"])
             out.append({"lane": r.lane, "replica": r.url, "pool_source": r.pool_source,
                         "stream": r.subscriber.snapshot(), "index": r.index.counters(), **summary})
-        return {"now": now, "replicas": out, "judged": self.judged, "disagreements": self.disagreements,
+        return {"now": now, "replicas": out, "judged": self.judged, "judged_off_loop": self.judged_off_loop,
+                "disagreements": self.disagreements,
                 "judge_ms_mean": round(self.judge_ms_total / self.judged, 3) if self.judged else None,
                 "judge_ms_max": round(self.judge_ms_max, 3),
                 "warnings": list(self.warnings)[-50:]}

@@ -64,6 +64,9 @@ class Subscriber:
         self.replay_endpoint = replay
         self.topic = topic
         self.index = index
+        # Held while the index is read off the event loop (a long prompt's walk, KVEventsService.judge):
+        # every change of the index waits for it.
+        self.index_busy = asyncio.Lock()
         self.ctx = ctx or zmq.asyncio.Context.instance()
         self.clock = clock
         self.state = "connecting"  # connecting | live | lost | error | stopped
@@ -248,7 +251,8 @@ class Subscriber:
                 self.restarts += 1
                 log.warning("kv events of %s: sequence went from %d to %d: engine restarted, index reset",
                             self.replica, last, seq)
-                self.index.reset("restarted", t)
+                async with self.index_busy:
+                    self.index.reset("restarted", t)
             elif seq > last + 1:
                 self.gaps += 1
                 await self._fill(last + 1, seq)
@@ -269,7 +273,8 @@ class Subscriber:
                     await asyncio.sleep(0)
                     t0 = time.perf_counter()
                 batch = decode_events(ts, raw_events[start:start + APPLY_SLICE])
-                self.index.apply(batch, t)
+                async with self.index_busy:
+                    self.index.apply(batch, t)
                 self.events += len(batch.events)
                 if batch.bad:
                     self.bad_events += batch.bad
@@ -331,7 +336,8 @@ class Subscriber:
             log.warning("kv events of %s: the engine's replay buffer no longer has batch %d as we saw it (%s): "
                         "a new engine process; index reset", self.replica, last,
                         "missing" if first is None else f"seq {first[0]}")
-            self.index.reset("restarted", self.clock())
+            async with self.index_busy:
+                self.index.reset("restarted", self.clock())
             self.last_seq = None
             await self._catch_up()
         self._caught_up_at = self.clock()
