@@ -205,3 +205,11 @@ def test_status_and_check_report_the_state(tmp_path: Path, capsys) -> None:
     main(["check", str(routes)])
     out = capsys.readouterr().out
     assert "a: qualified [ok]" in out and "not needed: demo" in out  # a record makes the override unnecessary
+
+
+def test_the_shipped_qualification_records_name_a_role_not_a_person_or_machine():
+    shipped = sorted((Path(__file__).resolve().parents[1] / "qualifications").glob("*/*.json"))
+    assert shipped
+    for path in shipped:
+        by = json.loads(path.read_text())["by"]
+        assert by and "@" not in by, f"{path.name}: {by!r}"
