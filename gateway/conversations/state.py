@@ -165,7 +165,7 @@ class ConversationState:
         d = orjson.loads(data)
         return cls(d["id"], d["src"], d.get("lane"), d["c"], d["u"], d["t"], d.get("pe"), d.get("pth"), d.get("p"),
                    d.get("rep"), TurnPrint.from_json(d["last"]) if d.get("last") else None,
-                   CacheVerdict.from_json(d["lc"]) if d.get("lc") else None)
+                   CacheVerdict.from_json(d["lc"]) if isinstance(d.get("lc"), dict) and d["lc"] else None)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from array import array
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -39,6 +39,14 @@ log = logging.getLogger("gateway.kvevents")
 POOL_RETRY_S = 30.0  # ask the engine's /metrics again this often until it answers
 MAX_WARNINGS = 200
 LOOP_MAX_KEYS = 2048  # a turn with more blocks is walked on the judge's thread
+
+
+def _walk(index: ReplicaIndex, q: Question | None, keys: Sequence[int], cid: str) -> Verdict | None:
+    """What the index says of the turn's blocks (no question: the stream is not live); then they are the
+    conversation's, where no one stored them before."""
+    verdict = explain(index, q) if q is not None else None
+    index.attribute(keys, cid)
+    return verdict
 
 
 @dataclass
@@ -77,8 +85,7 @@ class KVEventsService:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._reconciling = asyncio.Lock()
-        # Long prompts' index walks, one at a time (the loop's own judges and the subscribers' changes
-        # interleave with it only between whole steps: see judge).
+        # Long prompts' walks of the index, one at a time, while their replica's index_busy is held.
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-judge")
 
     # -- keeping subscribers in step with routes.yaml ----------------------------------------------
@@ -177,9 +184,10 @@ class KVEventsService:
 
     async def judge(self, ex: "Exchange", lane: "LaneRuntime", state: "ConversationState",
                     outcome: "Outcome") -> Verdict | None:
-        """Adds `kv` to the turn's cache verdict (and refines an eviction's cause); records the turn. A
-        long prompt's blocks are walked on the service's own thread while the replica's index is held
-        still (its subscriber waits), the event loop free meanwhile; a short one on the loop."""
+        """Adds `kv` to the turn's cache verdict (and refines an eviction's cause); records the turn. The
+        index is asked and the turn's blocks attributed while no one else changes it (`index_busy`: its
+        subscriber waits): a long prompt on the service's own thread, the event loop free meanwhile; a
+        short one on the loop."""
         t0 = time.perf_counter()
         on_loop = 0.0
         try:
@@ -187,16 +195,16 @@ class KVEventsService:
             if asked is None:
                 return None
             r, keys, q = asked
-            verdict: Verdict | None = None
-            if q is not None and len(keys) > LOOP_MAX_KEYS:
-                on_loop += time.perf_counter() - t0
-                async with r.subscriber.index_busy:
-                    verdict = await asyncio.get_running_loop().run_in_executor(self._thread, explain, r.index, q)
-                self.judged_off_loop += 1
-                t0 = time.perf_counter()
-            elif q is not None:
-                verdict = explain(r.index, q)
-            self._conclude(ex, lane, state, outcome, r, keys, verdict)
+            async with r.subscriber.index_busy:
+                if len(keys) > LOOP_MAX_KEYS:
+                    on_loop += time.perf_counter() - t0
+                    verdict = await asyncio.get_running_loop().run_in_executor(
+                        self._thread, _walk, r.index, q, keys, state.id)
+                    self.judged_off_loop += 1
+                    t0 = time.perf_counter()
+                else:
+                    verdict = _walk(r.index, q, keys, state.id)
+            self._conclude(ex, lane, outcome, r, keys, state.id, verdict)
             return verdict
         finally:
             ms = (on_loop + time.perf_counter() - t0) * 1000
@@ -204,7 +212,7 @@ class KVEventsService:
             self.judge_ms_total += ms
 
     def _question(self, ex: "Exchange", lane: "LaneRuntime", state: "ConversationState",
-                  outcome: "Outcome") -> tuple[ReplicaKV, list[int], Question | None] | None:
+                  outcome: "Outcome") -> tuple[ReplicaKV, "array[int]", Question | None] | None:
         """The replica's index and what to ask it of this turn (no question: the stream is not live); None
         when the index cannot be asked at all (the verdict's `kv` says why)."""
         r = self.replica(lane.name, ex.replica)
@@ -213,7 +221,7 @@ class KVEventsService:
         cache = outcome.cache
         cid = state.id
         raw = outcome.kv_keys
-        keys = array("Q", raw).tolist() if raw else []
+        keys = array("Q", raw if raw else b"")
         # The conversation moved: its prefix no longer counts in another replica's working set.
         for other in self.replicas.values():
             if other is not r and other.lane == r.lane:
@@ -237,10 +245,9 @@ class KVEventsService:
         return r, keys, Question(cid, keys, cache.rendered_prompt_tokens or 0, cache.predicted_cached_tokens or 0,
                                  cache.reported_cached_tokens, ex.started_wall, since, ok)
 
-    def _conclude(self, ex: "Exchange", lane: "LaneRuntime", state: "ConversationState", outcome: "Outcome",
-                  r: ReplicaKV, keys: list[int], verdict: Verdict | None) -> None:
-        """The index's answer into the turn's verdict; then the turn's blocks attributed to it and the
-        replica's pressure updated."""
+    def _conclude(self, ex: "Exchange", lane: "LaneRuntime", outcome: "Outcome", r: ReplicaKV,
+                  keys: "array[int]", cid: str, verdict: Verdict | None) -> None:
+        """The index's answer into the turn's verdict; the replica's pressure after the turn."""
         cache = outcome.cache
         kv = cache.kv
         assert kv is not None  # set by _question
@@ -258,12 +265,11 @@ class KVEventsService:
                     cache.cause = verdict.cause
         block = r.index.block_size or 1
         self._note_boundaries(ex, lane.name, keys, outcome.kv_ends, block)
-        r.index.attribute(keys, state.id)
         now = self.clock()
-        r.pressure.turn(state.id, len(keys) * block, now)
+        r.pressure.turn(cid, len(keys) * block, now)
         kv.pressure = self._after_turn(r, now)
 
-    def _note_boundaries(self, ex: "Exchange", lane: str, keys: list[int], ends_raw: bytes | None,
+    def _note_boundaries(self, ex: "Exchange", lane: str, keys: Sequence[int], ends_raw: bytes | None,
                          block: int) -> None:
         body = ex.chat or {}
         messages = body.get("messages")

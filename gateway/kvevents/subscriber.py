@@ -64,8 +64,8 @@ class Subscriber:
         self.replay_endpoint = replay
         self.topic = topic
         self.index = index
-        # Held while the index is read off the event loop (a long prompt's walk, KVEventsService.judge):
-        # every change of the index waits for it.
+        # Held while a turn is judged against the index (KVEventsService.judge: a long prompt's on a
+        # thread, the event loop free meanwhile): every change of the index waits for it.
         self.index_busy = asyncio.Lock()
         self.ctx = ctx or zmq.asyncio.Context.instance()
         self.clock = clock
