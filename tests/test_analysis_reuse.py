@@ -192,4 +192,4 @@ def test_a_job_sent_without_the_previous_print_reads_it_from_the_stored_state(he
         outcome = analyse_job(job, renderer, None)
         views.append((outcome.cache, {**_view(outcome.data), "lc": None}, outcome.divergence))
     assert views[0] == views[1]
-    assert views[1][0]["verdict"] != "cold", "compared with the previous turn"
+    assert views[1][0].verdict != "cold", "compared with the previous turn"

@@ -28,14 +28,14 @@ def test_prompt_ids_are_compared_when_the_engine_says_them() -> None:
     ids = RENDERER.render(BODY, OPTS).token_ids
     _, cache, _, _ = analyse(_job(BODY, {"prompt_tokens": len(ids)}, prompt_token_ids=list(ids)), BODY,
                              ConversationState("c", "new"), RENDERER, None)
-    assert cache["render_check"] == "token_ids" and cache["render_matches_engine"] is True
+    assert cache.render_check == "token_ids" and cache.render_matches_engine is True
     other = [*ids[:-2], ids[-1], ids[-2]]  # same length, other content: a count check would pass it
     _, cache, _, _ = analyse(_job(BODY, {"prompt_tokens": len(ids)}, prompt_token_ids=other), BODY,
                              ConversationState("c", "new"), RENDERER, None)
-    assert cache["render_matches_engine"] is False and cache["render_first_difference"] == len(ids) - 2
+    assert cache.render_matches_engine is False and cache.render_first_difference == len(ids) - 2
     _, cache, _, _ = analyse(_job(BODY, {"prompt_tokens": len(ids)}), BODY, ConversationState("c", "new"),
                              RENDERER, None)
-    assert cache["render_check"] == "count" and cache["render_matches_engine"] is True
+    assert cache.render_check == "count" and cache.render_matches_engine is True
 
 
 def test_output_that_retokenizes_differently_is_not_an_eviction() -> None:
@@ -49,5 +49,5 @@ def test_output_that_retokenizes_differently_is_not_an_eviction() -> None:
     held = len(ids) + 3
     _, cache, div, _ = analyse(_job(body2, {"prompt_tokens": 99, "prompt_tokens_details": {"cached_tokens": held}}),
                                body2, dataclasses.replace(state), RENDERER, None)
-    assert cache["verdict"] == "drift" and cache["cause"] == "output_retokenized", cache
+    assert cache.verdict == "drift" and cache.cause == "output_retokenized", cache
     assert div is not None and div.cause == "output_retokenized"

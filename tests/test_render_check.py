@@ -93,5 +93,5 @@ def _run(fresh_memo_each_turn: bool) -> list[tuple[dict, bytes | None]]:
 def test_a_session_with_its_memo_is_judged_and_keyed_as_without() -> None:
     with_memo, without = _run(False), _run(True)
     assert with_memo == without
-    assert all(cache["render_matches_engine"] is True for cache, _ in with_memo)
+    assert all(cache.render_matches_engine is True for cache, _ in with_memo)
     assert all(keys for _, keys in with_memo)
