@@ -1,6 +1,6 @@
 """Runs of token chunks (chunk_run.py) relay and record exactly what the event-by-event relay does.
 
-Each case is one stream, cut into reads at drawn places, relayed twice as proxy.py relays it: once
+Each case is one stream, cut into reads at drawn places, relayed twice as relay/stream.py relays it: once
 event by event with every chunk parsed (no shapes learnt), once with runs after the first event. The
 client's bytes, the errors, the recorded output, usage and the number of token timestamps must agree,
 whatever the reshaper rewrites (the public model name, the id prefix, the reasoning field).

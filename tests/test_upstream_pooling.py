@@ -1,5 +1,5 @@
 """The gateway's upstream connections are pooled through the proxy's own reads (a gateway process
-in front of a scripted upstream on loopback): what proxy.py reads to its end goes back to the pool."""
+in front of a scripted upstream on loopback): what the relay reads to its end goes back to the pool."""
 
 from __future__ import annotations
 

@@ -62,7 +62,7 @@ class Runs:
         self._known = 0  # observer shapes taken so far
 
     def relay_read(self, splitter: Any, data: bytes, final: bool, out: list[bytes]) -> None:
-        """The pieces the client gets for this read, appended to `out`, as proxy.py's event-by-event
+        """The pieces the client gets for this read, appended to `out`, as relay/stream.py's event-by-event
         loop over `splitter.feed` gives them (the observer's `done` stops it, BadStream is raised)."""
         observer, shape = self.observer, self.reshape
         buf, hold = splitter.joined(data, final)

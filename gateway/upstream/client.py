@@ -21,9 +21,9 @@ are measured: docs/performance.md). Like aiohttp's, it leaves no reference cycle
 parser must not hold its response's bound methods, or every request leaves work to the cyclic
 collector.
 
-The response offers what proxy.py reads of a response (status, headers.get, content_type,
+The response offers what the relay (gateway/relay/) reads of a response (status, headers.get, content_type,
 content.readany / at_eof, close, release), as aiohttp's does. Every error is an OSError
-(ConnectionError), which proxy.py's and upstream.py's except clauses take.
+(ConnectionError), which the relay's and replicas.py's except clauses take.
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ class Response:
         self._error: BaseException | None = None
         self._finished = False  # released or closed
 
-    # -- what proxy.py reads ------------------------------------------------------------------
+    # -- what the relay reads ------------------------------------------------------------------
 
     @property
     def content(self) -> "Response":
