@@ -288,10 +288,6 @@ def _int(v: Any) -> int | None:
     return None
 
 
-def _float(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
 def _str(v: Any) -> str | None:
     if v is None:
         return None
