@@ -329,10 +329,12 @@ async def test_append_only_turn_covers_previous_prompt_and_output(emu: EmulatorP
 
     u = await _usage_of(emu, nxt)
     bs = _bs(emu)
-    # The last token sampled is never fed back: no KV for it. Cut at max_tokens, that is the token before
-    # the end token the next turn closes the message with.
+    # The last token sampled is never fed back: no KV for it. Cut at max_tokens, the engine holds the prompt
+    # and the completion tokens it reports less that last one (never the end token the next turn closes the
+    # message with), whatever count the text renders to.
     cut = next(ch["finish_reason"] for e in events[:-1] for ch in e["choices"] if ch.get("finish_reason")) == "length"
-    held = covered - (2 if cut else 1)
+    sampled = events[-2]["usage"]["completion_tokens"]
+    held = min(covered - 1, prev_prompt + sampled - 1) if cut else covered - 1
     assert _cached(u) == min(held, u["prompt_tokens"] - 1) // bs * bs
     assert _cached(u) > prev_prompt
 

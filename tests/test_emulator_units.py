@@ -204,3 +204,15 @@ def test_plausible_answers_stop_unless_the_budget_is_smaller() -> None:
     assert plan_chat({**body, "max_tokens": 64000}, 1, cfg).finish_reason == "stop"
     short = plan_chat({**body, "max_tokens": 5}, 1, cfg)
     assert len(short.content) == 5 and short.finish_reason == "length"
+
+
+def test_an_answer_cut_at_max_tokens_holds_what_the_engine_reports_sampled_less_one():
+    """The engine holds prompt + completion_tokens - 1 of an answer cut at max_tokens, whatever count its
+    text renders to in the next turn (the gateway predicts from the reported count)."""
+    from gateway.emulator.job import computed
+
+    gen = list(range(27))  # the answer as the next turn renders it: its text, then an end token never sampled
+    assert computed(gen, True, sampled=24) == gen[:23]
+    assert computed(gen[:20], True, sampled=24) == gen[:19]  # a text shorter than what was sampled
+    assert computed(gen, True) == gen[:25]
+    assert computed(gen, False, sampled=24) == gen[:26]  # a finished answer: its end token was sampled

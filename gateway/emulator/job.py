@@ -25,12 +25,16 @@ from .stats import RequestRecord, Stats
 from .tokens import TokenizeGenerated
 
 
-def computed(gen: list[int], unsampled_end: bool) -> list[int]:
+def computed(gen: list[int], unsampled_end: bool, sampled: int | None = None) -> list[int]:
     """The generated tokens whose KV the engine computed: all but the last one, which is sampled and
     never fed back (vLLM and SGLang hold prompt + completion - 1 tokens). `gen` is the output as the
-    next turn renders it; when it ends with an end token that was never sampled (`unsampled_end`), the
-    last sampled token is the one before it."""
-    return gen[:-2] if unsampled_end else gen[:-1]
+    next turn renders it; when it ends with an end token that was never sampled (`unsampled_end`: an
+    answer cut at max_tokens), the engine holds `sampled - 1` of them, `sampled` being the completion
+    tokens it reports (its text may render to another count), and never the end token."""
+    if not unsampled_end:
+        return gen[:-1]
+    n = len(gen) - 2 if sampled is None else min(len(gen) - 1, sampled - 1)
+    return gen[:max(0, n)]
 
 
 class _Engine(Protocol):

@@ -293,7 +293,7 @@ class Emulator:
     def _computed(self, gen: list[int], plan: Plan, chat: bool = True) -> list[int]:
         """See `computed`: the built-in tokenizers close a chat message with its end token, which an
         answer cut at max_tokens never sampled (injected tokenizers render the text alone)."""
-        return computed(gen, chat and plan.finish_reason == "length" and not self._injected)
+        return computed(gen, chat and plan.finish_reason == "length" and not self._injected, plan.completion_tokens)
 
     def _prefill_chat(self, chat: dict[str, Any], prompt: list[int], rec: RequestRecord,
                       ) -> tuple[bytes, int, list[int], int, Plan]:
