@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What the conversation analysis costs, in CPU, and whether it keeps up with the traffic (issue 19, item 5).
+"""What the conversation analysis costs, in CPU, and whether it keeps up with the traffic.
 
     python bench/analysis.py                      # all four figures (the soak part runs 60 s)
     python bench/analysis.py --soak-seconds 300   # the 5-minute soak

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The gateway beside nginx, vllm-router (Rust) and the Starlette+aiohttp floor, in one run per scenario.
 
-Issue 19's measurement: ../shared/perf's run_anchors.py drives ../shared/tools/loadgen.py in paired
+The measurement: ../shared/perf's run_anchors.py drives ../shared/tools/loadgen.py in paired
 rounds against direct access to the shared stub upstream, every target in the same run
 (`--together`), and make_report.py prints the tables. The gateway runs a realistic lane: the
 DeepSeek-V4.1 template, limits, effort pinning, conversation analysis (its worker process is counted:

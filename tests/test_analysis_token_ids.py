@@ -1,5 +1,5 @@
 """Compare content, not counts: prompt ids the engine reports (vLLM return_token_ids) against the render,
-and output that re-tokenizes differently named as such instead of eviction (issue 13 item 3)."""
+and output that re-tokenizes differently named as such instead of eviction."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The gateway as a boundary (issue 14): every route is closed unless declared public, tenants never
+"""The gateway as a boundary: every route is closed unless declared public, tenants never
 meet, and the route table is the one the app really serves."""
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def test_recognised_chunks_decide_as_the_parse(data, extras, how, strip_ids, tok
 
 
 def test_chunks_with_token_ids_are_recognised_once_the_ids_are_out():
-    # vLLM asked for ids (issue 13) sends them in every chunk: taken out first, the rest has one shape.
+    # vLLM asked for ids sends them in every chunk: taken out first, the rest has one shape.
     extras = {"id": "chatcmpl-1", "model": "m"}
     events = [encode(chunk({"role": "assistant", "content": ""}, extras | {"token_ids": None}, ids=[1]), "orjson")]
     events += [token_event("content", f"w{i} ", extras | {"token_ids": None}, "orjson", [i, i + 1]) for i in range(40)]

@@ -1,4 +1,4 @@
-"""Clients that send back exactly what the gateway relayed, on each engine's shape (issue 13 item 1),
+"""Clients that send back exactly what the gateway relayed, on each engine's shape,
 and template-less lanes analysed at message level (item 6). Real gateway, real emulator, openai client."""
 
 from __future__ import annotations

@@ -276,7 +276,7 @@ def test_interleaved_long_conversations_evict_each_other(gw, engine):
     assert any(r["reported"] > 0 for r in later), "no partial eviction: the head of some prefix should survive"
 
 
-# -- token ids (issue 13): the gateway asks vLLM for them itself ------------------------------------------
+# -- token ids: the gateway asks vLLM for them itself ------------------------------------------
 
 
 def test_every_turn_compares_the_engines_token_ids_and_the_client_sees_none(gw):

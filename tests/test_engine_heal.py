@@ -1,4 +1,4 @@
-"""Drift healing against the real engine's prefix cache (vLLM CPU, shared/engine; issue 18).
+"""Drift healing against the real engine's prefix cache (vLLM CPU, shared/engine).
 
 An agent that re-serialises its history on every send, sorting every call's argument keys and dropping
 every reasoning text (as many clients do), talks to two lanes on the same engine: one with healing, one

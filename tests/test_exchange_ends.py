@@ -1,4 +1,4 @@
-"""Every exchange ends (issue 14 item 4): an exception injected at each step of the pipeline, or a
+"""Every exchange ends: an exception injected at each step of the pipeline, or a
 client that leaves as the answer starts, still brings the in-flight counters back to zero and
 releases the upstream connection. In process (the pipeline called through ASGI), against the real
 emulator over loopback."""

@@ -1,4 +1,4 @@
-"""Drift healing end to end (issue 18): the emulator's real prefix cache (the DeepSeek renderer and
+"""Drift healing end to end: the emulator's real prefix cache (the DeepSeek renderer and
 tokenizer) behind the real gateway, driven by clients that edit their history the way real ones do.
 
 Every kind is shown to turn the client's drift into a hit the engine confirms (predicted == reported),

@@ -1,4 +1,4 @@
-"""Hostile upstreams (issue 14 item 5): whatever a replica sends, the client gets the upstream's
+"""Hostile upstreams: whatever a replica sends, the client gets the upstream's
 answer as a valid response or an OpenAI-shaped error (in a stream: an error event, then [DONE]);
 never a dropped connection or a 500, never the lane's key; and the gateway keeps serving.
 
@@ -655,7 +655,7 @@ def test_text_completions_are_checked_too(upstream, client):
 
 
 def test_a_first_chunk_carrying_a_long_prompts_ids_is_relayed(upstream, client):
-    """vLLM's first chunk holds every prompt id when they are asked for (the gateway asks: issue 13):
+    """vLLM's first chunk holds every prompt id when they are asked for (the gateway asks for them):
     ~7 bytes per token, 10 MB for a 1.4M-token prompt, past the fixed 8 MiB bound of an event. The
     bound grows with the request (at most a token per byte of the body)."""
     words = 1_400_000

@@ -1,4 +1,4 @@
-"""Hostile input (issue 14 item 6, and the protocol findings): record ids that are paths, static
+"""Hostile input (and the protocol findings): record ids that are paths, static
 names that are not files, half-sent requests, roles no template renders, trailing slashes and
 garbage on the wire. Each is a clear 4xx in OpenAI's shape, never a 500, a hang or a file written.
 """

@@ -1,4 +1,4 @@
-"""KV-cache events (issue 20): decoding as vLLM encodes, the index, verdicts, pressure, and the stream
+"""KV-cache events: decoding as vLLM encodes, the index, verdicts, pressure, and the stream
 through a real ZMQ publisher on loopback (gaps replayed, engine restarts, the stream lost)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 20 on the real engine: vLLM publishes its KV-cache events (--kv-events-config), the gateway
+"""KV-cache events on the real engine: vLLM publishes its KV-cache events (--kv-events-config), the gateway
 subscribes, and two conversations that do not fit the 127-block pool together take turns.
 
 Required, on every turn of both: the cached tokens the engine reported equal what the gateway's index

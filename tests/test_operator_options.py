@@ -1,4 +1,4 @@
-"""Options operators expect (issue 14 item 7): `failover_on` per lane, and keep-alive timeouts that
+"""Options operators expect: `failover_on` per lane, and keep-alive timeouts that
 do not race the clients' pools (no connection closed under a client that was about to reuse it)."""
 
 from __future__ import annotations

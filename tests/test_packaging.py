@@ -1,4 +1,4 @@
-"""The installed wheel, as users run it (issue 15): built, installed alone into a fresh venv, run from an
+"""The installed wheel, as users run it: built, installed alone into a fresh venv, run from an
 empty folder with nothing of the checkout on the path.
 
 Slow (a wheel build and a venv: ~40 s warm, ~100 s with a cold wheelhouse), so marked `packaging` and run

@@ -1,4 +1,4 @@
-"""The gateway asks vLLM for token ids itself (issue 13 item 3): the record compares content, and the
+"""The gateway asks vLLM for token ids itself: the record compares content, and the
 client sees exactly what it would have seen without the flag, unless it asked itself."""
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def engine_args(kv_port: int | None = None, kv_replay_port: int | None = None) -
             "--enable-auto-tool-choice", "--tool-call-parser", "deepseek_v41", "--reasoning-parser", "deepseek_v41",
             "--num-gpu-blocks-override", str(POOL_BLOCKS)]
     if kv_port is not None:
-        # KV-cache events (issue 20). vLLM binds its PUB socket only for a `*` address; on loopback it
+        # KV-cache events. vLLM binds its PUB socket only for a `*` address; on loopback it
         # connects to kv_port, which the gateway binds (`bind: true`); the replay socket it always binds.
         args += ["--kv-events-config", json.dumps({
             "enable_kv_cache_events": True, "publisher": "zmq", "topic": KV_TOPIC,

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 def chunk(delta: dict, extras: dict, finish: str | None = None, ids: list[int] | None = None) -> dict:
     choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-    if "token_ids" in extras:  # vLLM asked for ids (issue 13): every choice says them, or null
+    if "token_ids" in extras:  # vLLM asked for ids: every choice says them, or null
         choice["token_ids"] = ids
     return {**extras, "object": "chat.completion.chunk", "choices": [choice]}
 
