@@ -93,8 +93,7 @@ class CacheVerdict:
     def from_json(cls, d: Mapping[str, Any]) -> "CacheVerdict":
         """From `to_json`'s output (a state written by any version: unknown keys are left out)."""
         kv = d.get("kv")
-        names = {f.name for f in fields(cls)} - {"kv"}
-        known = {k: v for k, v in d.items() if k in names}
+        known = {k: v for k, v in d.items() if k in _FIELDS}
         known.setdefault("verdict", "unknown")
         for k, zero in (("lcp_tokens", 0), ("tokens_lost", 0), ("seconds_lost", 0.0), ("render", "none"),
                         ("repinned", False)):
@@ -106,3 +105,6 @@ class CacheVerdict:
                             evidence={k: v for k, v in kv.items() if k not in ("replica", "stream", "pressure")},
                             pressure=kv.get("pressure"))
         return out
+
+
+_FIELDS = frozenset(f.name for f in fields(CacheVerdict)) - {"kv"}  # what from_json takes as it is
