@@ -17,6 +17,7 @@ import yaml
 
 from tests.support.emulator_proc import free_port
 from tests.support.poll import TIMEOUT_S, wait_until
+from tests.support.records import SENT
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,6 +64,9 @@ def run_gateway(routes: dict | str, *, env: dict[str, str] | None = None, port: 
                 workers: int = 1, data_dir: Path | None = None) -> Iterator[GatewayProc]:
     port = port or free_port()
     tmp = Path(tempfile.mkdtemp(prefix="gw-test-"))
+    if data_dir is None:
+        # A fresh records file: requests an earlier gateway on this (reused) port took are not its.
+        SENT.pop(f"http://127.0.0.1:{port}", None)
     data_dir = data_dir or tmp / "data"
     routes_path = tmp / "routes.yaml"
     text = routes if isinstance(routes, str) else yaml.safe_dump(routes, sort_keys=False, allow_unicode=True)
