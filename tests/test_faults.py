@@ -382,6 +382,28 @@ def test_redis_stopped_and_restarted_during_traffic() -> None:
             assert "redis unavailable" in log
 
 
+def test_a_stalled_redis_does_not_hold_answers() -> None:
+    """Redis takes no writes for 6 s (CLIENT PAUSE WRITE; reads go on): the head written before an
+    answer's last bytes waits at most its bound (the Redis client's timeout, the write's own), then the
+    answer ends; requests sent with Redis answering are the control."""
+    with run_redis() as port, run_emulator(flavour="vllm", decode_tps=2000) as emu:
+        cfg = routes({"l": lane(emu.url)}, {"m": "l"})
+        with run_gateway(cfg, env={**ENV, "GATEWAY_REDIS_URL": f"redis://127.0.0.1:{port}/0"}) as gw:
+            body = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+
+            def timed(stream: bool) -> float:
+                t0 = time.perf_counter()
+                r = httpx.post(gw.url + "/v1/chat/completions", json={**body, "stream": stream}, timeout=30)
+                assert r.status_code == 200, r.text
+                return time.perf_counter() - t0
+
+            control = max(timed(False), timed(True))
+            assert _redis(port, "client", "pause", "6000", "write").stdout.strip() == "OK"
+            paused = [timed(False), timed(True)]
+            assert all(t < control + 3.0 for t in paused), (control, paused)
+            _redis(port, "client", "unpause")
+
+
 BROKEN_ROUTES = [
     "lanes: {l: {replicas: [not-a-url]}}\nmodels: {m: l}\n",
     "lanes: [\n  unclosed",

@@ -33,3 +33,24 @@ def test_restart_costs_no_failed_command_and_outage_is_told_apart_from_empty() -
         await store.close()
 
     asyncio.run(scenario())
+
+
+def test_set_many_writes_both_copies_with_the_ttl_and_keeps_the_local_one_in_an_outage() -> None:
+    port = free_port()
+
+    async def scenario() -> None:
+        store = RedisStore(f"redis://127.0.0.1:{port}/0", retry_after_s=60)
+        items = [("head:c1", b"h"), ("anchor:a", b"c1|1"), ("anchor:b", b"c1|1")]
+        with run_redis(port):
+            await store.set_many(items, 30)
+            assert await store.mget_shared([k for k, _ in items]) == [v for _, v in items]
+            ttls = [await store.client.pttl("gw:" + k) for k, _ in items]
+            assert all(25_000 < t <= 30_000 for t in ttls), ttls
+        # Redis away: the batch is written to this process's copy, and the failure counted once.
+        failures = store.failures
+        await store.set_many([("head:c2", b"h2")], 30)
+        assert store.failures == failures + 1
+        assert await store.mget(["head:c2", "head:c1"]) == [b"h2", b"h"]
+        await store.close()
+
+    asyncio.run(scenario())

@@ -14,6 +14,10 @@ from .state import Head
 
 log = logging.getLogger("gateway.drift")
 
+# At most this long for the write before an answer's end, on a store that can wait (Redis); then the
+# answer goes on (the analyzer writes the state later).
+WRITE_BOUND_S = 0.5
+
 
 class TurnEnd:
     """The moment a response ends: anchors and head, so the client's next turn finds its
@@ -50,9 +54,13 @@ class TurnEnd:
         head = Head(state.turn + 1, ex.effort_applied, ex.thinking_applied, ex.replica, n, state.source, lane,
                     state.created)
         value = f"{state.id}|{state.turn + 1}".encode()
+        items = [("head:" + state.id, head.to_bytes())]
+        items += ((key, value) for key in anchors(ex.tenant, ex.generated.as_message(), n, lane_engine))
         try:
-            await asyncio.gather(self.store.set("head:" + state.id, head.to_bytes(), self.ttl_s),
-                                 *(self.store.set(key, value, self.ttl_s)
-                                   for key in anchors(ex.tenant, ex.generated.as_message(), n, lane_engine)))
+            if self.store.waits:
+                async with asyncio.timeout(WRITE_BOUND_S):
+                    await self.store.set_many(items, self.ttl_s)
+            else:
+                await self.store.set_many(items, self.ttl_s)
         except Exception:  # never let bookkeeping hurt anyone; the analyzer writes state later
             log.exception("writing the head of %s failed", state.id)

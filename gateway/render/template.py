@@ -193,6 +193,9 @@ def load_template(name: str) -> ChatTemplate:
 
     Raises TemplateNotFound, or jinja2.TemplateSyntaxError for a template that does not compile.
     """
+    t = _templates.get(name)  # a packaged template loaded before (a file's key also holds its mtime)
+    if t is not None:
+        return t
     key = name
     if is_file_reference(name):
         try:  # an edited file (then a routes reload) must not keep serving the old compiled text

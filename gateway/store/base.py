@@ -7,6 +7,9 @@ from typing import Protocol
 
 class StateStore(Protocol):
     name: str
+    # Whether a call can wait on another process (Redis): a caller that must not be held up bounds it.
+    # An in-process store's calls complete without waiting.
+    waits: bool
 
     async def get(self, key: str) -> bytes | None: ...
 
@@ -27,6 +30,10 @@ class StateStore(Protocol):
         ...
 
     async def set(self, key: str, value: bytes, ttl_s: float) -> None: ...
+
+    async def set_many(self, items: list[tuple[str, bytes]], ttl_s: float) -> None:
+        """`set` of every (key, value), in one round trip where the store has round trips."""
+        ...
 
     async def delete(self, key: str) -> None: ...
 

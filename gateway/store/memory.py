@@ -13,6 +13,7 @@ _KEY_OVERHEAD = 120  # what a small entry costs beyond its key and value (tuple,
 
 class MemoryStore:
     name = "memory"
+    waits = False
 
     def __init__(self, max_keys: int = 100_000, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.max_keys = max_keys
@@ -65,6 +66,10 @@ class MemoryStore:
             k, (_, v) = self._data.popitem(last=False)
             self.bytes -= _size(k, v)
             self.evictions += 1
+
+    async def set_many(self, items: list[tuple[str, bytes]], ttl_s: float) -> None:
+        for key, value in items:
+            await self.set(key, value, ttl_s)
 
     async def delete(self, key: str) -> None:
         old = self._data.pop(key, None)

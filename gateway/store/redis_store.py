@@ -26,6 +26,7 @@ PREFIX = "gw:"
 
 class RedisStore:
     name = "redis"
+    waits = True
 
     def __init__(self, url: str, local: MemoryStore | None = None, retry_after_s: float = 1.0) -> None:
         # One immediate retry on a broken connection: after Redis restarts, every pooled connection is
@@ -94,6 +95,19 @@ class RedisStore:
         if self.available:
             try:
                 await self.client.set(PREFIX + key, value, px=max(1, int(ttl_s * 1000)))
+                self._ok()
+            except (RedisError, OSError) as exc:
+                self._failed(exc)
+
+    async def set_many(self, items: list[tuple[str, bytes]], ttl_s: float) -> None:
+        await self.local.set_many(items, ttl_s)
+        if self.available:
+            try:
+                pipe = self.client.pipeline(transaction=False)
+                px = max(1, int(ttl_s * 1000))
+                for key, value in items:
+                    pipe.set(PREFIX + key, value, px=px)
+                await pipe.execute()
                 self._ok()
             except (RedisError, OSError) as exc:
                 self._failed(exc)
