@@ -168,6 +168,27 @@ def test_sqlite_store_writes_in_batches_and_reads_back(tmp_path: Path) -> None:
         store.close()
 
 
+def test_a_batch_of_any_size_is_written_whole_and_in_order(tmp_path: Path) -> None:
+    # Statements of 64, 8 and 1 rows: 137 = 2 x 64 + 8 + 1; a record missing columns is written with NULLs.
+    store = SQLiteStore(tmp_path, flush_interval_s=60)
+    store.open()
+    try:
+        sent = []
+        for i in range(137):
+            record = build_record(exchange(request_id=f"r{i}", lane=f"l{i % 3}"))
+            if i == 70:
+                record = {"ts": record["ts"], "request_id": "r70"}
+            sent.append(record)
+            store.put(record)
+        assert store.flush(5.0)
+        assert store.written == 137 and store.errors == 0
+        back = store.rows(0, columns=("request_id", "lane", "ts"))
+        assert [r["request_id"] for r in back] == [r["request_id"] for r in sent]
+        assert [r["lane"] for r in back] == [r.get("lane") for r in sent]
+    finally:
+        store.close()
+
+
 def test_the_records_file_is_readable_by_its_owner_only(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path)
     store.open()

@@ -8,13 +8,14 @@ processes writing the same file) run beside the writer.
 
 from __future__ import annotations
 
+import functools
 import logging
 import operator
 import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .record import FIELDS
 from .store_sql import TRIAGE_DDL, SQLReader
@@ -115,9 +116,6 @@ class SQLiteStore(RecordReader):
         self._done_count = 0  # taken by the writer and settled (written or failed)
         self._cv = threading.Condition()
         self._columns = list(FIELDS)
-        cols = ", ".join(f'"{c}"' for c in self._columns)
-        marks = ", ".join("?" for _ in self._columns)
-        self._insert = f"INSERT INTO records ({cols}) VALUES ({marks})"
         self._row = operator.itemgetter(*self._columns)  # a record's values in column order, in C
 
     def open(self) -> None:
@@ -184,7 +182,9 @@ class SQLiteStore(RecordReader):
     def _write(self, conn: sqlite3.Connection, items: list[dict[str, Any]]) -> None:
         cols = self._columns
         try:
-            conn.executemany(self._insert, [_row(r, self._row, cols) for r in items])
+            rows = [_row(r, self._row, cols) for r in items]
+            for sql, args in _inserts(cols, rows, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)):
+                conn.execute(sql, args)
             conn.commit()
             self.written += len(items)
         except sqlite3.Error as exc:
@@ -209,6 +209,34 @@ class SQLiteStore(RecordReader):
             conn.commit()
         except sqlite3.Error as exc:
             log.warning("pruning %s failed: %s", self.path, exc)
+
+
+# Rows per INSERT statement, largest first. sqlite3 releases the GIL for each step of a statement and
+# takes it back after: one row per step made the writer thread and the event loop hand the GIL to
+# each other for every record (futex calls and context switches on the request path); a statement of
+# many rows is one step.
+_ROWS_PER_INSERT = (64, 8, 1)
+
+
+@functools.lru_cache(maxsize=8)
+def _insert_sql(columns: tuple[str, ...], rows: int) -> str:
+    marks = "(" + ", ".join("?" for _ in columns) + ")"
+    names = ", ".join(f'"{c}"' for c in columns)
+    return f"INSERT INTO records ({names}) VALUES " + ", ".join(marks for _ in range(rows))
+
+
+def _inserts(columns: list[str], rows: list[tuple[Any, ...]], max_variables: int) -> Iterator[tuple[str, list[Any]]]:
+    """INSERT statements that write `rows` in order, each of as many rows as fit (sizes _ROWS_PER_INSERT,
+    within SQLite's limit on a statement's variables)."""
+    key = tuple(columns)
+    i = 0
+    for size in _ROWS_PER_INSERT:
+        if size > 1 and size * len(columns) > max_variables:
+            continue
+        sql = _insert_sql(key, size)
+        while len(rows) - i >= size:
+            yield sql, [v for row in rows[i:i + size] for v in row]
+            i += size
 
 
 def _row(record: dict[str, Any], row: Any, columns: list[str]) -> tuple[Any, ...]:
