@@ -342,11 +342,13 @@ def anchors(tenant: str, generated_msg: dict[str, Any], n_messages: int, engine:
     """What the client's next turn will carry as its latest assistant message, at its position. An
     answer that is reasoning only is found by its reasoning, and also, at its position only, as the
     empty answer a client that strips reasoning sends back."""
-    keys = anchor_keys(message_digest(generated_msg, engine), n_messages, tenant)
-    stripped = {k: v for k, v in generated_msg.items() if k not in ("reasoning", "reasoning_content")}
-    bare = message_digest(stripped, engine)
-    if bare != message_digest(generated_msg, engine):
-        keys.append(anchor_keys(bare, n_messages, tenant)[0])
+    said = message_digest(generated_msg, engine)
+    keys = anchor_keys(said, n_messages, tenant)
+    if "reasoning" in generated_msg or "reasoning_content" in generated_msg:
+        stripped = {k: v for k, v in generated_msg.items() if k not in ("reasoning", "reasoning_content")}
+        bare = message_digest(stripped, engine)
+        if bare != said:
+            keys.append(anchor_keys(bare, n_messages, tenant)[0])
     return keys
 
 
