@@ -20,6 +20,7 @@ from starlette.routing import Route
 from .core import memory
 from .observe import gc_tuning
 from .compose import Gateway, build
+from .server.access import Access
 from .server.asgi_answer import AsgiAnswer, asgi_endpoint
 from .server.cors import CorsGate
 from .core.errors import GatewayError, error_body
@@ -111,15 +112,16 @@ def create_app(settings: Settings | None = None) -> CorsGate:
     )
     app.state.gateway = gw
     app.router.redirect_slashes = False  # a trailing slash answered an empty 307; now a JSON 404
-    fast = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/tokenize", "/detokenize")
-    return CorsGate(FastPath(app, {path: protected[path] for path in fast}, gw.access_log), gw.runtime)
+    # The pipeline's routes: every client POST (each writes its own access line, from the aftermath).
+    fast = {ep.path: protected[ep.path] for ep in endpoints if ep.access is Access.CLIENT and "POST" in ep.methods}
+    return CorsGate(FastPath(app, fast, gw.access_log), gw.runtime)
 
 
 class FastPath:
-    """The two proxy endpoints go straight to their (protected) handlers; everything else through Starlette.
+    """The pipeline's endpoints go straight to their (protected) handlers; everything else through Starlette.
 
     Starlette's middleware wraps `send` in a closure per layer, and a stream calls `send` once per
-    chunk; the pipeline already answers every error itself in OpenAI's shape, so it needs none of it.
+    chunk; the pipeline already answers every error itself in its API's shape, so it needs none of it.
     """
 
     def __init__(self, app: Starlette, handlers: dict[str, Callable[[Request], Any]], access_log: Any = None) -> None:

@@ -29,6 +29,7 @@ from .admission.policy import AdmissionPolicy
 from .ratelimits import RateLimits
 from .ratelimits.counters import RedisCounters
 from .core.config import ConfigError, load_routes
+from .core.errors import AnthropicError
 from .conversations.feature import TTL_S, Conversations
 from .heal.book import RelayedBook
 from .heal.policy import HealPolicy
@@ -137,8 +138,10 @@ class Gateway:
             Endpoint("/v1/completions", self.pipeline.completions, ("POST",), client),  # type: ignore[arg-type]
             # Passed through to the lane (passthrough.py): model mapping, gates, fallbacks, records
             Endpoint("/v1/responses", self.pipeline.responses, ("POST",), client),  # type: ignore[arg-type]
-            Endpoint("/v1/messages", self.pipeline.messages, ("POST",), client),  # type: ignore[arg-type]
-            Endpoint("/v1/messages/count_tokens", self.pipeline.count_tokens, ("POST",), client),  # type: ignore[arg-type]
+            Endpoint("/v1/messages", self.pipeline.messages, ("POST",), client,  # type: ignore[arg-type]
+                     errors=AnthropicError.of),
+            Endpoint("/v1/messages/count_tokens", self.pipeline.count_tokens, ("POST",), client,  # type: ignore[arg-type]
+                     errors=AnthropicError.of),
             Endpoint("/v1/embeddings", self.pipeline.embeddings, ("POST",), client),  # type: ignore[arg-type]
             Endpoint("/tokenize", self.pipeline.tokenize, ("POST",), client),  # type: ignore[arg-type]
             Endpoint("/detokenize", self.pipeline.detokenize, ("POST",), client),  # type: ignore[arg-type]

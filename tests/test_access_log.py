@@ -59,6 +59,28 @@ def test_one_json_line_per_request(agent_emulator):
         assert listing["bytes_out"] > 0 and not any(x["path"] == "/healthz" for x in _lines(gw, 4))
 
 
+def test_one_line_per_messages_request(agent_emulator):
+    """The Anthropic routes are the pipeline's too: one line each, from the aftermath, none from the
+    router in front of the other routes."""
+    with run_gateway(_routes(agent_emulator.url)) as gw:
+        turn = {"model": "ds", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+        assert httpx.post(gw.url + "/v1/messages", json=turn, headers={"X-Request-Id": "msg-1"},
+                          timeout=30).status_code == 200
+        count = {"model": "ds", "messages": turn["messages"]}
+        assert httpx.post(gw.url + "/v1/messages/count_tokens", json=count, headers={"X-Request-Id": "count-1"},
+                          timeout=30).status_code == 200
+        assert httpx.post(gw.url + "/v1/messages", json={**turn, "model": "nope"},
+                          headers={"X-Request-Id": "msg-404"}, timeout=30).status_code == 404
+        httpx.post(gw.base_url + "/chat/completions", json={**turn, "max_tokens": 4},
+                   headers={"X-Request-Id": "last"}, timeout=30)
+        lines = wait_until(lambda: (found := _lines(gw, 1)) and any(x["request_id"] == "last" for x in found)
+                           and found, what="the last request's line")
+        on_messages = [x for x in lines if x["path"].startswith("/v1/messages")]
+        assert sorted(x["request_id"] for x in on_messages) == ["count-1", "msg-1", "msg-404"], on_messages
+        assert {x["request_id"]: x["status"] for x in on_messages} == {"count-1": 200, "msg-1": 200, "msg-404": 404}
+        assert all(x["lane"] == "ds" for x in on_messages if x["status"] == 200)
+
+
 def test_text_format_and_off(agent_emulator):
     with run_gateway(_routes(agent_emulator.url), env={"GATEWAY_ACCESS_LOG_FORMAT": "text"}) as gw:
         httpx.post(gw.base_url + "/chat/completions", json={"model": "ds", "max_tokens": 2,

@@ -105,6 +105,10 @@ def test_count_tokens(gw):
     # An SGLang engine cannot count a Messages request: the gateway renders it with the lane's template.
     sg = httpx.post(gw.url + "/v1/messages/count_tokens", json={**body, "model": "claude-sg"}, timeout=30)
     assert sg.status_code == 200 and sg.json() == r.json(), (sg.text, r.text)
+    # A count is one JSON answer: a stream asked for is refused, in Anthropic's shape.
+    streamed = httpx.post(gw.url + "/v1/messages/count_tokens", json={**body, "stream": True}, timeout=30)
+    assert streamed.status_code == 400 and streamed.json()["error"]["type"] == "invalid_request_error", streamed.text
+    assert "stream" in streamed.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("body, status, kind", [
@@ -119,6 +123,26 @@ def test_errors_have_anthropics_shape(gw, body, status, kind):
     r = httpx.post(gw.url + "/v1/messages", json=body, timeout=30)
     assert r.status_code == status, r.text
     assert r.json()["type"] == "error" and r.json()["error"]["type"] == kind and r.json()["error"]["message"]
+
+
+def test_a_refused_key_has_anthropics_shape_on_the_messages_routes(agent_emulator):
+    """The key check runs before the pipeline: on the Messages routes its 401 is Anthropic's too (the
+    key read from `x-api-key`, as Anthropic's clients send it), on the OpenAI routes OpenAI's."""
+    cfg = routes({"ds": agent_lane(agent_emulator.url)}, {"claude-ds": "ds"}, client_keys={"env": "ANTH_KEYS"})
+    turn = {"model": "claude-ds", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    with run_gateway(cfg, env={"ANTH_KEYS": "sk-anthropic-test-key-1"}) as g:
+        for path in ("/v1/messages", "/v1/messages/count_tokens"):
+            for headers in ({}, {"x-api-key": "sk-wrong"}):
+                r = httpx.post(g.url + path, json=turn, headers=headers, timeout=30)
+                assert r.status_code == 401, r.text
+                assert r.json() == {"type": "error", "error": {"type": "authentication_error",
+                                                               "message": r.json()["error"]["message"]}}, r.text
+                assert r.json()["error"]["message"]
+        good = httpx.post(g.url + "/v1/messages", json=turn, headers={"x-api-key": "sk-anthropic-test-key-1"},
+                          timeout=30)
+        assert good.status_code == 200 and good.json()["type"] == "message", good.text
+        chat = httpx.post(g.url + "/v1/chat/completions", json=turn, timeout=30)
+        assert chat.status_code == 401 and chat.json()["error"]["code"] == "missing_api_key", chat.text
 
 
 def test_thinking_off_and_an_effort_are_read_as_vllm_reads_them_and_give_way_to_the_pin() -> None:

@@ -33,6 +33,7 @@ ADMIN = "fuzz-admin-key-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 MAX_BODY = 2_000_000
 SLOW_S = 15.0  # no answer may take longer than this (the lane's timeouts are shorter)
+MESSAGES = "/v1/messages"  # Anthropic's API: its own error and stream shapes
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=False,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -61,30 +62,43 @@ def http(gw):
         yield c
 
 
-def check(resp: httpx.Response, took: float, *, streamed: bool = False) -> None:
-    """The properties every answer must have."""
+def check(resp: httpx.Response, took: float, *, streamed: bool = False, path: str = "") -> None:
+    """The properties every answer must have (in Anthropic's shapes on the Messages routes)."""
     event(f"HTTP {resp.status_code}")
     assert took < SLOW_S, f"took {took:.1f}s"
     assert resp.status_code < 500, f"{resp.status_code}: {resp.text[:500]}"
+    anthropic = path.startswith(MESSAGES)
     if resp.status_code >= 400:
-        try:
-            err = resp.json()["error"]
-        except (ValueError, KeyError, TypeError):
-            raise AssertionError(f"{resp.status_code} not in OpenAI's error shape: {resp.text[:300]!r}") from None
-        assert set(err) == {"message", "type", "param", "code"}, err
-        assert isinstance(err["message"], str) and err["message"]
-        assert isinstance(err["type"], str)
-        assert err["param"] is None or isinstance(err["param"], str)
-        assert err["code"] is None or isinstance(err["code"], str)
+        check_error(resp, anthropic)
     elif streamed and "text/event-stream" in resp.headers.get("content-type", ""):
         events = [line for line in resp.text.splitlines() if line.startswith("data:")]
-        assert events and events[-1].strip() == "data: [DONE]", resp.text[-300:]
+        if anthropic:
+            assert events and json.loads(events[-1][5:])["type"] in ("message_stop", "error"), resp.text[-300:]
+        else:
+            assert events and events[-1].strip() == "data: [DONE]", resp.text[-300:]
+
+
+def check_error(resp: httpx.Response, anthropic: bool) -> None:
+    """OpenAI's error shape, or Anthropic's."""
+    try:
+        body = resp.json()
+        err = body["error"]
+    except (ValueError, KeyError, TypeError):
+        raise AssertionError(f"{resp.status_code} not in an error shape: {resp.text[:300]!r}") from None
+    assert isinstance(err["message"], str) and err["message"]
+    assert isinstance(err["type"], str)
+    if anthropic:
+        assert body["type"] == "error" and set(err) == {"type", "message"}, body
+        return
+    assert set(err) == {"message", "type", "param", "code"}, err
+    assert err["param"] is None or isinstance(err["param"], str)
+    assert err["code"] is None or isinstance(err["code"], str)
 
 
 def post(http: httpx.Client, path: str, content: bytes, headers: dict | None = None) -> None:
     t0 = time.monotonic()
     r = http.post(path, content=content, headers={"Content-Type": "application/json", **AUTH, **(headers or {})})
-    check(r, time.monotonic() - t0, streamed=True)
+    check(r, time.monotonic() - t0, streamed=True, path=path)
 
 
 # -- strategies ------------------------------------------------------------------------------------
@@ -140,9 +154,39 @@ def near_valid(draw) -> dict:
 
 
 @FUZZ
-@given(value=any_json, path=st.sampled_from(["/v1/chat/completions", "/v1/completions"]))
+@given(value=any_json, path=st.sampled_from(["/v1/chat/completions", "/v1/completions", MESSAGES,
+                                             MESSAGES + "/count_tokens"]))
 def test_arbitrary_json_bodies(http, value, path) -> None:
     post(http, path, dumps(value))
+
+
+MESSAGE_FIELDS = ["model", "messages", "max_tokens", "stream", "system", "tools", "tool_choice", "thinking",
+                  "temperature", "top_p", "top_k", "stop_sequences", "metadata", "output_config",
+                  "chat_template_kwargs"]
+
+
+@st.composite
+def near_valid_messages(draw) -> dict:
+    """A valid Messages request with a few fields replaced (or added) by arbitrary JSON, or one block mangled."""
+    body = {"model": draw(st.sampled_from(["m", "raw-m"])), "max_tokens": 4, "stream": draw(st.booleans()),
+            "messages": [{"role": "user", "content": "hi"}]}
+    for _ in range(draw(st.integers(1, 3))):
+        body[draw(st.sampled_from(MESSAGE_FIELDS))] = draw(any_json)
+    if draw(st.booleans()) and isinstance(body.get("messages"), list):
+        blocks = draw(st.lists(st.fixed_dictionaries({
+            "type": st.sampled_from(["text", "image", "tool_use", "tool_result", "thinking", "document", "bogus"]),
+            **{k: any_json for k in draw(st.lists(st.sampled_from(["text", "id", "name", "input", "content",
+                                                                   "tool_use_id", "thinking", "source"]),
+                                                  max_size=3))}}), max_size=3))
+        role = draw(st.one_of(st.sampled_from(["user", "assistant", "system"]), any_json))
+        body["messages"] = body["messages"] + [{"role": role, "content": blocks}]
+    return body
+
+
+@FUZZ
+@given(body=near_valid_messages(), path=st.sampled_from([MESSAGES, MESSAGES, MESSAGES + "/count_tokens"]))
+def test_near_valid_messages_requests(http, body, path) -> None:
+    post(http, path, dumps(body))
 
 
 @FUZZ
@@ -343,8 +387,7 @@ def test_schemathesis(gw, mode) -> None:
             event(f"{case.method} {case.path} -> {resp.status_code}")
             assert resp.status_code < 500, f"{case.method} {case.formatted_path}: {resp.status_code} {resp.text[:300]}"
             if 400 <= resp.status_code < 500 and case.method != "HEAD":
-                err = resp.json()["error"]
-                assert set(err) == {"message", "type", "param", "code"}, resp.text[:300]
+                check_error(resp, case.path.startswith(MESSAGES))
             # The other way round: what comes back is what the description says (status, type, schema).
             case.validate_response(resp, checks=[checks.response_schema_conformance, checks.content_type_conformance,
                                                  checks.status_code_conformance])
@@ -357,4 +400,4 @@ def test_schemathesis(gw, mode) -> None:
             continue
         ran.append(op.path)
     assert {"/v1/chat/completions", "/v1/completions", "/v1/models/{model}", "/v1/responses", "/v1/embeddings",
-            "/tokenize", "/detokenize"} <= set(ran)
+            "/tokenize", "/detokenize", MESSAGES, MESSAGES + "/count_tokens"} <= set(ran)

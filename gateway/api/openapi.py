@@ -21,13 +21,13 @@ if TYPE_CHECKING:
 from ..core.config import EFFORT_WORDS
 
 
-def _error_responses(*statuses: int) -> dict[str, Any]:
+def _error_responses(*statuses: int, shape: str = "Error") -> dict[str, Any]:
     text = {400: "Invalid request", 401: "Missing or invalid API key", 404: "Unknown model",
             413: "Request too large", 422: "Refused by a lane limit", 429: "Too many requests",
             500: "Upstream or gateway error", 502: "Upstream unreachable",
             503: "No healthy replica or lane not qualified", 504: "Upstream timeout"}
     return {str(s): {"description": text.get(s, "Error"),
-                     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+                     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/" + shape}}}}
             for s in statuses}
 
 
@@ -127,6 +127,15 @@ def _schemas() -> dict[str, Any]:
         "Error": {"type": "object", "required": ["error"], "properties": {"error": {
             "type": "object", "required": ["message", "type", "param", "code"], "properties": {
                 "message": _STR, "type": _STR, "param": _NULLABLE_STR, "code": _NULLABLE_STR}}}},
+        # The Anthropic Messages routes answer in Anthropic's shapes.
+        "AnthropicMessage": {"type": "object", "required": ["id", "type", "role", "content", "model"], "properties": {
+            "id": _STR, "type": {"const": "message"}, "role": {"const": "assistant"}, "model": _STR,
+            "content": {"type": "array", "items": {"type": "object", "required": ["type"]}},
+            "stop_reason": _NULLABLE_STR, "usage": {"type": "object"}}},
+        "TokenCount": {"type": "object", "required": ["input_tokens"], "properties": {"input_tokens": _INT}},
+        "AnthropicError": {"type": "object", "required": ["type", "error"], "properties": {
+            "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"], "properties": {
+                "type": _STR, "message": _STR}}}},
         "Model": {"type": "object", "required": ["id", "object", "created", "owned_by"], "properties": {
             "id": _STR, "object": {"const": "model"}, "created": _INT, "owned_by": _STR,
             "root": _STR, "parent": _NULLABLE_STR, "max_model_len": {"type": "integer", "minimum": 1},
@@ -202,6 +211,20 @@ def build(runtime: "Runtime", security: "Security | None", request: Request | No
         "input": {"oneOf": [_STR, {"type": "array", "minItems": 1, "items": _STR},
                             {"type": "array", "minItems": 1, "items": _INT}]},
         "encoding_format": {"enum": ["float", "base64"]}, "dimensions": {"type": "integer", "minimum": 1}}}
+    # Anthropic's Messages API (pipeline/messages_chat.py): what check_messages reads.
+    block = {"type": "object", "required": ["type"], "properties": {"type": _STR}}
+    anthropic_message = {"type": "object", "required": ["role", "content"], "properties": {
+        "role": {"enum": ["user", "assistant", "system"]},
+        "content": {"oneOf": [_STR, {"type": "array", "items": block}]}}}
+    counted: dict[str, Any] = {
+        "model": sampling["model"], "messages": {"type": "array", "minItems": 1, "items": anthropic_message},
+        "system": {"oneOf": [_STR, {"type": "array", "items": block}]},
+        "tools": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {"name": _STR}}},
+        "thinking": {"type": "object", "properties": {"type": {"enum": ["enabled", "disabled"]}}}}
+    count = {"type": "object", "required": ["model", "messages"], "properties": counted}
+    messages = {"type": "object", "required": ["model", "max_tokens", "messages"], "properties": {
+        **counted, "max_tokens": {"type": "integer", "minimum": 1}, "stream": {"type": "boolean"},
+        "temperature": {"type": "number"}, "top_p": {"type": "number"}}}
     tokenize = {"type": "object", "required": ["model", "prompt"], "properties": {
         "model": sampling["model"], "prompt": _STR, "add_special_tokens": {"type": "boolean"}}}
     detokenize = {"type": "object", "required": ["model", "tokens"], "properties": {
@@ -216,11 +239,12 @@ def build(runtime: "Runtime", security: "Security | None", request: Request | No
                 "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}}}}
         return {"description": "OK", "content": content}
 
-    def post(op_id: str, schema: dict[str, Any], summary: str, answer: str, stream: bool) -> dict[str, Any]:
+    def post(op_id: str, schema: dict[str, Any], summary: str, answer: str, stream: bool,
+             errors: str = "Error") -> dict[str, Any]:
         return {"post": {
             "operationId": op_id, "summary": summary,
             "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}},
-            "responses": {"200": ok(answer, stream), **_error_responses(*_GEN_ERRORS)},
+            "responses": {"200": ok(answer, stream), **_error_responses(*_GEN_ERRORS, shape=errors)},
         }}
 
     model_list = {"type": "object", "required": ["object", "data"], "properties": {
@@ -237,6 +261,10 @@ def build(runtime: "Runtime", security: "Security | None", request: Request | No
                                     "Completion", True),
             "/v1/responses": post("createResponse", responses, "Responses API, passed through (optionally streamed)",
                                   "Response", True),
+            "/v1/messages": post("createMessage", messages, "Anthropic Messages API (optionally streamed)",
+                                 "AnthropicMessage", True, errors="AnthropicError"),
+            "/v1/messages/count_tokens": post("countMessageTokens", count, "A Messages request's input tokens",
+                                              "TokenCount", False, errors="AnthropicError"),
             "/v1/embeddings": post("createEmbedding", embeddings, "Embeddings, passed through", "Embeddings", False),
             "/tokenize": post("tokenize", tokenize, "The engine's tokenizer", "Tokens", False),
             "/detokenize": post("detokenize", detokenize, "The engine's detokenizer", "Text", False),

@@ -1,4 +1,5 @@
-"""OpenAI-shaped errors: the one way the gateway says no."""
+"""Errors the client should see: the one way the gateway says no, in OpenAI's shape or, on the
+Anthropic Messages routes, in Anthropic's."""
 
 from __future__ import annotations
 
@@ -37,6 +38,26 @@ class GatewayError(Exception):
 
     def json_bytes(self) -> bytes:
         return orjson.dumps(self.body())
+
+
+class AnthropicError(GatewayError):
+    """The same error in Anthropic's shape: what an error before the pipeline (the key check) becomes
+    on the Messages routes, whose clients read `{"type": "error", "error": {"type", "message"}}`."""
+
+    @classmethod
+    def of(cls, exc: GatewayError) -> "AnthropicError":
+        return cls(exc.status, exc.message, code=exc.code, param=exc.param, type=exc.type, headers=exc.headers)
+
+    def body(self) -> dict[str, Any]:
+        return anthropic_body(self.status, self.message)
+
+
+def anthropic_body(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's error shape."""
+    kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+            404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+            529: "overloaded_error"}.get(status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def invalid_request(message: str, *, param: str | None = None, code: str | None = None) -> GatewayError:

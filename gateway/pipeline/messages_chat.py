@@ -20,6 +20,7 @@ from typing import Any
 from ..core.errors import invalid_request
 from ..core.exchange import GeneratedOutput
 from .responses_chat import ChatView
+from .validate import no_stream
 
 PATH = "/v1/messages"
 COUNT_PATH = "/v1/messages/count_tokens"
@@ -29,7 +30,9 @@ _ROLES = ("user", "assistant", "system")  # Claude Code sends reminders as syste
 
 def check_messages(body: dict[str, Any], count_only: bool = False) -> None:
     """The shapes the gateway reads, each a clear 400 naming the field."""
-    if not count_only:
+    if count_only:
+        no_stream(body)
+    else:
         v = body.get("max_tokens")
         if type(v) is not int or v < 1:
             raise invalid_request("'max_tokens' is required and must be a positive integer", param="max_tokens",
@@ -214,11 +217,3 @@ def take_message(gen: GeneratedOutput, message: Any) -> None:
     gen.content, gen.reasoning, gen.tool_calls = content, reasoning, calls
     if isinstance(message.get("stop_reason"), str):
         gen.finish_reason = message["stop_reason"]
-
-
-def error_body(status: int, message: str) -> dict[str, Any]:
-    """Anthropic's error shape."""
-    kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-            404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-            529: "overloaded_error"}.get(status, "api_error")
-    return {"type": "error", "error": {"type": kind, "message": message}}

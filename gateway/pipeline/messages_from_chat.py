@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from ..relay.sse import BadStream, StreamObserver, data_of
-from .messages_chat import error_body
+from ..core.errors import anthropic_body
 
 CHAT_PATH = "/v1/chat/completions"
 
@@ -130,7 +130,7 @@ class ChatAsMessages:
         return self.chat.error
 
     def failure_event(self, message: str, code: str) -> bytes:
-        return _event("error", error_body(502, message))
+        return _event("error", anthropic_body(502, message))
 
     def relay(self, event: bytes) -> bytes | None:
         piece = self.chat.relay(event)
@@ -145,7 +145,7 @@ class ChatAsMessages:
         if chunk.get("error") is not None:  # the upstream's error, scrubbed by the chat observer
             err = chunk["error"] if isinstance(chunk["error"], dict) else {}
             self.ended = True
-            return _event("error", error_body(502, str(err.get("message") or "upstream error")))
+            return _event("error", anthropic_body(502, str(err.get("message") or "upstream error")))
         try:
             return b"".join(self._convert(chunk)) or None
         except (AttributeError, TypeError, ValueError, KeyError):

@@ -17,7 +17,8 @@ import orjson
 from ..core.exchange import Exchange
 from ..relay.scrub import Scrubber
 from ..relay.sse import data_of, typed_event
-from .messages_chat import chat_usage, error_body, take_message
+from ..core.errors import anthropic_body
+from .messages_chat import chat_usage, take_message
 
 
 class MessagesObserver:
@@ -32,7 +33,7 @@ class MessagesObserver:
         self._blocks: dict[int, dict[str, Any]] = {}  # index -> the content block as it builds up
 
     def failure_event(self, message: str, code: str) -> bytes:
-        return b"event: error\ndata: " + orjson.dumps(error_body(502, message)) + b"\n\n"
+        return b"event: error\ndata: " + orjson.dumps(anthropic_body(502, message)) + b"\n\n"
 
     def relay(self, event: bytes) -> bytes | None:
         payload = data_of(event)

@@ -24,6 +24,7 @@ from ..relay.scrub import Scrubber
 from ..relay.sse import data_of, typed_event
 from . import messages_chat
 from .responses_chat import take_output
+from .validate import no_stream
 
 RESPONSES = "/v1/responses"
 EMBEDDINGS = "/v1/embeddings"
@@ -80,15 +81,8 @@ def check_responses(body: dict[str, Any]) -> None:
                 raise invalid_request(f"tools[{i}] must be an object", param=f"tools[{i}]", code="invalid_type")
 
 
-def _no_stream(body: dict[str, Any]) -> None:
-    """Embeddings and tokenizer answers are one JSON body: a stream asked for would relay some other stream."""
-    if body.get("stream") not in (None, False):
-        raise invalid_request("'stream' is not supported on this endpoint", param="stream",
-                              code="unsupported_parameter")
-
-
 def check_embeddings(body: dict[str, Any]) -> None:
-    _no_stream(body)
+    no_stream(body)
     inp = body.get("input")
     if inp is None:
         raise invalid_request("'input' is required", param="input", code="missing_required_parameter")
@@ -108,7 +102,7 @@ def check_embeddings(body: dict[str, Any]) -> None:
 
 
 def check_tokenize(body: dict[str, Any]) -> None:
-    _no_stream(body)
+    no_stream(body)
     prompt, messages = body.get("prompt"), body.get("messages")
     if prompt is None and messages is None:
         raise invalid_request("'prompt' (a string) or 'messages' (a chat) is required", param="prompt",
@@ -124,7 +118,7 @@ def check_tokenize(body: dict[str, Any]) -> None:
 
 
 def check_detokenize(body: dict[str, Any]) -> None:
-    _no_stream(body)
+    no_stream(body)
     tokens = body.get("tokens")
     if tokens is None:
         raise invalid_request("'tokens' is required", param="tokens", code="missing_required_parameter")

@@ -53,6 +53,14 @@ def check_common(body: dict[str, Any]) -> None:
         raise invalid_request("'stop' must be a string or a list of strings", param="stop", code="invalid_type")
 
 
+def no_stream(body: dict[str, Any]) -> None:
+    """Embeddings, tokenizer and token-count answers are one JSON body: a stream asked for would relay
+    some other stream."""
+    if body.get("stream") not in (None, False):
+        raise invalid_request("'stream' is not supported on this endpoint", param="stream",
+                              code="unsupported_parameter")
+
+
 def check_chat(body: dict[str, Any], known: int = 0) -> None:
     """`known`: leading messages already checked in an earlier body with the same bytes (history_memo.py)."""
     check_common(body)

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..core.answer import Answer
+from ..core.errors import GatewayError
 
 # What a route answers: a Starlette Response, or the pipeline's Answer (the proxy routes), which the
 # front end writes and closes (core/answer.py; under ASGI through server/asgi_answer.py).
@@ -37,6 +38,8 @@ class Endpoint:
     methods: tuple[str, ...] = ("GET",)
     access: Access = Access.ADMIN
     why_public: str | None = None  # required for PUBLIC: what makes it safe to serve to anyone
+    # How the route's API shapes an error raised before its handler runs (the key check); None: OpenAI's.
+    errors: Callable[[GatewayError], GatewayError] | None = None
 
     def __post_init__(self) -> None:
         if self.access is Access.PUBLIC and not self.why_public:

@@ -356,9 +356,16 @@ class Security:
         if access is Access.CLIENT:
             client_handler: ClientHandler = handler  # type: ignore[assignment]
             caller = self.caller
+            shape = endpoint.errors
 
             async def client_endpoint(request: Request) -> Reply:
-                return await client_handler(request, caller(request))
+                try:
+                    who = caller(request)
+                except GatewayError as exc:
+                    if shape is None:
+                        raise
+                    raise shape(exc) from None
+                return await client_handler(request, who)
 
             return _named(client_endpoint, handler)
         check = self.check_qualify if access is Access.QUALIFY else self.check_admin
