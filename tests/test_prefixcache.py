@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import random
+from array import array
+
 from gateway.prefixcache import ReplicaBlocks
 
 
@@ -31,3 +35,43 @@ def test_a_request_finds_only_the_blocks_there_when_it_was_sent() -> None:
     assert blocks.held([1, 2, 3, 4], at=12.0) == 4
     blocks.store([1, 2, 5], prompt_blocks=3, ready=20.0, done=21.0)  # a later use keeps when they were first there
     assert blocks.held([1, 2, 5], at=11.0) == 2 and blocks.held([1, 2, 5], at=20.0) == 3
+
+
+class _Reference:
+    """The model's rules written the plain way: every block's recency and first time set by a scan of
+    the whole prompt, each turn (what `ReplicaBlocks.store` does in O(the turn's new blocks))."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.used, self.since, self.clock = capacity, {}, {}, 0
+
+    def store(self, keys: list[int], prompt_blocks: int, ready: float, done: float) -> None:
+        self.clock += 1
+        for i, k in enumerate(keys):
+            self.used[k] = self.clock
+            self.since.setdefault(k, ready if i < prompt_blocks else done)
+
+
+def test_a_turn_sets_the_first_time_of_its_new_blocks_only_as_a_full_scan_would() -> None:
+    """Chains that share heads, grow turn by turn and are evicted: the same held prefixes, at every time,
+    as the plain rules (the reference above), eviction apart (the reference never evicts)."""
+    rng = random.Random(5)
+    blocks, ref = ReplicaBlocks(None), _Reference(0)
+    heads = [[rng.getrandbits(63) for _ in range(rng.randint(1, 40))] for _ in range(4)]
+    chains = [list(rng.choice(heads)) for _ in range(12)]
+    for turn in range(300):
+        chain = rng.choice(chains)
+        chain += [rng.getrandbits(63) for _ in range(rng.randint(0, 6))]  # the turn's new prompt blocks
+        output = [rng.getrandbits(63) for _ in range(rng.randint(0, 3))]
+        keys = array("Q", chain + output) if turn % 2 else chain + output  # an array, as the analysis hands it
+        blocks.store(keys, len(chain), ready=float(turn), done=turn + 0.5)
+        ref.store(chain + output, len(chain), float(turn), turn + 0.5)
+        chain += output[:1]  # the next turn sends part of the output back
+    assert len(blocks) == len(ref.used)
+    for chain in chains + heads:
+        for at in (0.0, 50.0, 150.5, 299.0, math.inf):
+            want = 0
+            for k in chain:
+                if ref.since.get(k, math.inf) > at:
+                    break
+                want += 1
+            assert blocks.held(chain, at) == want

@@ -16,10 +16,9 @@ after another turn that ended later must not be credited that turn's blocks.
 from __future__ import annotations
 
 import math
-from array import array
 from collections import Counter
 from collections.abc import Sequence
-from itertools import islice
+from itertools import islice, repeat
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -67,12 +66,17 @@ class ReplicaBlocks:
         """A prompt (and the output it produced) was served: its blocks are held and the most recent;
         the first `prompt_blocks` (all: None) are there since `ready`, the others since `done`."""
         self._clock += 1
-        ks = keys.tolist() if isinstance(keys, array) else list(keys)  # each key made an int once
-        self._used.update(dict.fromkeys(ks, self._clock))
-        since = self._since
-        n = len(ks) if prompt_blocks is None else min(prompt_blocks, len(ks))
-        for part, t in ((ks[:n], ready), (ks[n:], done)):
-            since.update(dict.fromkeys(set(part).difference(since), t))  # the first time is kept
+        used = self._used
+        before = len(used)
+        used.update(zip(keys, repeat(self._clock)))  # (key, clock) pairs straight in: no dict built between
+        added = len(used) - before
+        if added:
+            # The blocks not held before are the last `added` keys of `used` (a dict keeps insertion
+            # order; `update` appends new keys in the prompt's order): only they get a first time, so a
+            # turn costs O(its new blocks) here, not O(its prompt). (`used` and `_since` hold the same keys.)
+            n = len(keys) if prompt_blocks is None else min(prompt_blocks, len(keys))
+            output = set(keys[n:])  # a chain's keys are distinct: each names its whole prefix
+            self._since.update((k, done if k in output else ready) for k in islice(reversed(used), added))
         cap = self.capacity
         if cap is not None and len(self._used) > cap + max(1, cap // 10):
             self._evict(cap)
