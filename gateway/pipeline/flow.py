@@ -16,7 +16,7 @@ from starlette.requests import ClientDisconnect, Request
 from . import messages_chat, messages_from_chat, passthrough, token_ids
 from ..server.client_link import ClientGone, ClientLink
 from ..core.answer import Answer
-from ..core.errors import GatewayError, anthropic_body, invalid_request
+from ..core.errors import AnthropicError, GatewayError, anthropic_body, invalid_request
 from ..core.exchange import Exchange
 from .fallback import announce, choose_lane
 from ..observe.aftermath import FirstBytes, Hold
@@ -185,8 +185,7 @@ class Pipeline:
                     answer = _anthropic_error(answer)
         except GatewayError as exc:
             ex.fail(exc.status, exc.code, exc.message)
-            body_bytes = orjson.dumps(anthropic_body(exc.status, exc.message)) \
-                if path in messages_chat.PATHS else exc.json_bytes()
+            body_bytes = (AnthropicError.of(exc) if path in messages_chat.PATHS else exc).json_bytes()
             answer = Answer.json(exc.status, body_bytes, exc.headers)
             ex.response_bytes = len(answer.body)
         except (ClientGone, ClientDisconnect):
