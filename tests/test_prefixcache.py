@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
+import sys
+import time
 from array import array
+from collections.abc import Awaitable
 
-from gateway.prefixcache import ReplicaBlocks
+from gateway.conversations.job import Outcome
+from gateway.core.exchange import Exchange
+from gateway.core.runtime import LaneRuntime
+from gateway.core.verdict import CacheVerdict
+from gateway.prefixcache import ReplicaBlocks, SharedPrefixes
+from tests.support.routes import lane_config
 
 
 def test_the_longest_held_prefix_whoever_stored_it() -> None:
@@ -75,3 +84,66 @@ def test_a_turn_sets_the_first_time_of_its_new_blocks_only_as_a_full_scan_would(
                     break
                 want += 1
             assert blocks.held(chain, at) == want
+
+
+def _filled(lane: LaneRuntime, url: str, short: int) -> SharedPrefixes:
+    """A model whose pool is `short` blocks short of starting an eviction batch."""
+    shared = SharedPrefixes()
+    blocks = shared.replica(lane, url)
+    assert blocks.capacity is not None
+    rng = random.Random(9)
+    while not blocks.may_evict(short):
+        n = min(4096, blocks.capacity + blocks.capacity // 10 - short + 1 - len(blocks))
+        blocks.store(array("Q", [rng.getrandbits(63) for _ in range(n)]), n, 1.0, 2.0)
+    assert not blocks.evicted and not blocks.may_evict(short - 1)
+    return shared
+
+
+async def _longest_stall(work: Awaitable[object]) -> float:
+    """The longest the event loop went without running a 1 ms ticker while `work` ran."""
+    longest, last, done = 0.0, time.perf_counter(), False
+
+    async def tick() -> None:
+        nonlocal longest, last
+        while not done:
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            longest, last = max(longest, now - last), now
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.01)
+    await work
+    done = True
+    await ticker
+    return longest
+
+
+def test_an_eviction_batch_runs_off_the_event_loop() -> None:
+    """A turn small enough for the event loop whose blocks start an eviction batch (in proportion to
+    the pool: tens of ms for a large one) is modelled on the model's own thread, which lets the loop in
+    between its chunks; the same turn applied on the loop (the control) holds it for the whole batch."""
+    lane = LaneRuntime("l", lane_config(cache={"pool_tokens": 16 * (1 << 18)}), None, None)  # type: ignore[arg-type]
+    url = "http://127.0.0.1:1"
+    rng = random.Random(3)
+    turn = array("Q", [rng.getrandbits(63) for _ in range(1000)])
+    control, shared = _filled(lane, url, 500), _filled(lane, url, 500)
+
+    def outcome() -> Outcome:
+        verdict = CacheVerdict("hit", 16_000, 16_000, rendered_prompt_tokens=16_000)
+        return Outcome(verdict, 2, b"{}", None, None, kv_keys=turn.tobytes())
+
+    async def on_loop() -> None:
+        control.apply(Exchange(request_id="c", replica=url), lane, outcome())
+
+    async def measured() -> tuple[float, float]:
+        return (await _longest_stall(on_loop()),
+                await _longest_stall(shared.judge(Exchange(request_id="t", replica=url), lane, outcome())))
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)  # as the gateway runs (app.py)
+    try:
+        held, judged = asyncio.run(measured())
+    finally:
+        sys.setswitchinterval(switch)
+    assert control.replica(lane, url).evicted and shared.replica(lane, url).evicted  # both batches ran
+    assert judged < held / 2, (judged, held)

@@ -78,8 +78,13 @@ class ReplicaBlocks:
             output = set(keys[n:])  # a chain's keys are distinct: each names its whole prefix
             self._since.update((k, done if k in output else ready) for k in islice(reversed(used), added))
         cap = self.capacity
-        if cap is not None and len(self._used) > cap + max(1, cap // 10):
+        if cap is not None and self.may_evict(0):
             self._evict(cap)
+
+    def may_evict(self, n_keys: int) -> bool:
+        """Whether storing `n_keys` blocks could start an eviction batch (O(the pool), not the turn)."""
+        cap = self.capacity
+        return cap is not None and len(self._used) + n_keys > cap + max(1, cap // 10)
 
     def clear(self) -> None:
         self._used.clear()

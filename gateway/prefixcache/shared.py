@@ -47,12 +47,15 @@ class SharedPrefixes:
         return blocks
 
     async def judge(self, ex: "Exchange", lane: "LaneRuntime", outcome: "Outcome") -> bool:
-        """`apply`, on the event loop for a short prompt when the model is free, else on the model's
-        own thread: a long prompt's blocks are dict work in proportion to it (and an eviction batch
-        more), which must not hold the event loop and every stream on it."""
-        if len(outcome.kv_keys or b"") <= 8 * LOOP_MAX_BLOCKS and self._lock.acquire(blocking=False):
+        """`apply`, on the event loop for a short prompt when the model is free and no eviction batch
+        can start, else on the model's own thread: a long prompt's blocks are dict work in proportion to
+        it, and an eviction batch in proportion to the pool (tens of ms for a large one), which must not
+        hold the event loop and every stream on it."""
+        n = len(outcome.kv_keys or b"") // 8
+        if n <= LOOP_MAX_BLOCKS and self._lock.acquire(blocking=False):
             try:
-                return self._apply(ex, lane, outcome)
+                if ex.replica is None or not self.replica(lane, ex.replica).may_evict(n):
+                    return self._apply(ex, lane, outcome)
             finally:
                 self._lock.release()
         return await asyncio.get_running_loop().run_in_executor(self._thread, self.apply, ex, lane, outcome)
